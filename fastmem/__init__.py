@@ -1,0 +1,69 @@
+"""fastmem: embedded, persistent memory for AI agents.
+
+>>> import fastmem, tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "agent_memory")
+>>> with fastmem.open(path) as store:
+...     mid = store.add("The user prefers short answers.", type="fact")
+>>> with fastmem.open(path) as store:
+...     print(store.get(mid).text)
+The user prefers short answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _kernels
+from .errors import (
+    CorruptIndexError,
+    CorruptionError,
+    CorruptRecordError,
+    DimensionMismatchError,
+    FastmemError,
+    FormatVersionError,
+    InvalidInputError,
+    InvalidTypeError,
+    ReadOnlyError,
+    RecoveryWarning,
+    StoreClosedError,
+    StoreForkedError,
+    StoreLockedError,
+    StoreNotFoundError,
+    UnknownMemoryError,
+)
+from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BACKEND",
+    "DURABILITY",
+    "CorruptIndexError",
+    "CorruptionError",
+    "CorruptRecordError",
+    "DimensionMismatchError",
+    "FastmemError",
+    "FormatVersionError",
+    "Hit",
+    "InvalidInputError",
+    "InvalidTypeError",
+    "Memory",
+    "MemoryStore",
+    "Problem",
+    "ReadOnlyError",
+    "RecoveryWarning",
+    "Report",
+    "StoreClosedError",
+    "StoreForkedError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "UnknownMemoryError",
+    "__version__",
+    "open",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "BACKEND":  # "cython" or "python": which kernels are in use right now
+        return _kernels.BACKEND
+    raise AttributeError(f"module 'fastmem' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Compiled kernels (private). Use them through ``fastmem._kernels``."""

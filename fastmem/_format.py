@@ -1,0 +1,341 @@
+"""The on-disk format of a fastmem store: the single source of truth.
+
+A store is two files (``docs/FORMAT.md`` describes them for people):
+
+``<name>.dat``
+    A 64-byte file header, then an append-only log of framed records. Every change to the
+    store (a new memory, an update, a forget) is a record; the index can always be rebuilt
+    from this file alone.
+
+``<name>.idx``
+    A 4096-byte header, then four sections: the rows (``INDEX_DTYPE``), the time order of
+    the rows, the int8 embedding matrix, and the table of user-defined type names. It is
+    written whole to a temporary name and renamed over the old one (a checkpoint).
+
+Every integer and float is little-endian. No other module packs or parses these bytes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import Any, NamedTuple
+
+import lz4.block
+import msgpack
+import numpy as np
+
+from .errors import CorruptIndexError, CorruptionError, CorruptRecordError, FormatVersionError
+
+FORMAT_VERSION = 1
+
+# --- data file -------------------------------------------------------------------------
+
+DAT_MAGIC = b"FMEMDATA"
+# magic, version, header size, store uuid, dim (0 = not fixed yet), created (unix s), crc
+DAT_HEADER = struct.Struct("<8sHH16sId20xI")
+DAT_HEADER_SIZE = DAT_HEADER.size  # 64
+
+RECORD_MAGIC = b"\x8fFMR"
+# magic, format version, kind, vector dim, payload length, raw payload length, crc
+RECORD_HEADER = struct.Struct("<4sBBHIII")
+RECORD_HEADER_SIZE = RECORD_HEADER.size  # 20
+RECORD_CRC_AT = 16  # the CRC covers bytes [0, 16) and [20, end) of the record
+
+KIND_MEMORY = 1
+KIND_UPDATE = 2
+KIND_FORGET = 3
+RECORD_KINDS = (KIND_MEMORY, KIND_UPDATE, KIND_FORGET)
+
+# Documented limits; the scan refuses any length beyond them before reading it.
+MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of a memory's text
+MAX_SUMMARY_BYTES = 1 << 16
+MAX_METADATA_BYTES = 1 << 16  # metadata, msgpack-encoded
+MAX_TYPE_CHARS = 64
+MAX_SESSION_CHARS = 256
+MAX_DIM = 4096
+MAX_RAW_PAYLOAD = 2 << 20  # a payload before compression
+MAX_PAYLOAD = MAX_RAW_PAYLOAD  # stored payloads are never larger than raw ones
+MAX_RECORD = RECORD_HEADER_SIZE + 2 * MAX_DIM + MAX_PAYLOAD
+COMPRESS_MIN = 96  # shorter payloads are stored raw: lz4 cannot win there
+
+# Payload keys (msgpack map, one-letter keys; absent keys take the default in brackets).
+#   memory: i id, t timestamp, x text, y type ["conversation"], s session [None],
+#           p importance [default of the type], n pinned [False], m metadata [None],
+#           u summary [None], k [text tokens, summary tokens] [unknown]
+#   update: i id, t time of the update, and any of p, n, m
+#   forget: i id, t time of the forget
+
+# --- index file ------------------------------------------------------------------------
+
+IDX_MAGIC = b"FMEMINDX"
+IDX_HEADER_SIZE = 4096
+# magic, version, header size, store uuid, rows, live rows, dim, row size, covered .dat
+# offset, offset of the record that ends there, its crc, type table bytes, next id,
+# checkpoint time; the header's crc sits in its last 4 bytes.
+IDX_HEADER = struct.Struct("<8sII16sQQIIQQIIQd")
+IDX_HEADER_CRC_AT = IDX_HEADER_SIZE - 4
+SECTION_ALIGN = 64
+
+INDEX_DTYPE = np.dtype(
+    [
+        ("id", "<u8"),
+        ("timestamp", "<f8"),
+        ("session", "<u8"),  # 64-bit hash of the session name; 0 = no session
+        ("offset", "<u8"),  # .dat offset of the memory record
+        ("meta_offset", "<u8"),  # .dat offset of the update record with the metadata; 0 = none
+        ("last_access", "<f8"),
+        ("length", "<u4"),  # length of the memory record
+        ("importance", "<f4"),
+        ("scale", "<f4"),  # int8 vector * scale = the stored float16 vector (approximately)
+        ("access_count", "<u4"),
+        ("text_tokens", "<u4"),
+        ("summary_tokens", "<u4"),
+        ("type", "<u2"),
+        ("flags", "<u2"),
+        ("reserved", "<u4"),
+    ]
+)
+assert INDEX_DTYPE.itemsize == 80
+
+FLAG_FORGOTTEN = 1
+FLAG_PINNED = 2
+FLAG_HAS_VECTOR = 4
+
+UNKNOWN_TOKENS = 0xFFFFFFFF
+
+BUILTIN_TYPES = ("conversation", "tool_result", "plan", "fact")
+FIRST_USER_TYPE = 16  # codes 0..15 are reserved for built-in types
+MAX_USER_TYPES = 65536 - FIRST_USER_TYPE
+DEFAULT_IMPORTANCE = {"fact": 0.9, "plan": 0.7, "tool_result": 0.5, "conversation": 0.3}
+DEFAULT_USER_TYPE_IMPORTANCE = 0.5
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """CRC-32 (IEEE, as zlib) of ``data``, continuing from ``value``."""
+    return zlib.crc32(data, value)
+
+
+# --- data file header ------------------------------------------------------------------
+
+
+class DatHeader(NamedTuple):
+    uuid: bytes
+    dim: int
+    created: float
+
+
+def pack_dat_header(uuid: bytes, dim: int, created: float) -> bytes:
+    body = DAT_HEADER.pack(DAT_MAGIC, FORMAT_VERSION, DAT_HEADER_SIZE, uuid, dim, created, 0)
+    return body[:-4] + struct.pack("<I", crc32(body[:-4]))
+
+
+def unpack_dat_header(buf: Any, path: str) -> DatHeader:
+    if len(buf) < DAT_HEADER_SIZE or bytes(buf[:8]) != DAT_MAGIC:
+        raise CorruptionError(
+            f"{path} is not a fastmem data file (bad magic or too short)", path=path, offset=0
+        )
+    magic, version, size, uuid, dim, created, crc = DAT_HEADER.unpack_from(buf, 0)
+    if version != FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{path} has format version {version}; this fastmem reads version "
+            f"{FORMAT_VERSION}: install a fastmem release that reads it"
+        )
+    if size != DAT_HEADER_SIZE or crc != crc32(bytes(buf[: DAT_HEADER_SIZE - 4])) or dim > MAX_DIM:
+        raise CorruptionError(f"{path}: the file header is damaged", path=path, offset=0)
+    return DatHeader(uuid, dim, created)
+
+
+# --- records ---------------------------------------------------------------------------
+
+_pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
+
+
+def encode_payload(payload: dict[str, Any]) -> tuple[bytes, int]:
+    """msgpack, then lz4 when that makes it smaller: returns (stored bytes, raw length)."""
+    raw = _pack(payload)
+    if len(raw) >= COMPRESS_MIN:
+        packed = lz4.block.compress(raw, store_size=False)
+        if len(packed) < len(raw):
+            return packed, len(raw)
+    return raw, len(raw)
+
+
+def frame_record(kind: int, payload: dict[str, Any], vector: bytes = b"", dim: int = 0) -> bytes:
+    """One complete record: header, float16 vector bytes (``2 * dim``), payload."""
+    stored, raw_len = encode_payload(payload)
+    head = RECORD_HEADER.pack(RECORD_MAGIC, FORMAT_VERSION, kind, dim, len(stored), raw_len, 0)
+    crc = crc32(stored, crc32(vector, crc32(head[:RECORD_CRC_AT])))
+    return b"".join((head[:RECORD_CRC_AT], struct.pack("<I", crc), vector, stored))
+
+
+class RecordHeader(NamedTuple):
+    kind: int
+    dim: int
+    payload_len: int
+    raw_len: int
+    crc: int
+    length: int  # whole record, header included
+
+
+def parse_record_header(buf: Any, offset: int, end: int, path: str = "") -> RecordHeader:
+    """Check a record header's magic, version, kind and lengths against ``end``."""
+    if offset < DAT_HEADER_SIZE or offset + RECORD_HEADER_SIZE > end:
+        raise CorruptRecordError(
+            f"{path}: no record fits at offset {offset}", path=path, offset=offset
+        )
+    magic, version, kind, dim, plen, rlen, crc = RECORD_HEADER.unpack_from(buf, offset)
+    if magic != RECORD_MAGIC:
+        raise CorruptRecordError(
+            f"{path}: no record starts at offset {offset}", path=path, offset=offset
+        )
+    if version != FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{path}: record at offset {offset} has format version {version}; "
+            f"this fastmem reads version {FORMAT_VERSION}"
+        )
+    length = RECORD_HEADER_SIZE + 2 * dim + plen
+    if (
+        kind not in RECORD_KINDS
+        or dim > MAX_DIM
+        or rlen > MAX_RAW_PAYLOAD
+        or plen > rlen
+        or offset + length > end
+    ):
+        raise CorruptRecordError(
+            f"{path}: the record header at offset {offset} is damaged", path=path, offset=offset
+        )
+    return RecordHeader(kind, dim, plen, rlen, crc, length)
+
+
+def read_record(
+    buf: Any, offset: int, end: int, path: str = "", check_crc: bool = True
+) -> tuple[RecordHeader, dict[str, Any]]:
+    """Check and decode the record at ``offset`` of ``buf`` (zero-copy up to decoding).
+
+    ``check_crc=False`` is for records the scan kernel has just checked.
+
+    Raises:
+        CorruptRecordError: lengths, checksum or payload are not valid.
+    """
+    head = parse_record_header(buf, offset, end, path)
+    view = memoryview(buf)[offset : offset + head.length]
+    if check_crc and crc32(view[RECORD_HEADER_SIZE:], crc32(view[:RECORD_CRC_AT])) != head.crc:
+        raise CorruptRecordError(
+            f"{path}: the record at offset {offset} fails its checksum", path=path, offset=offset
+        )
+    payload = decode_payload(view[RECORD_HEADER_SIZE + 2 * head.dim :], head, offset, path)
+    return head, payload
+
+
+def decode_payload(stored: Any, head: RecordHeader, offset: int, path: str = "") -> dict[str, Any]:
+    try:
+        if head.payload_len == head.raw_len:
+            raw = stored
+        else:
+            raw = lz4.block.decompress(stored, uncompressed_size=head.raw_len)
+            if len(raw) != head.raw_len:
+                raise ValueError("decompressed size differs from the header")
+        payload = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as exc:  # lz4 and msgpack raise several types for damaged bytes
+        raise CorruptRecordError(
+            f"{path}: the record at offset {offset} does not decode ({exc})",
+            path=path,
+            offset=offset,
+        ) from None
+    if not isinstance(payload, dict) or not isinstance(payload.get("i"), int):
+        raise CorruptRecordError(
+            f"{path}: the record at offset {offset} has no id", path=path, offset=offset
+        )
+    return payload
+
+
+def record_vector(buf: Any, offset: int, dim: int) -> np.ndarray:
+    """The float16 vector of the memory record at ``offset`` (a view of ``buf``)."""
+    return np.frombuffer(buf, dtype="<f2", count=dim, offset=offset + RECORD_HEADER_SIZE)
+
+
+# --- index file ------------------------------------------------------------------------
+
+
+class IdxHeader(NamedTuple):
+    uuid: bytes
+    rows: int
+    live: int
+    dim: int
+    covered: int
+    last_offset: int
+    last_crc: int
+    types_len: int
+    next_id: int
+    checkpoint_time: float
+
+
+def _align(n: int) -> int:
+    return (n + SECTION_ALIGN - 1) // SECTION_ALIGN * SECTION_ALIGN
+
+
+class IdxLayout(NamedTuple):
+    rows: int  # byte offset of each section
+    order: int
+    vectors: int
+    types: int
+    size: int  # whole file
+
+
+def idx_layout(rows: int, dim: int, types_len: int) -> IdxLayout:
+    """Byte offsets of the index sections: each starts on a 64-byte boundary."""
+    at_rows = IDX_HEADER_SIZE
+    at_order = _align(at_rows + rows * INDEX_DTYPE.itemsize)
+    at_vectors = _align(at_order + rows * 4)
+    at_types = _align(at_vectors + rows * dim)
+    return IdxLayout(at_rows, at_order, at_vectors, at_types, at_types + types_len)
+
+
+def pack_idx_header(h: IdxHeader) -> bytes:
+    fixed = IDX_HEADER.pack(
+        IDX_MAGIC, FORMAT_VERSION, IDX_HEADER_SIZE, h.uuid, h.rows, h.live, h.dim,
+        INDEX_DTYPE.itemsize, h.covered, h.last_offset, h.last_crc, h.types_len, h.next_id,
+        h.checkpoint_time,
+    )  # fmt: skip
+    body = fixed + bytes(IDX_HEADER_CRC_AT - len(fixed))
+    return body + struct.pack("<I", crc32(body))
+
+
+def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
+    """Parse and check an index header; ``CorruptIndexError`` for any damage."""
+    if len(buf) < IDX_HEADER_SIZE or bytes(buf[:8]) != IDX_MAGIC:
+        raise CorruptIndexError(f"{path} is not a fastmem index", path=path, offset=0)
+    (_, version, size, uuid, rows, live, dim, row_size, covered, last_offset, last_crc,
+     types_len, next_id, when) = IDX_HEADER.unpack_from(buf, 0)  # fmt: skip
+    if version != FORMAT_VERSION:
+        raise FormatVersionError(
+            f"{path} has index format version {version}; this fastmem reads {FORMAT_VERSION}"
+        )
+    (crc,) = struct.unpack_from("<I", buf, IDX_HEADER_CRC_AT)
+    if (
+        size != IDX_HEADER_SIZE
+        or row_size != INDEX_DTYPE.itemsize
+        or crc != crc32(bytes(buf[:IDX_HEADER_CRC_AT]))
+        or dim > MAX_DIM
+        or live > rows
+        or rows >= 1 << 32
+    ):
+        raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
+    return IdxHeader(uuid, rows, live, dim, covered, last_offset, last_crc, types_len, next_id, when)
+
+
+def pack_types(names: list[str]) -> bytes:
+    return _pack(names) if names else b""
+
+
+def unpack_types(buf: Any, path: str) -> list[str]:
+    if len(buf) == 0:
+        return []
+    try:
+        names = msgpack.unpackb(buf, raw=False)
+    except Exception:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CorruptIndexError(f"{path}: the type table is damaged", path=path)
+    return names

@@ -1,0 +1,458 @@
+"""The index: one fixed-size row per memory, its int8 vector, and the time order.
+
+A ``MemoryIndex`` is two segments. The *base* is the last checkpoint, memory-mapped
+copy-on-write from the ``.idx`` file (opening it reads the 4 KiB header, nothing else);
+the *tail* holds the rows added since, in growable arrays. Rows are numbered globally
+(base first) and are in id order, which is also the order of their records in ``.dat``.
+Cheap changes (importance, pins, forgets) are made in place in either segment; they are
+already records in ``.dat``, so a crash before the next checkpoint loses nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import mmap
+import os
+import time
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _format as fmt
+from . import _kernels
+from ._vectors import quantize
+from .errors import CorruptIndexError, CorruptRecordError
+
+# Positions of INDEX_DTYPE's fields in a row tuple (``row.item()``).
+(F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
+ F_ACCESS, F_TEXT_TOKENS, F_SUMMARY_TOKENS, F_TYPE, F_FLAGS, F_RESERVED) = range(15)  # fmt: skip
+assert fmt.INDEX_DTYPE.names is not None and fmt.INDEX_DTYPE.names[F_FLAGS] == "flags"
+
+
+def session_hash(session: str | None) -> int:
+    """64-bit hash of a session name (0 = no session); collisions are checked on read."""
+    if session is None:
+        return 0
+    h = int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little")
+    return h or 1
+
+
+def default_importance(type_name: str) -> float:
+    return fmt.DEFAULT_IMPORTANCE.get(type_name, fmt.DEFAULT_USER_TYPE_IMPORTANCE)
+
+
+class Problem(NamedTuple):
+    """A damaged or inconsistent place found while reading a store."""
+
+    file: str  # "dat" or "idx"
+    offset: int  # byte offset in that file (row number for index rows)
+    message: str
+
+
+def _write(f: Any, arr: np.ndarray) -> None:
+    if arr.size:
+        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+
+
+class _Tail:
+    """Rows added since the last checkpoint, in arrays that double when full."""
+
+    def __init__(self, dim: int) -> None:
+        self.n = 0
+        self.rows = np.zeros(64, dtype=fmt.INDEX_DTYPE)
+        self.vectors = np.zeros((64, dim), dtype=np.int8)
+
+    def append(self, rows: np.ndarray, vectors: np.ndarray) -> None:
+        end = self.n + len(rows)
+        if end > len(self.rows):
+            cap = max(end, 2 * len(self.rows))
+            grown = np.zeros(cap, dtype=fmt.INDEX_DTYPE)
+            grown[: self.n] = self.rows[: self.n]
+            self.rows = grown
+            gv = np.zeros((cap, self.vectors.shape[1]), dtype=np.int8)
+            gv[: self.n] = self.vectors[: self.n]
+            self.vectors = gv
+        self.rows[self.n : end] = rows
+        self.vectors[self.n : end] = vectors
+        self.n = end
+
+    def set_dim(self, dim: int) -> None:
+        vectors = np.zeros((len(self.rows), dim), dtype=np.int8)
+        self.vectors = vectors
+
+
+class MemoryIndex:
+    """Rows, vectors and time order of a store's memories; see the module docstring."""
+
+    def __init__(self, dim: int, uuid: bytes) -> None:
+        self.dim = dim
+        self.uuid = uuid
+        self.base_rows = np.zeros(0, dtype=fmt.INDEX_DTYPE)
+        self.base_order = np.zeros(0, dtype="<u4")
+        self.base_vectors = np.zeros((0, dim), dtype=np.int8)
+        self._map: mmap.mmap | None = None
+        self.tail = _Tail(dim)
+        self._tail_order: np.ndarray | None = None
+        self.user_types: list[str] = []
+        self.type_codes = {name: code for code, name in enumerate(fmt.BUILTIN_TYPES)}
+        self.live = 0
+        self.next_id = 0
+        self.covered = fmt.DAT_HEADER_SIZE  # .dat offset up to which the base is complete
+        self.applied = fmt.DAT_HEADER_SIZE  # .dat offset up to which records are applied
+        self.last_offset = 0  # the last applied record: where it starts, and its crc
+        self.last_crc = 0
+
+    # --- loading and saving ------------------------------------------------------------
+
+    @classmethod
+    def load(cls, path: str, uuid: bytes, dat_dim: int, dat: Any, dat_end: int) -> MemoryIndex:
+        """Map a checkpoint copy-on-write and check it against the data file.
+
+        Raises:
+            CorruptIndexError: damaged, from another store, or stale (covers data the
+                data file does not have).
+            FileNotFoundError: no index file.
+        """
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < fmt.IDX_HEADER_SIZE:
+                raise CorruptIndexError(f"{path} is shorter than its header", path=path)
+            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        h = fmt.unpack_idx_header(mm, path)
+        layout = fmt.idx_layout(h.rows, h.dim, h.types_len)
+        if layout.size != size:
+            raise CorruptIndexError(f"{path} has {size} bytes, its header says {layout.size}")
+        if h.uuid != uuid:
+            raise CorruptIndexError(f"{path} belongs to another data file", path=path)
+        if dat_dim and h.dim not in (0, dat_dim):
+            raise CorruptIndexError(f"{path} disagrees with its data file on the dimension")
+        if not fmt.DAT_HEADER_SIZE <= h.covered <= dat_end:
+            raise CorruptIndexError(f"{path} covers more than its data file holds (stale)")
+        if h.covered > fmt.DAT_HEADER_SIZE:
+            try:
+                last = fmt.parse_record_header(dat, h.last_offset, dat_end, path)
+            except CorruptRecordError:
+                last = None
+            if last is None or h.last_offset + last.length != h.covered or last.crc != h.last_crc:
+                raise CorruptIndexError(f"{path} does not match its data file (stale)")
+        index = cls(h.dim, uuid)
+        index._map = mm
+        index.base_rows = np.frombuffer(mm, fmt.INDEX_DTYPE, h.rows, layout.rows)
+        index.base_order = np.frombuffer(mm, "<u4", h.rows, layout.order)
+        index.base_vectors = np.frombuffer(mm, np.int8, h.rows * h.dim, layout.vectors).reshape(
+            h.rows, h.dim
+        )
+        for name in fmt.unpack_types(mm[layout.types : layout.size], path):
+            index._add_type(name)
+        if h.rows and int(index.base_rows["id"][-1]) >= h.next_id:
+            raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
+        index.live, index.next_id = h.live, h.next_id
+        index.covered = index.applied = h.covered
+        index.last_offset, index.last_crc = h.last_offset, h.last_crc
+        return index
+
+    def save(self, path: str, *, sync: bool) -> None:
+        """Write the whole index to ``path`` + ``.tmp``, then rename it over ``path``."""
+        n = len(self)
+        tail_n = self.tail.n
+        types = fmt.pack_types(self.user_types)
+        layout = fmt.idx_layout(n, self.dim, len(types))
+        ts = self.column("timestamp")
+        order = np.argsort(ts, kind="stable").astype("<u4")  # rows are in id order
+        header = fmt.pack_idx_header(
+            fmt.IdxHeader(self.uuid, n, self.live, self.dim, self.applied, self.last_offset,
+                          self.last_crc, len(types), self.next_id, time.time())
+        )  # fmt: skip
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb", closefd=False) as f:
+                f.write(header)
+                _write(f, self.base_rows)
+                _write(f, self.tail.rows[:tail_n])
+                f.write(bytes(layout.order - f.tell()))
+                _write(f, order)
+                f.write(bytes(layout.vectors - f.tell()))
+                if self.base_vectors.shape[1] == self.dim:
+                    _write(f, self.base_vectors)
+                else:  # the base was written before the dimension was known
+                    f.write(bytes(len(self.base_rows) * self.dim))
+                _write(f, self.tail.vectors[:tail_n])
+                f.write(bytes(layout.types - f.tell()))
+                f.write(types)
+            if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    # --- rows ------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.base_rows) + self.tail.n
+
+    def segments(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        """(first global row, rows, int8 vectors) of the base and the tail."""
+        segs = []
+        if len(self.base_rows):
+            segs.append((0, self.base_rows, self.base_vectors))
+        if self.tail.n:
+            segs.append(
+                (len(self.base_rows), self.tail.rows[: self.tail.n], self.tail.vectors[: self.tail.n])
+            )
+        return segs
+
+    def column(self, name: str) -> np.ndarray:
+        """One field of every row, base then tail (a copy)."""
+        return np.concatenate([self.base_rows[name], self.tail.rows[name][: self.tail.n]])
+
+    def _locate(self, g: int) -> tuple[np.ndarray, int]:
+        nb = len(self.base_rows)
+        return (self.base_rows, g) if g < nb else (self.tail.rows, g - nb)
+
+    def row(self, g: int) -> tuple[Any, ...]:
+        rows, i = self._locate(g)
+        return rows[i].item()  # type: ignore[no-any-return]
+
+    def set_field(self, g: int, name: str, value: Any) -> None:
+        rows, i = self._locate(g)
+        rows[name][i] = value
+
+    def find(self, mid: int) -> int:
+        """Global row of the memory with id ``mid``, or -1."""
+        nb = len(self.base_rows)
+        if nb and mid <= int(self.base_rows["id"][nb - 1]):
+            ids = self.base_rows["id"]
+            if mid < nb and ids[mid] == mid:  # ids are dense until something is compacted
+                return mid
+            i = int(np.searchsorted(ids, mid))
+            return i if i < nb and ids[i] == mid else -1
+        n = self.tail.n
+        if n:
+            ids = self.tail.rows["id"][:n]
+            i = mid - int(ids[0])
+            if 0 <= i < n and ids[i] == mid:
+                return nb + i
+            i = int(np.searchsorted(ids, mid))
+            if i < n and ids[i] == mid:
+                return nb + i
+        return -1
+
+    def _tail_sorted(self) -> np.ndarray:
+        if self._tail_order is None or len(self._tail_order) != self.tail.n:
+            ts = self.tail.rows["timestamp"][: self.tail.n]
+            self._tail_order = np.argsort(ts, kind="stable")
+        return self._tail_order
+
+    def by_time(self, newest_first: bool) -> Iterator[int]:
+        """Global rows of live memories by (timestamp, id), merging base and tail."""
+        nb = len(self.base_rows)
+        base_ts, tail_ts = self.base_rows["timestamp"], self.tail.rows["timestamp"]
+        base_order, tail_order = self.base_order, self._tail_sorted()
+        b_flags, t_flags = self.base_rows["flags"], self.tail.rows["flags"]
+        nt = len(tail_order)
+        step = -1 if newest_first else 1
+        bi, ti = (nb - 1, nt - 1) if newest_first else (0, 0)
+        while 0 <= bi < nb or 0 <= ti < nt:
+            if not 0 <= ti < nt:
+                take_base = True
+            elif not 0 <= bi < nb:
+                take_base = False
+            else:  # base rows have the smaller ids, so the tail wins a tie when newest first
+                tb, tt = base_ts[base_order[bi]], tail_ts[tail_order[ti]]
+                take_base = tb > tt if newest_first else tb <= tt
+            if take_base:
+                b = int(base_order[bi])
+                if b >= nb:
+                    raise CorruptIndexError("the index's time order points past its rows")
+                bi += step
+                if not b_flags[b] & fmt.FLAG_FORGOTTEN:
+                    yield b
+            else:
+                t = int(tail_order[ti])
+                ti += step
+                if not t_flags[t] & fmt.FLAG_FORGOTTEN:
+                    yield nb + t
+
+    # --- types -------------------------------------------------------------------------
+
+    def _add_type(self, name: str) -> int:
+        code = fmt.FIRST_USER_TYPE + len(self.user_types)
+        self.user_types.append(name)
+        self.type_codes[name] = code
+        return code
+
+    def type_code(self, name: str, create: bool) -> int:
+        """The code of a type name, assigning the next free one when ``create``; -1 if none."""
+        code = self.type_codes.get(name)
+        if code is None:
+            if not create:
+                return -1
+            if len(self.user_types) >= fmt.MAX_USER_TYPES:
+                raise CorruptIndexError("too many distinct memory types")
+            code = self._add_type(name)
+        return code
+
+    def type_name(self, code: int) -> str:
+        if code < len(fmt.BUILTIN_TYPES):
+            return fmt.BUILTIN_TYPES[code]
+        i = code - fmt.FIRST_USER_TYPE
+        if 0 <= i < len(self.user_types):
+            return self.user_types[i]
+        raise CorruptIndexError(f"unknown type code {code} in the index")
+
+    # --- changes -----------------------------------------------------------------------
+
+    def set_dim(self, dim: int) -> None:
+        if self.dim != dim:
+            self.dim = dim
+            self.tail.set_dim(dim)
+
+    def append(self, rows: np.ndarray, vectors16: np.ndarray | None) -> None:
+        """Add rows (``INDEX_DTYPE``, ids above every existing one) and their float16 vectors
+        (rows without ``FLAG_HAS_VECTOR`` get zeros)."""
+        q = np.zeros((len(rows), self.dim), dtype=np.int8)
+        if vectors16 is not None and self.dim:
+            has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0
+            q[has], rows["scale"][has] = quantize(vectors16[has])
+        self.tail.append(rows, q)
+        self.live += int(np.count_nonzero((rows["flags"] & fmt.FLAG_FORGOTTEN) == 0))
+        self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
+
+    def note_applied(self, offset: int, length: int, crc: int) -> None:
+        """Record that the record at ``offset`` is reflected in the rows."""
+        self.applied = offset + length
+        self.last_offset, self.last_crc = offset, crc
+
+    def replay(self, dat: Any, start: int, end: int, path: str) -> tuple[list[Problem], int]:
+        """Apply the valid records of ``dat[start:end]`` (scanned by the compiled kernel).
+
+        Returns the problems found and the end of the last valid record (a damaged tail
+        after it is not applied).
+        """
+        offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(
+            dat, start, end
+        )
+        problems = [
+            Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
+        ]
+        _Replayer(self, dat, path, problems).run(offsets, lengths, kinds, dims)
+        valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
+        return problems, max(valid_end, start)
+
+
+class _Replayer:
+    """Turns checked records into index rows, batching new rows for ``append``."""
+
+    def __init__(self, index: MemoryIndex, dat: Any, path: str, problems: list[Problem]):
+        self.index, self.dat, self.path, self.problems = index, dat, path, problems
+        self.rows: list[list[Any]] = []
+        self.pending: dict[int, int] = {}  # id -> position in self.rows
+        self.vec_rows: list[int] = []
+
+    def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
+        apply = {
+            fmt.KIND_MEMORY: self._memory,
+            fmt.KIND_UPDATE: self._update,
+            fmt.KIND_FORGET: self._forget,
+        }
+        end = len(self.dat)
+        for off, length, kind, dim in zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist()):
+            try:
+                # The scan has checked lengths and CRC; only decoding is left.
+                payload = fmt.read_record(self.dat, off, end, self.path, check_crc=False)[1]
+                apply[kind](off, length, dim, payload)
+            except CorruptRecordError as exc:
+                self.problems.append(Problem("dat", off, str(exc)))
+            except (TypeError, ValueError, OverflowError, KeyError) as exc:
+                self.problems.append(Problem("dat", off, f"record fields are invalid ({exc!r})"))
+            crc = int.from_bytes(self.dat[off + fmt.RECORD_CRC_AT : off + fmt.RECORD_CRC_AT + 4], "little")
+            self.index.note_applied(off, length, crc)
+            if len(self.rows) >= 65536:
+                self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        index = self.index
+        rows = np.array([tuple(r) for r in self.rows], dtype=fmt.INDEX_DTYPE)
+        vectors = None
+        if index.dim and self.vec_rows:
+            vectors = np.zeros((len(rows), index.dim), dtype="<f2")
+            for pos in self.vec_rows:
+                vectors[pos] = fmt.record_vector(self.dat, self.rows[pos][F_OFFSET], index.dim)
+        index.append(rows, vectors)
+        self.rows, self.pending, self.vec_rows = [], {}, []
+
+    def _memory(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        index = self.index
+        mid = p["i"]
+        if mid < index.next_id or mid in self.pending or (self.rows and mid <= self.rows[-1][F_ID]):
+            raise ValueError(f"memory id {mid} is not above the ids before it")
+        ts = float(p["t"])
+        text = p["x"]
+        type_name = p.get("y", "conversation")
+        session = p.get("s")
+        if not isinstance(text, str) or not isinstance(type_name, str) or not math.isfinite(ts):
+            raise TypeError("text, type or timestamp has the wrong type")
+        if session is not None and not isinstance(session, str):
+            raise TypeError("session must be a string")
+        importance = float(p.get("p", default_importance(type_name)))
+        flags = fmt.FLAG_PINNED if p.get("n") else 0
+        if dim:
+            if index.dim == 0:
+                index.set_dim(dim)
+            if dim != index.dim:
+                raise ValueError(f"vector length {dim} differs from the store's {index.dim}")
+            flags |= fmt.FLAG_HAS_VECTOR
+            self.vec_rows.append(len(self.rows))
+        tokens = p.get("k") or (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
+        code = index.type_code(type_name, create=True)
+        self.pending[mid] = len(self.rows)
+        self.rows.append(
+            [mid, ts, session_hash(session), off, 0, 0.0, length, importance, 0.0, 0,
+             int(tokens[0]), int(tokens[1]), code, flags, 0]
+        )  # fmt: skip
+
+    def _target(self, mid: int) -> tuple[list[Any] | None, int]:
+        pos = self.pending.get(mid)
+        if pos is not None:
+            return self.rows[pos], -1
+        g = self.index.find(mid)
+        if g < 0:
+            raise ValueError(f"the record changes memory {mid}, which does not exist")
+        return None, g
+
+    def _update(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        row, g = self._target(p["i"])
+        changes: dict[int, Any] = {}
+        if "p" in p:
+            changes[F_IMPORTANCE] = float(p["p"])
+        if "m" in p:
+            changes[F_META] = off
+        flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
+        if "n" in p:
+            flags = (flags | fmt.FLAG_PINNED) if p["n"] else (flags & ~fmt.FLAG_PINNED)
+            changes[F_FLAGS] = flags
+        self._change(row, g, changes)
+
+    def _forget(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        row, g = self._target(p["i"])
+        flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
+        if flags & fmt.FLAG_FORGOTTEN:
+            raise ValueError(f"memory {p['i']} is forgotten twice")
+        self._change(row, g, {F_FLAGS: flags | fmt.FLAG_FORGOTTEN})
+        if row is None:
+            self.index.live -= 1
+
+    def _change(self, row: list[Any] | None, g: int, changes: dict[int, Any]) -> None:
+        names = fmt.INDEX_DTYPE.names
+        assert names is not None
+        for field, value in changes.items():
+            if row is not None:
+                row[field] = value
+            else:
+                self.index.set_field(g, names[field], value)

@@ -1,0 +1,48 @@
+"""Choose the kernels: compiled (``fastmem._ext``) or the numpy reference.
+
+``FASTMEM_BACKEND`` selects: ``auto`` (default; compiled when it was built), ``cython``
+(compiled, or ImportError) or ``python`` (the reference). Other modules call the kernels
+through this module's attributes, so ``use()`` switches them at run time (the tests do).
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import _kernels_py
+
+BACKEND: str = "python"
+crc32 = _kernels_py.crc32
+scan_records = _kernels_py.scan_records
+topk_int8 = _kernels_py.topk_int8
+
+
+def use(backend: str) -> str:
+    """Select ``"auto"``, ``"cython"`` or ``"python"`` kernels; returns the one loaded."""
+    global BACKEND, crc32, scan_records, topk_int8
+    if backend not in ("auto", "cython", "python"):
+        raise ImportError(
+            f"FASTMEM_BACKEND={backend!r} is not one of 'auto', 'cython', 'python'"
+        )
+    if backend != "python":
+        try:
+            from ._ext import scan, topk
+        except ImportError as exc:
+            if backend == "cython":
+                raise ImportError(
+                    "FASTMEM_BACKEND=cython, but fastmem's compiled extension is missing: "
+                    "reinstall with 'pip install --force-reinstall --no-binary fastmem fastmem' "
+                    "on a machine with a C compiler, or set FASTMEM_BACKEND=python"
+                ) from exc
+        else:
+            BACKEND = "cython"
+            crc32, scan_records, topk_int8 = scan.crc32, scan.scan_records, topk.topk_int8
+            return BACKEND
+    BACKEND = "python"
+    crc32 = _kernels_py.crc32
+    scan_records = _kernels_py.scan_records
+    topk_int8 = _kernels_py.topk_int8
+    return BACKEND
+
+
+use(os.environ.get("FASTMEM_BACKEND", "auto"))

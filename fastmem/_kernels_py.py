@@ -1,0 +1,132 @@
+"""Readable numpy/Python reference kernels: the test oracle of ``fastmem._ext``.
+
+Each function here has the same signature and the same results as its compiled twin;
+``FASTMEM_BACKEND=python`` makes fastmem use these.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ._format import (
+    FORMAT_VERSION,
+    MAX_DIM,
+    MAX_RAW_PAYLOAD,
+    RECORD_CRC_AT,
+    RECORD_HEADER_SIZE,
+    RECORD_KINDS,
+    RECORD_MAGIC,
+)
+
+_HEADER = struct.Struct("<4sBBHIII")
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """CRC-32 (IEEE polynomial, as zlib) of ``data``, continuing from ``value``."""
+    return zlib.crc32(data, value)
+
+
+def _record_length(buf: Any, pos: int, end: int) -> int:
+    """Length of the valid record at ``pos``, or 0 when none is there."""
+    if pos + RECORD_HEADER_SIZE > end:
+        return 0
+    magic, version, kind, dim, plen, rlen, crc = _HEADER.unpack_from(buf, pos)
+    length = RECORD_HEADER_SIZE + 2 * dim + plen
+    if (
+        magic != RECORD_MAGIC
+        or version != FORMAT_VERSION
+        or kind not in RECORD_KINDS
+        or dim > MAX_DIM
+        or rlen > MAX_RAW_PAYLOAD
+        or plen > rlen
+        or pos + length > end
+    ):
+        return 0
+    view = memoryview(buf)[pos : pos + length]
+    if zlib.crc32(view[RECORD_HEADER_SIZE:], zlib.crc32(view[:RECORD_CRC_AT])) != crc:
+        return 0
+    return length
+
+
+def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
+    """Walk the records in ``buf[start:end]``, checking each one's lengths and CRC.
+
+    Returns ``(offsets, lengths, kinds, dims, bad_starts, bad_ends)``: the valid records,
+    and the damaged regions between them. A damaged region runs from the first byte that
+    does not start a valid record to the next byte that does (or to ``end``).
+    """
+    if not 0 <= start <= end <= len(buf):
+        raise ValueError("scan range out of bounds")
+    data = bytes(memoryview(buf)[:end])
+    offsets, lengths, kinds, dims, bad_starts, bad_ends = [], [], [], [], [], []
+    pos = start
+    while pos < end:
+        length = _record_length(data, pos, end)
+        if length:
+            offsets.append(pos)
+            lengths.append(length)
+            kinds.append(data[pos + 5])
+            dims.append(int.from_bytes(data[pos + 6 : pos + 8], "little"))
+            pos += length
+            continue
+        bad_starts.append(pos)
+        nxt = data.find(RECORD_MAGIC, pos + 1, end)
+        while nxt != -1 and not _record_length(data, nxt, end):
+            nxt = data.find(RECORD_MAGIC, nxt + 1, end)
+        pos = end if nxt == -1 else nxt
+        bad_ends.append(pos)
+    return (
+        np.array(offsets, dtype=np.int64),
+        np.array(lengths, dtype=np.uint32),
+        np.array(kinds, dtype=np.uint8),
+        np.array(dims, dtype=np.uint16),
+        np.array(bad_starts, dtype=np.int64),
+        np.array(bad_ends, dtype=np.int64),
+    )
+
+
+def topk_int8(
+    vectors: np.ndarray,
+    scales: np.ndarray,
+    flags: np.ndarray,
+    types: np.ndarray,
+    timestamps: np.ndarray,
+    sessions: np.ndarray,
+    query: np.ndarray,
+    k: int,
+    type_allowed: np.ndarray | None,
+    since: float,
+    until: float,
+    session: int,
+    require_flags: int,
+    exclude_flags: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Filtered top-k rows by ``scale[row] * (vectors[row] . query)`` (exact int32 dot).
+
+    A row qualifies when it has every bit of ``require_flags`` and none of
+    ``exclude_flags``, ``since <= timestamp <= until``, its session equals ``session``
+    (0 = any) and ``type_allowed[type]`` is set (``None`` = any). Ties go to the lower row.
+
+    Returns ``(rows, scores)``, best first, at most ``k`` of each.
+    """
+    n = vectors.shape[0]
+    mask = (flags[:n] & require_flags) == require_flags
+    mask &= (flags[:n] & exclude_flags) == 0
+    if not (math.isinf(since) and since < 0):
+        mask &= timestamps[:n] >= since
+    if not (math.isinf(until) and until > 0):
+        mask &= timestamps[:n] <= until
+    if session:
+        mask &= sessions[:n] == session
+    if type_allowed is not None:
+        mask &= type_allowed[types[:n]].astype(bool)
+    rows = np.nonzero(mask)[0]
+    dots = vectors[rows].astype(np.int32) @ query.astype(np.int32)
+    scores = dots.astype(np.float64) * scales[rows].astype(np.float64)
+    best = np.lexsort((rows, -scores))[:k]
+    return rows[best].astype(np.int64), scores[best]

@@ -1,0 +1,101 @@
+"""fastmem's exceptions: one base class, specific leaves, builtin mixins.
+
+Every error fastmem raises on purpose is a :class:`FastmemError`; the builtin mixins let
+callers who do not know fastmem catch them the ordinary way (``except KeyError``,
+``except ValueError``).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FastmemError",
+    "InvalidInputError",
+    "InvalidTypeError",
+    "DimensionMismatchError",
+    "UnknownMemoryError",
+    "CorruptionError",
+    "CorruptRecordError",
+    "CorruptIndexError",
+    "FormatVersionError",
+    "StoreNotFoundError",
+    "StoreLockedError",
+    "StoreClosedError",
+    "StoreForkedError",
+    "ReadOnlyError",
+    "RecoveryWarning",
+]
+
+
+class FastmemError(Exception):
+    """Base class of every error fastmem raises on purpose."""
+
+
+class InvalidInputError(FastmemError, ValueError):
+    """An argument has a value fastmem cannot store or use; nothing was written."""
+
+
+class InvalidTypeError(InvalidInputError, TypeError):
+    """An argument has the wrong type; nothing was written."""
+
+
+class DimensionMismatchError(InvalidInputError):
+    """A vector's length differs from the store's embedding dimension."""
+
+
+class UnknownMemoryError(FastmemError, KeyError):
+    """No live memory has this id (never added, or forgotten)."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else "unknown memory"
+
+
+class CorruptionError(FastmemError, ValueError):
+    """A file's bytes are damaged or are not a fastmem file.
+
+    Attributes:
+        path: the damaged file.
+        offset: byte offset of the damage in that file, or ``None`` when not known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class CorruptRecordError(CorruptionError):
+    """A record of the data file failed its checks (length, magic, checksum or decoding)."""
+
+
+class CorruptIndexError(CorruptionError):
+    """The index file disagrees with the data file; ``store.verify()`` tells more,
+    and deleting the ``.idx`` file makes the next writer rebuild it."""
+
+
+class FormatVersionError(FastmemError):
+    """The file was written by a format version this fastmem cannot read."""
+
+
+class StoreNotFoundError(FastmemError, FileNotFoundError):
+    """A read-only open found no store at the path."""
+
+
+class StoreLockedError(FastmemError):
+    """Another process holds the store's writer lock."""
+
+
+class StoreClosedError(FastmemError):
+    """The store was closed; open it again with ``fastmem.open``."""
+
+
+class StoreForkedError(StoreClosedError):
+    """A store handle was used in a child process after ``fork()``; open the store anew in the child."""
+
+
+class ReadOnlyError(FastmemError):
+    """A write was attempted on a store opened with ``readonly=True``."""
+
+
+class RecoveryWarning(UserWarning):
+    """fastmem repaired something on open: rebuilt a missing or stale index, or cut off an
+    interrupted write at the end of the data file. Nothing that was acknowledged is lost."""

@@ -1,0 +1,956 @@
+"""``MemoryStore``: an agent's memories in two files, reopened in milliseconds.
+
+>>> import fastmem, tempfile, os
+>>> d = tempfile.mkdtemp()
+>>> with fastmem.open(os.path.join(d, "agent")) as store:
+...     mid = store.add("The user's name is Ada.", type="fact")
+...     store.get(mid).text
+"The user's name is Ada."
+>>> with fastmem.open(os.path.join(d, "agent"), readonly=True) as store:
+...     [m.text for m in store.recent(5)]
+["The user's name is Ada."]
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import mmap
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from . import _format as fmt
+from . import _kernels
+from ._index import (
+    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, Problem,
+    default_importance, session_hash,
+)  # fmt: skip
+from ._vectors import as_matrix, quantize, to_float16
+from .errors import (
+    CorruptIndexError,
+    CorruptionError,
+    DimensionMismatchError,
+    FormatVersionError,
+    InvalidInputError,
+    InvalidTypeError,
+    ReadOnlyError,
+    RecoveryWarning,
+    StoreClosedError,
+    StoreForkedError,
+    StoreLockedError,
+    StoreNotFoundError,
+    UnknownMemoryError,
+)
+
+__all__ = ["MemoryStore", "Memory", "Hit", "Report", "Problem", "open", "DURABILITY"]
+
+DURABILITY = ("always", "batch", "none")
+GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
+CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
+_ADD_KEYS = frozenset(
+    ("text", "type", "timestamp", "session", "importance", "pinned", "metadata", "summary",
+     "embedding")
+)  # fmt: skip
+_DEFAULT = object()  # embedder= left out: the memory-engine issue makes this the default model
+
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """One stored memory, as ``get``, ``recent``, ``search`` and iteration return it."""
+
+    id: str
+    text: str
+    type: str
+    timestamp: float
+    session: str | None
+    importance: float
+    pinned: bool
+    metadata: dict[str, Any] | None
+    summary: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A search result: the memory, and its cosine similarity to the query."""
+
+    id: str
+    score: float
+    memory: Memory
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``verify()`` found. ``ok`` is true when ``problems`` is empty."""
+
+    ok: bool
+    problems: list[Problem] = field(default_factory=list)
+    records: int = 0  # valid records in the data file
+    bytes: int = 0  # both files together
+
+
+def open(  # noqa: A001 - the name users expect: fastmem.open(path)
+    path: str | os.PathLike[str],
+    *,
+    dim: int | None = None,
+    embedder: Any = _DEFAULT,
+    readonly: bool = False,
+    durability: str = "batch",
+    timeout: float = 0.0,
+) -> MemoryStore:
+    """Open the store at ``path`` (``path.dat`` and ``path.idx``), creating it if needed.
+
+    Args:
+        path: the store's name; its two files are ``<path>.dat`` and ``<path>.idx``.
+        dim: the embedding dimension (fixed by the first vector when left out).
+        embedder: an object with ``encode(list[str]) -> array (n, dim)`` used when ``add``
+            gets no ``embedding``; ``None`` for none.
+        readonly: read without taking the writer lock; any number of readers may run
+            beside one writer and see every memory it committed before their last call.
+        durability: ``"always"`` (``add`` returns after fsync), ``"batch"`` (group commit:
+            on disk within ~5 ms, and at ``flush``/``close``) or ``"none"`` (the OS decides).
+            Under every mode, a memory whose ``add`` returned survives the process being
+            killed; the modes differ on power loss.
+        timeout: seconds to wait for another writer to close the store.
+
+    Raises:
+        StoreLockedError: another process is writing to the store.
+        StoreNotFoundError: ``readonly=True`` and there is no store at ``path``.
+        CorruptionError: the data file's header is damaged or it is not a fastmem file.
+        DimensionMismatchError: ``dim`` differs from the store's.
+    """
+    return MemoryStore(
+        path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def _parse_id(mid: Any) -> int:
+    if not isinstance(mid, str):
+        raise InvalidTypeError(f"a memory id is a string like 'm42', not {type(mid).__name__}")
+    if len(mid) < 2 or len(mid) > 21 or mid[0] != "m" or not mid[1:].isdigit() or not mid[1:].isascii():
+        raise UnknownMemoryError(f"no memory has the id {mid!r}")
+    return int(mid[1:])
+
+
+def _f32(x: float) -> float:
+    """The shortest decimal that reads back as the same float32 (0.3, not 0.30000001)."""
+    return float(str(np.float32(x)))
+
+
+def _check_str(value: Any, name: str, max_chars: int, *, optional: bool) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a string, not {type(value).__name__}")
+    if not value or len(value) > max_chars:
+        raise InvalidInputError(f"{name} must have 1 to {max_chars} characters")
+    _check_utf8(value, name)
+    return value
+
+
+def _check_utf8(value: str, name: str) -> None:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidInputError(f"{name} is not valid Unicode (lone surrogates)") from None
+
+
+def _check_real(value: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidTypeError(f"{name} must be a number, not {type(value).__name__}")
+    x = float(value)
+    if not (math.isfinite(x) and lo <= x <= hi):
+        raise InvalidInputError(f"{name} must be a finite number from {lo} to {hi}, got {value!r}")
+    return x
+
+
+def _check_metadata(metadata: Any) -> dict[str, Any] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise InvalidTypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+    try:
+        packed = msgpack.packb(dict(metadata), use_bin_type=True)
+        value = msgpack.unpackb(packed, raw=False, strict_map_key=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInputError(
+            f"metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
+            f"dicts, bool, None): {exc}"
+        ) from None
+    if len(packed) > fmt.MAX_METADATA_BYTES:
+        raise InvalidInputError(
+            f"metadata is {len(packed)} bytes packed; the limit is {fmt.MAX_METADATA_BYTES}: "
+            f"keep large content in the memory's text"
+        )
+    return value  # type: ignore[no-any-return]
+
+
+class _GroupCommit:
+    """Background fdatasync for ``durability="batch"``: writes reach the disk in batches."""
+
+    def __init__(self, fd: int, interval: float) -> None:
+        self._fd, self._interval = fd, interval
+        self._pending = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="fastmem-commit", daemon=True)
+        self._thread.start()
+
+    def notify(self) -> None:
+        self._pending.set()
+
+    def _run(self) -> None:
+        while True:
+            self._pending.wait()
+            if not self._stopping:
+                time.sleep(self._interval)  # let the writes of the next few ms join this sync
+            self._pending.clear()
+            try:
+                os.fdatasync(self._fd)
+            except OSError:  # the next flush or close reports it to the caller
+                pass
+            if self._stopping:
+                return
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._pending.set()
+        self._thread.join()
+
+
+class MemoryStore:
+    """An open fastmem store; create it with :func:`fastmem.open`.
+
+    Safe to share between threads. One process may write at a time (an OS lock on the
+    data file, released when the process ends, however it ends); any number may read.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dim: int | None = None,
+        embedder: Any = _DEFAULT,
+        readonly: bool = False,
+        durability: str = "batch",
+        timeout: float = 0.0,
+    ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+        base = os.fspath(path)
+        if not isinstance(base, str) or not base:
+            raise InvalidInputError("path must be a non-empty file name")
+        if base.endswith((".dat", ".idx")):
+            base = base[:-4]
+        if dim is not None:
+            if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= fmt.MAX_DIM:
+                raise InvalidInputError(f"dim must be an int from 1 to {fmt.MAX_DIM}, got {dim!r}")
+        if durability not in DURABILITY:
+            raise InvalidInputError(f"durability must be one of {DURABILITY}, got {durability!r}")
+        if not isinstance(readonly, bool):
+            raise InvalidTypeError("readonly must be True or False")
+        timeout = _check_real(timeout, "timeout", 0.0, 1e9)
+        if embedder is not _DEFAULT and embedder is not None and not callable(
+            getattr(embedder, "encode", None)
+        ):
+            raise InvalidTypeError("embedder must have an encode(list[str]) method, or be None")
+
+        self.path = base
+        self.dat_path, self.idx_path = base + ".dat", base + ".idx"
+        self.readonly = readonly
+        self.durability = durability
+        self._embedder = None if embedder is _DEFAULT else embedder
+        self._lock = threading.RLock()
+        self._generation = _fork_generation
+        self._closed = True
+        self._commit: _GroupCommit | None = None
+        self._dat: mmap.mmap | None = None
+        self._map_fd = -1
+        self._fd = self._open_data_file(timeout)
+        try:
+            self._load(dim)
+        except BaseException:
+            self._release()
+            raise
+        self._closed = False
+
+    # --- opening -----------------------------------------------------------------------
+
+    def _open_data_file(self, timeout: float) -> int:
+        if self.readonly:
+            try:
+                return os.open(self.dat_path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise StoreNotFoundError(f"no fastmem store at {self.dat_path}") from None
+        parent = os.path.dirname(os.path.abspath(self.dat_path))
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise StoreLockedError(
+                        f"{self.dat_path} is open for writing in another process or handle: "
+                        f"close it, open with readonly=True, or pass timeout= to wait"
+                    ) from None
+                time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
+
+    def _load(self, dim: int | None) -> None:
+        size = os.fstat(self._fd).st_size
+        created = size < fmt.DAT_HEADER_SIZE
+        if created:
+            self._create_data_file(size, dim or 0)
+            size = fmt.DAT_HEADER_SIZE
+        self._map_data(size)
+        assert self._dat is not None
+        header = fmt.unpack_dat_header(self._dat, self.dat_path)
+        self._uuid = header.uuid
+        try:
+            index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, self._dat, size)
+            reason = None
+        except FileNotFoundError:
+            index, reason = None, "it was missing"
+        except (CorruptionError, FormatVersionError) as exc:
+            index, reason = None, str(exc)
+        started = time.perf_counter()
+        if index is None:
+            index = MemoryIndex(header.dim, header.uuid)
+        self._index = index
+        problems, valid_end = index.replay(self._dat, index.applied, size, self.dat_path)
+        self._dat_end = size
+        if reason is not None and not created:
+            warnings.warn(
+                f"fastmem rebuilt the index of {self.path} from its data file in "
+                f"{time.perf_counter() - started:.3f} s ({len(index)} rows; {reason})",
+                RecoveryWarning,
+                stacklevel=4,
+            )
+        tail_damage = [p for p in problems if p.offset >= valid_end]
+        if tail_damage and not self.readonly:
+            # An interrupted write: nothing in it was acknowledged (the fsync never returned).
+            os.ftruncate(self._fd, valid_end)
+            self._dat_end = valid_end
+            warnings.warn(
+                f"fastmem cut {size - valid_end} bytes of an interrupted write from the end "
+                f"of {self.dat_path}",
+                RecoveryWarning,
+                stacklevel=4,
+            )
+        self._valid_end = valid_end
+        if dim is not None:
+            if index.dim and index.dim != dim:
+                raise DimensionMismatchError(
+                    f"{self.path} holds {index.dim}-dimensional vectors, not {dim}: open it "
+                    f"with dim={index.dim} or the embedder that wrote it"
+                )
+            index.set_dim(dim)
+        if not self.readonly and (reason is not None or not os.path.exists(self.idx_path)):
+            self._checkpoint()
+
+    def _create_data_file(self, size: int, dim: int) -> None:
+        if self.readonly:
+            raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
+        head = os.pread(self._fd, size, 0)
+        if head != fmt.DAT_MAGIC[: len(head)]:
+            raise CorruptionError(
+                f"{self.dat_path} is not a fastmem data file", path=self.dat_path, offset=0
+            )
+        os.ftruncate(self._fd, 0)  # a creation that was interrupted: start it again
+        os.write(self._fd, fmt.pack_dat_header(os.urandom(16), dim, time.time()))
+        os.fsync(self._fd)
+        dir_fd = os.open(os.path.dirname(os.path.abspath(self.dat_path)), os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _map_data(self, size: int) -> None:
+        # Mapped through a descriptor of its own: mmap keeps a duplicate of the one it is
+        # given, which must not be the locked one, or the lock would outlive close().
+        if self._map_fd < 0:
+            self._map_fd = os.open(self.dat_path, os.O_RDONLY)
+        self._dat = mmap.mmap(self._map_fd, size, access=mmap.ACCESS_READ)
+
+    # --- guards ------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._generation != _fork_generation:
+            raise StoreForkedError(
+                f"the store {self.path} was opened before fork(); open it again in this process"
+            )
+        if self._closed:
+            raise StoreClosedError(f"the store {self.path} is closed; open it again")
+        if self.readonly:
+            self._refresh()
+
+    def _check_writable(self) -> None:
+        self._check()
+        if self.readonly:
+            raise ReadOnlyError(f"{self.path} was opened with readonly=True")
+
+    def _refresh(self) -> None:
+        """Readers: apply the records the writer has committed since the last call."""
+        size = os.fstat(self._fd).st_size
+        if size == self._dat_end:
+            return
+        if size < self._valid_end:  # the writer cut a damaged tail: start again
+            self._load(None)
+            return
+        self._map_data(size)
+        self._dat_end = size
+        _, self._valid_end = self._index.replay(self._dat, self._valid_end, size, self.dat_path)
+
+    def _data(self, end: int) -> mmap.mmap:
+        """The data file's map, remapped when it must reach ``end``."""
+        assert self._dat is not None
+        if end > len(self._dat):
+            self._map_data(self._dat_end)
+        return self._dat
+
+    # --- writing -----------------------------------------------------------------------
+
+    def add(
+        self,
+        text: str,
+        *,
+        type: str = "conversation",  # noqa: A002 - the documented keyword
+        timestamp: float | None = None,
+        session: str | None = None,
+        importance: float | None = None,
+        pinned: bool = False,
+        metadata: dict[str, Any] | None = None,
+        summary: str | None = None,
+        embedding: Any = None,
+    ) -> str:
+        """Store one memory and return its id (``"m<number>"``).
+
+        Args:
+            text: the memory's content; non-empty, at most 1 MiB of UTF-8.
+            type: ``conversation``, ``tool_result``, ``plan``, ``fact`` or your own name.
+            timestamp: Unix seconds; now when left out.
+            session: the session it belongs to.
+            importance: 0 to 1; left out, the type's default (fact 0.9 ... conversation 0.3).
+            pinned: kept in every context ("remember this").
+            metadata: a dict of msgpack types, at most 64 KiB packed.
+            summary: a short form of the text (at most 64 KiB).
+            embedding: a precomputed vector of the store's dimension (normalised on write).
+
+        Raises:
+            InvalidInputError: a value is out of range (nothing is written).
+            InvalidTypeError: a value has the wrong type (nothing is written).
+            DimensionMismatchError: the embedding's length is not the store's dimension.
+        """
+        return self.add_many(
+            [{"text": text, "type": type, "timestamp": timestamp, "session": session,
+              "importance": importance, "pinned": pinned, "metadata": metadata,
+              "summary": summary, "embedding": embedding}]
+        )[0]  # fmt: skip
+
+    def add_many(self, items: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Store many memories in one write and one commit; returns their ids in order.
+
+        Each item is a dict with ``add``'s keyword names (``text`` required). Every item is
+        checked before anything is written: one bad item raises and writes nothing.
+        """
+        if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+            raise InvalidTypeError("add_many takes an iterable of dicts")
+        items = list(items)
+        with self._lock:
+            self._check_writable()
+            if not items:
+                return []
+            now = time.time()
+            prepared = [self._prepare(i, item, now) for i, item in enumerate(items)]
+            vectors16 = self._vectors_for(items, prepared)
+            return self._commit_memories(prepared, vectors16)
+
+    def _prepare(self, i: int, item: Any, now: float) -> list[Any]:
+        """Validate one item; returns [payload, type name, session, importance, flags, embedding]."""
+        if not isinstance(item, Mapping):
+            raise InvalidTypeError(f"item {i} must be a dict, not {type(item).__name__}")
+        unknown = item.keys() - _ADD_KEYS
+        if unknown:
+            raise InvalidInputError(f"item {i} has unknown keys {sorted(map(str, unknown))}")
+        text = item.get("text")
+        if not isinstance(text, str):
+            raise InvalidTypeError(f"text must be a string, not {type(text).__name__}")
+        if not text.strip():
+            raise InvalidInputError("text is empty")
+        if len(text) > fmt.MAX_TEXT_BYTES // 4 and len(text.encode("utf-8", "replace")) > fmt.MAX_TEXT_BYTES:
+            raise InvalidInputError(f"text is longer than {fmt.MAX_TEXT_BYTES} bytes of UTF-8")
+        _check_utf8(text, "text")
+        type_name = _check_str(item.get("type", "conversation"), "type", fmt.MAX_TYPE_CHARS, optional=False)
+        ts = item.get("timestamp")
+        ts = now if ts is None else _check_real(ts, "timestamp", 0.0, 1e11)
+        session = _check_str(item.get("session"), "session", fmt.MAX_SESSION_CHARS, optional=True)
+        importance = item.get("importance")
+        if importance is not None:
+            importance = _check_real(importance, "importance", 0.0, 1.0)
+        pinned = item.get("pinned", False)
+        if not isinstance(pinned, bool):
+            raise InvalidTypeError("pinned must be True or False")
+        metadata = _check_metadata(item.get("metadata"))
+        summary = _check_str(item.get("summary"), "summary", fmt.MAX_SUMMARY_BYTES, optional=True)
+        if summary is not None and len(summary.encode()) > fmt.MAX_SUMMARY_BYTES:
+            raise InvalidInputError(f"summary is longer than {fmt.MAX_SUMMARY_BYTES} bytes")
+        assert type_name is not None
+        payload: dict[str, Any] = {"i": 0, "t": ts, "x": text}
+        if type_name != "conversation":
+            payload["y"] = type_name
+        if session is not None:
+            payload["s"] = session
+        if importance is not None and importance != default_importance(type_name):
+            payload["p"] = importance
+        if pinned:
+            payload["n"] = True
+        if metadata is not None:
+            payload["m"] = metadata
+        if summary is not None:
+            payload["u"] = summary
+        if importance is None:
+            importance = default_importance(type_name)
+        flags = fmt.FLAG_PINNED if pinned else 0
+        return [payload, type_name, session, importance, flags, item.get("embedding")]
+
+    def _vectors_for(self, items: list[Any], prepared: list[list[Any]]) -> np.ndarray | None:
+        """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere)."""
+        given = [j for j, p in enumerate(prepared) if p[5] is not None]
+        missing = [j for j, p in enumerate(prepared) if p[5] is None]
+        if missing and self._embedder is not None:
+            encoded = self._embedder.encode([prepared[j][0]["x"] for j in missing])
+            for j, vec in zip(missing, encoded):
+                prepared[j][5] = vec
+            given = list(range(len(prepared)))
+        if not given:
+            return None
+        dim = self._index.dim
+        try:
+            matrix = as_matrix([prepared[j][5] for j in given], dim)
+        except InvalidInputError:
+            for j in given:  # find the item to name in the message
+                try:
+                    as_matrix([prepared[j][5]], dim)
+                except InvalidInputError as exc:
+                    raise type(exc)(f"item {j}: {exc}") from None
+            raise InvalidInputError("embeddings have different lengths") from None
+        vectors = np.zeros((len(prepared), matrix.shape[1]), dtype="<f2")
+        vectors[given] = to_float16(matrix)
+        for j in given:
+            prepared[j][4] |= fmt.FLAG_HAS_VECTOR
+        return vectors
+
+    def _commit_memories(self, prepared: list[list[Any]], vectors16: np.ndarray | None) -> list[str]:
+        index = self._index
+        dim = 0 if vectors16 is None else vectors16.shape[1]
+        if dim and not index.dim:
+            index.set_dim(dim)
+        first_id, offset = index.next_id, self._dat_end
+        n_types = len(index.user_types)
+        frames, rows = [], []
+        for j, (payload, type_name, session, importance, flags, _) in enumerate(prepared):
+            mid = first_id + j
+            payload["i"] = mid
+            vector = vectors16[j].tobytes() if flags & fmt.FLAG_HAS_VECTOR else b""
+            frame = fmt.frame_record(fmt.KIND_MEMORY, payload, vector, len(vector) // 2)
+            frames.append(frame)
+            rows.append(
+                (mid, payload["t"], session_hash(session), offset, 0, 0.0, len(frame), importance,
+                 0.0, 0, fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS,
+                 index.type_code(type_name, create=True), flags, 0)
+            )  # fmt: skip
+            offset += len(frame)
+        try:
+            self._append(b"".join(frames))
+        except BaseException:
+            del index.user_types[n_types:]
+            index.type_codes = {n: c for n, c in index.type_codes.items() if c < fmt.FIRST_USER_TYPE + n_types}
+            raise
+        index.append(np.array(rows, dtype=fmt.INDEX_DTYPE), vectors16)
+        last = frames[-1]
+        index.note_applied(offset - len(last), len(last), int.from_bytes(last[16:20], "little"))
+        self._valid_end = self._dat_end
+        if index.tail.n >= CHECKPOINT_TAIL_ROWS:
+            self._checkpoint()
+        return [f"m{first_id + j}" for j in range(len(prepared))]
+
+    def _append(self, data: bytes) -> int:
+        """Append whole records; on failure the file is cut back and nothing is applied."""
+        start = self._dat_end
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except BaseException:
+            os.ftruncate(self._fd, start)
+            raise
+        self._dat_end = start + len(data)
+        if self.durability == "always":
+            os.fdatasync(self._fd)
+        elif self.durability == "batch":
+            if self._commit is None:
+                self._commit = _GroupCommit(self._fd, GROUP_COMMIT_SECONDS)
+            self._commit.notify()
+        return start
+
+    def _append_change(self, kind: int, payload: dict[str, Any]) -> int:
+        frame = fmt.frame_record(kind, payload)
+        offset = self._append(frame)
+        self._index.note_applied(offset, len(frame), int.from_bytes(frame[16:20], "little"))
+        self._valid_end = self._dat_end
+        return offset
+
+    def update(
+        self,
+        mid: str,
+        *,
+        importance: float | None = None,
+        pinned: bool | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
+        """Change a memory's importance, pin or metadata (``None`` leaves a field as it is).
+
+        Raises:
+            UnknownMemoryError: no live memory has this id.
+        """
+        with self._lock:
+            self._check_writable()
+            g = self._row_of(mid)
+            payload: dict[str, Any] = {"i": self._index.row(g)[F_ID], "t": time.time()}
+            if importance is not None:
+                payload["p"] = _check_real(importance, "importance", 0.0, 1.0)
+            if pinned is not None:
+                if not isinstance(pinned, bool):
+                    raise InvalidTypeError("pinned must be True or False")
+                payload["n"] = pinned
+            if metadata is not None:
+                payload["m"] = _check_metadata(metadata)
+            if len(payload) == 2:
+                return
+            offset = self._append_change(fmt.KIND_UPDATE, payload)
+            if "p" in payload:
+                self._index.set_field(g, "importance", payload["p"])
+            if "n" in payload:
+                flags = self._index.row(g)[F_FLAGS]
+                flags = flags | fmt.FLAG_PINNED if pinned else flags & ~fmt.FLAG_PINNED
+                self._index.set_field(g, "flags", flags)
+            if "m" in payload:
+                self._index.set_field(g, "meta_offset", offset)
+
+    def pin(self, mid: str, pinned: bool = True) -> None:
+        """Pin a memory ("remember this") or, with ``pinned=False``, unpin it."""
+        self.update(mid, pinned=pinned)
+
+    def forget(self, mid: str) -> None:
+        """Forget a memory: it is gone from every read (a tombstone in the data file).
+
+        Raises:
+            UnknownMemoryError: no live memory has this id.
+        """
+        with self._lock:
+            self._check_writable()
+            g = self._row_of(mid)
+            row = self._index.row(g)
+            self._append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": time.time()})
+            self._index.set_field(g, "flags", row[F_FLAGS] | fmt.FLAG_FORGOTTEN)
+            self._index.live -= 1
+
+    # --- reading -----------------------------------------------------------------------
+
+    def _row_of(self, mid: str) -> int:
+        g = self._index.find(_parse_id(mid))
+        if g < 0 or self._index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+            raise UnknownMemoryError(f"no memory has the id {mid!r} (never added, or forgotten)")
+        return g
+
+    def _memory(self, g: int) -> Memory:
+        row = self._index.row(g)
+        offset, length = row[F_OFFSET], row[F_LENGTH]
+        dat = self._data(offset + length)
+        head, p = fmt.read_record(dat, offset, self._dat_end, self.dat_path)
+        if head.kind != fmt.KIND_MEMORY or p["i"] != row[F_ID]:
+            raise CorruptIndexError(
+                f"{self.idx_path}: row of memory m{row[F_ID]} points at another record "
+                f"(offset {offset}); delete the .idx file to rebuild it",
+                path=self.idx_path,
+            )
+        metadata = p.get("m")
+        if row[F_META]:
+            head, update = fmt.read_record(dat, row[F_META], self._dat_end, self.dat_path)
+            if update.get("i") != row[F_ID]:
+                raise CorruptIndexError(f"{self.idx_path}: metadata of m{row[F_ID]} is misplaced")
+            metadata = update.get("m")
+        return Memory(
+            id=f"m{row[F_ID]}",
+            text=p["x"],
+            type=p.get("y", "conversation"),
+            timestamp=row[F_TS],
+            session=p.get("s"),
+            importance=_f32(row[F_IMPORTANCE]),
+            pinned=bool(row[F_FLAGS] & fmt.FLAG_PINNED),
+            metadata=metadata,
+            summary=p.get("u"),
+        )
+
+    def get(self, mid: str) -> Memory:
+        """The memory with id ``mid``.
+
+        Raises:
+            UnknownMemoryError: no live memory has this id.
+            CorruptRecordError: its record in the data file is damaged.
+        """
+        with self._lock:
+            self._check()
+            return self._memory(self._row_of(mid))
+
+    def recent(self, n: int = 20) -> list[Memory]:
+        """The ``n`` newest live memories by timestamp, newest first (level 1 of a restart)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
+        with self._lock:
+            self._check()
+            return [self._memory(g) for g in islice(self._index.by_time(newest_first=True), n)]
+
+    def __iter__(self) -> Iterator[Memory]:
+        """Live memories, oldest first (by timestamp, then id)."""
+        with self._lock:
+            self._check()
+            rows = list(self._index.by_time(newest_first=False))
+        for g in rows:
+            with self._lock:
+                self._check()
+                if not self._index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+                    yield self._memory(g)
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._check()
+            return self._index.live
+
+    def __contains__(self, mid: object) -> bool:
+        with self._lock:
+            self._check()
+            try:
+                self._row_of(mid)  # type: ignore[arg-type]
+            except (UnknownMemoryError, InvalidTypeError):
+                return False
+            return True
+
+    def search(
+        self,
+        query: Any,
+        k: int = 10,
+        *,
+        types: Iterable[str] | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        session: str | None = None,
+    ) -> list[Hit]:
+        """The ``k`` live memories whose vectors are most similar (cosine) to ``query``.
+
+        Args:
+            query: a vector of the store's dimension.
+            k: how many hits, 1 to 10,000.
+            types: keep only these types.
+            since, until: keep only timestamps in ``[since, until]``.
+            session: keep only this session.
+
+        Returns:
+            Hits best first (ties: the older id first); scores are exact cosines against
+            the stored float16 vectors. The int8 scan picks candidates; they are rescored.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 10_000:
+            raise InvalidInputError(f"k must be an int from 1 to 10000, got {k!r}")
+        lo = -math.inf if since is None else _check_real(since, "since", -1e300, 1e300)
+        hi = math.inf if until is None else _check_real(until, "until", -1e300, 1e300)
+        session = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
+        if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
+            raise InvalidTypeError("types must be a list of type names")
+        with self._lock:
+            self._check()
+            index = self._index
+            q = as_matrix(np.asarray(query)[None] if np.ndim(query) == 1 else query, index.dim, "query")[0]
+            if not index.dim:
+                return []
+            q /= np.linalg.norm(q)
+            q8, _ = quantize(q[None])
+            allowed = None
+            if types is not None:
+                allowed = np.zeros(65536, dtype=np.uint8)
+                for name in types:
+                    _check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
+                    code = index.type_code(name, create=False)
+                    if code >= 0:
+                        allowed[code] = 1
+            want = min(4 * k + 32, len(index))
+            rows, approx = [], []
+            for first, seg_rows, seg_vectors in index.segments():
+                if seg_vectors.shape[1] != index.dim:
+                    continue  # written before the store had vectors
+                r, s = _kernels.topk_int8(
+                    seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
+                    seg_rows["timestamp"], seg_rows["session"], q8[0], want, allowed, lo, hi,
+                    session_hash(session), fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
+                )  # fmt: skip
+                rows.append(r + first)
+                approx.append(s)
+            if not rows:
+                return []
+            cand = np.concatenate(rows)
+            cand_scores = np.concatenate(approx)
+            cand = cand[np.lexsort((cand, -cand_scores))[:want]]
+            exact = []
+            for g in cand.tolist():
+                row = index.row(g)
+                vec = fmt.record_vector(self._data(row[F_OFFSET] + 2 * index.dim + 20), row[F_OFFSET], index.dim)
+                exact.append((-float(vec.astype(np.float64) @ q), row[F_ID], g))
+            exact.sort()
+            hits = []
+            for neg, _, g in exact:
+                memory = self._memory(g)
+                if session is not None and memory.session != session:
+                    continue  # a 64-bit hash collision
+                hits.append(Hit(memory.id, -neg, memory))
+                if len(hits) == k:
+                    break
+            return hits
+
+    # --- durability and integrity -------------------------------------------------------
+
+    def flush(self) -> None:
+        """Make every write so far durable (fsync); for readers, catch up with the writer."""
+        with self._lock:
+            self._check()
+            if not self.readonly:
+                os.fdatasync(self._fd)
+
+    def checkpoint(self) -> None:
+        """Write the index file now (``close`` does it too), so the next open replays nothing."""
+        with self._lock:
+            self._check_writable()
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
+        sync = self.durability != "none"
+        if sync:
+            os.fdatasync(self._fd)  # the index must never cover data that is not on disk
+        self._index.save(self.idx_path, sync=sync)
+        if sync:
+            dir_fd = os.open(os.path.dirname(os.path.abspath(self.idx_path)), os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        # Continue from the file just written: the tail's memory is released.
+        assert self._dat is not None
+        self._index = MemoryIndex.load(
+            self.idx_path, self._uuid, self._index.dim, self._data(self._dat_end), self._dat_end
+        )
+
+    def verify(self) -> Report:
+        """Check every record's checksum and the index against the data file.
+
+        Returns a :class:`Report`; each problem names its file and byte offset (or row).
+        """
+        with self._lock:
+            self._check()
+            dat = self._data(self._dat_end)
+            fresh = MemoryIndex(fmt.unpack_dat_header(dat, self.dat_path).dim, self._uuid)
+            problems, _ = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
+            problems += _compare(self._index, fresh)
+            records = len(_kernels.scan_records(dat, fmt.DAT_HEADER_SIZE, self._dat_end)[0])
+            size = self._dat_end
+            if os.path.exists(self.idx_path):
+                size += os.path.getsize(self.idx_path)
+            return Report(ok=not problems, problems=problems, records=records, bytes=size)
+
+    def close(self) -> None:
+        """Checkpoint the index, make everything durable and release the lock; idempotent."""
+        with self._lock:
+            if self._closed or self._generation != _fork_generation:
+                self._closed = True
+                return
+            try:
+                if self._commit is not None:
+                    self._commit.stop()
+                    self._commit = None
+                if not self.readonly:
+                    if self._index.applied != self._index.covered:
+                        self._checkpoint()
+                    elif self.durability != "none":
+                        os.fdatasync(self._fd)
+            finally:
+                self._closed = True
+                self._release()
+
+    def _release(self) -> None:
+        self._dat = None
+        self._index = None  # type: ignore[assignment]
+        if self._map_fd >= 0:
+            os.close(self._map_fd)
+            self._map_fd = -1
+        os.close(self._fd)  # releases the writer lock
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self._index.live} memories"
+        mode = "readonly" if self.readonly else self.durability
+        return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+_COMPARED = ("id", "timestamp", "session", "offset", "meta_offset", "length", "importance",
+             "scale", "text_tokens", "summary_tokens", "type", "flags")  # fmt: skip
+
+
+def _compare(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
+    """Where the index in use differs from one rebuilt from the data file."""
+    problems = []
+    if len(live) != len(fresh):
+        return [Problem("idx", 0, f"the index has {len(live)} rows, the data file {len(fresh)}")]
+    if live.user_types != fresh.user_types:
+        problems.append(Problem("idx", 0, "the type table differs from the data file's"))
+    if live.live != fresh.live:
+        problems.append(Problem("idx", 0, f"the index counts {live.live} live memories, the data file {fresh.live}"))
+    bad = np.zeros(len(live), dtype=bool)
+    for name in _COMPARED:
+        bad |= live.column(name) != fresh.column(name)
+    if live.dim == fresh.dim and live.dim:
+        for (first, _, lv), (_, _, fv) in zip(live.segments(), _segments_like(fresh, live)):
+            if lv.shape == fv.shape:
+                bad[first : first + len(lv)] |= (lv != fv).any(axis=1)
+    for g in np.nonzero(bad)[0].tolist():
+        problems.append(Problem("idx", g, f"row {g} (m{fresh.row(g)[F_ID]}) differs from its record"))
+    return problems
+
+
+def _segments_like(fresh: MemoryIndex, live: MemoryIndex) -> list[tuple[int, Any, np.ndarray]]:
+    """``fresh``'s vectors cut at the same rows as ``live``'s segments."""
+    vectors = np.concatenate([v for _, _, v in fresh.segments()]) if len(fresh) else None
+    return [(first, None, vectors[first : first + len(v)]) for first, _, v in live.segments()]  # type: ignore[index]

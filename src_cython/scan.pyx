@@ -1,0 +1,149 @@
+# cython: language_level=3
+"""Compiled record scan: walk the data file's records, verify lengths and CRC-32.
+
+Twin of fastmem._kernels_py.scan_records and crc32; see there for the contract.
+"""
+import numpy as np
+
+from libc.stdint cimport uint32_t
+from _types cimport u8, u16, u32, i64
+from _bytes cimport load_le16, load_le32
+
+# Kept equal to fastmem._format by tests/test_kernels.py (CONSTANTS below).
+cdef enum:
+    HEADER_SIZE = 20
+    CRC_AT = 16
+    FORMAT_VERSION = 1
+    MAX_DIM = 4096
+    MAX_RAW_PAYLOAD = 2 << 20
+    MAGIC_LE32 = 0x524D468F  # b"\x8fFMR" read as a little-endian uint32
+    MAGIC_BYTE0 = 0x8F
+
+CONSTANTS = dict(HEADER_SIZE=HEADER_SIZE, CRC_AT=CRC_AT, FORMAT_VERSION=FORMAT_VERSION,
+                 MAX_DIM=MAX_DIM, MAX_RAW_PAYLOAD=MAX_RAW_PAYLOAD, MAGIC=b"\x8fFMR")
+
+cdef u32 CRC_TABLE[8][256]
+
+
+cdef void _init_table() noexcept:
+    cdef u32 c, i, j
+    for i in range(256):
+        c = i
+        for j in range(8):
+            c = (c >> 1) ^ (0xEDB88320 if c & 1 else 0)
+        CRC_TABLE[0][i] = c
+    for i in range(256):
+        for j in range(1, 8):
+            CRC_TABLE[j][i] = (CRC_TABLE[j - 1][i] >> 8) ^ CRC_TABLE[0][CRC_TABLE[j - 1][i] & 0xFF]
+
+_init_table()
+
+
+cdef inline u32 _crc_update(u32 crc, const u8* p, Py_ssize_t n) noexcept nogil:
+    # Slicing-by-8 over the IEEE polynomial: equal to zlib.crc32.
+    cdef u32 a, b
+    crc = ~crc
+    while n >= 8:
+        a = load_le32(p) ^ crc
+        b = load_le32(p + 4)
+        crc = (CRC_TABLE[7][a & 0xFF] ^ CRC_TABLE[6][(a >> 8) & 0xFF]
+               ^ CRC_TABLE[5][(a >> 16) & 0xFF] ^ CRC_TABLE[4][a >> 24]
+               ^ CRC_TABLE[3][b & 0xFF] ^ CRC_TABLE[2][(b >> 8) & 0xFF]
+               ^ CRC_TABLE[1][(b >> 16) & 0xFF] ^ CRC_TABLE[0][b >> 24])
+        p += 8
+        n -= 8
+    while n > 0:
+        crc = (crc >> 8) ^ CRC_TABLE[0][(crc ^ p[0]) & 0xFF]
+        p += 1
+        n -= 1
+    return ~crc
+
+
+def crc32(const u8[::1] data, uint32_t value=0):
+    """CRC-32 (IEEE polynomial, as zlib) of ``data``, continuing from ``value``."""
+    cdef Py_ssize_t n = data.shape[0]
+    if n == 0:
+        return value
+    with nogil:
+        value = _crc_update(value, &data[0], n)
+    return value
+
+
+cdef inline i64 _record_length(const u8* buf, i64 pos, i64 end) noexcept nogil:
+    # Length of the valid record at pos, or 0. Every length is checked before it is used.
+    cdef const u8* p = buf + pos
+    cdef u32 dim, plen, rlen, crc
+    cdef i64 length
+    if pos + HEADER_SIZE > end:
+        return 0
+    if load_le32(p) != MAGIC_LE32 or p[4] != FORMAT_VERSION or p[5] < 1 or p[5] > 3:
+        return 0
+    dim = load_le16(p + 6)
+    plen = load_le32(p + 8)
+    rlen = load_le32(p + 12)
+    if dim > MAX_DIM or rlen > MAX_RAW_PAYLOAD or plen > rlen:
+        return 0
+    length = HEADER_SIZE + 2 * <i64>dim + plen
+    if pos + length > end:
+        return 0
+    crc = _crc_update(0, p, CRC_AT)
+    crc = _crc_update(crc, p + HEADER_SIZE, length - HEADER_SIZE)
+    if crc != load_le32(p + CRC_AT):
+        return 0
+    return length
+
+
+def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
+    """Walk the records in ``buf[start:end]``; see fastmem._kernels_py.scan_records."""
+    if not (0 <= start <= end <= buf.shape[0]):
+        raise ValueError("scan range out of bounds")
+    cdef list good = [], bad = []
+    cdef i64 pos = start, length, nxt
+    cdef i64 s = start, e = end
+    cdef const u8* base = &buf[0] if buf.shape[0] else NULL
+    # Records are collected in chunks so that the GIL is released for the byte work.
+    cdef i64[:] offs = np.empty(4096, dtype=np.int64)
+    cdef i64[:] lens = np.empty(4096, dtype=np.int64)
+    cdef Py_ssize_t count
+    cdef i64 bad_start
+    while pos < e:
+        count = 0
+        bad_start = -1
+        with nogil:
+            while pos < e and count < 4096:
+                length = _record_length(base, pos, e)
+                if length == 0:
+                    bad_start = pos
+                    nxt = pos + 1
+                    while nxt < e:
+                        if base[nxt] == MAGIC_BYTE0 and _record_length(base, nxt, e):
+                            break
+                        nxt += 1
+                    pos = nxt if nxt < e else e
+                    break
+                offs[count] = pos
+                lens[count] = length
+                count += 1
+                pos += length
+        if count:
+            good.append((np.asarray(offs[:count]).copy(), np.asarray(lens[:count]).copy()))
+        if bad_start >= 0:
+            bad.append((bad_start, pos))
+    if good:
+        offsets = np.concatenate([g[0] for g in good])
+        lengths = np.concatenate([g[1] for g in good]).astype(np.uint32)
+    else:
+        offsets = np.empty(0, dtype=np.int64)
+        lengths = np.empty(0, dtype=np.uint32)
+    arr = np.frombuffer(buf, dtype=np.uint8)
+    kinds = arr[offsets + 5] if offsets.size else np.empty(0, dtype=np.uint8)
+    dims = (arr[offsets + 6].astype(np.uint16) | (arr[offsets + 7].astype(np.uint16) << 8)
+            if offsets.size else np.empty(0, dtype=np.uint16))
+    return (
+        offsets,
+        lengths,
+        kinds.astype(np.uint8),
+        dims.astype(np.uint16),
+        np.array([b[0] for b in bad], dtype=np.int64),
+        np.array([b[1] for b in bad], dtype=np.int64),
+    )
