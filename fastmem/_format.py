@@ -161,14 +161,6 @@ def encode_payload(payload: dict[str, Any]) -> tuple[bytes, int]:
     return raw, len(raw)
 
 
-def frame_record(kind: int, payload: dict[str, Any], vector: bytes = b"", dim: int = 0) -> bytes:
-    """One complete record: header, float16 vector bytes (``2 * dim``), payload."""
-    stored, raw_len = encode_payload(payload)
-    head = RECORD_HEADER.pack(RECORD_MAGIC, FORMAT_VERSION, kind, dim, len(stored), raw_len, 0)
-    crc = crc32(stored, crc32(vector, crc32(head[:RECORD_CRC_AT])))
-    return b"".join((head[:RECORD_CRC_AT], struct.pack("<I", crc), vector, stored))
-
-
 class RecordHeader(NamedTuple):
     kind: int
     dim: int

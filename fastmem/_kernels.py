@@ -14,19 +14,20 @@ from . import _kernels_py
 BACKEND: str = "python"
 crc32 = _kernels_py.crc32
 scan_records = _kernels_py.scan_records
+frame_records = _kernels_py.frame_records
 topk_int8 = _kernels_py.topk_int8
 
 
 def use(backend: str) -> str:
     """Select ``"auto"``, ``"cython"`` or ``"python"`` kernels; returns the one loaded."""
-    global BACKEND, crc32, scan_records, topk_int8
+    global BACKEND, crc32, scan_records, frame_records, topk_int8
     if backend not in ("auto", "cython", "python"):
         raise ImportError(
             f"FASTMEM_BACKEND={backend!r} is not one of 'auto', 'cython', 'python'"
         )
     if backend != "python":
         try:
-            from ._ext import scan, topk
+            from ._ext import records, topk
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -36,11 +37,13 @@ def use(backend: str) -> str:
                 ) from exc
         else:
             BACKEND = "cython"
-            crc32, scan_records, topk_int8 = scan.crc32, scan.scan_records, topk.topk_int8
+            crc32, scan_records, frame_records = records.crc32, records.scan_records, records.frame_records
+            topk_int8 = topk.topk_int8
             return BACKEND
     BACKEND = "python"
     crc32 = _kernels_py.crc32
     scan_records = _kernels_py.scan_records
+    frame_records = _kernels_py.frame_records
     topk_int8 = _kernels_py.topk_int8
     return BACKEND
 

@@ -130,3 +130,40 @@ def topk_int8(
     scores = dots.astype(np.float64) * scales[rows].astype(np.float64)
     best = np.lexsort((rows, -scores))[:k]
     return rows[best].astype(np.int64), scores[best]
+
+
+def frame_records(
+    kind: int,
+    payloads: list[bytes],
+    raw_lens: np.ndarray,
+    vectors: np.ndarray | None,
+    has_vector: np.ndarray | None,
+) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """Frame whole records of one kind, back to back.
+
+    Each record is the 20-byte header (magic, version, ``kind``, vector dim, stored
+    payload length, ``raw_lens[i]``, CRC), then row ``i`` of ``vectors`` (float16 viewed as
+    uint16) when ``has_vector[i]``, then ``payloads[i]``. The CRC-32 covers the header's
+    first 16 bytes and everything after the header.
+
+    Returns ``(bytes, lengths, crcs)``.
+    """
+    n = len(payloads)
+    if len(raw_lens) != n or (vectors is not None and (len(vectors) != n or has_vector is None or len(has_vector) != n)):
+        raise ValueError("payloads, raw_lens, vectors and has_vector differ in length")
+    if vectors is not None and vectors.shape[1] > MAX_DIM:
+        raise ValueError("vectors are longer than MAX_DIM")
+    parts, lengths, crcs = [], [], []
+    for i, payload in enumerate(payloads):
+        raw_len = int(raw_lens[i])
+        if len(payload) > raw_len or raw_len > MAX_RAW_PAYLOAD:
+            raise ValueError("a payload is longer than its raw length or MAX_RAW_PAYLOAD")
+        vector = b""
+        if vectors is not None and has_vector is not None and has_vector[i]:
+            vector = vectors[i].astype("<u2").tobytes()
+        head = _HEADER.pack(RECORD_MAGIC, FORMAT_VERSION, kind, len(vector) // 2, len(payload), raw_len, 0)
+        crc = zlib.crc32(payload, zlib.crc32(vector, zlib.crc32(head[:RECORD_CRC_AT])))
+        parts += [head[:RECORD_CRC_AT], crc.to_bytes(4, "little"), vector, payload]
+        lengths.append(RECORD_HEADER_SIZE + len(vector) + len(payload))
+        crcs.append(crc)
+    return b"".join(parts), np.array(lengths, dtype=np.uint32), np.array(crcs, dtype=np.uint32)

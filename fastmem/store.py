@@ -564,37 +564,50 @@ class MemoryStore:
 
     def _commit_memories(self, prepared: list[list[Any]], vectors16: np.ndarray | None) -> list[str]:
         index = self._index
-        dim = 0 if vectors16 is None else vectors16.shape[1]
-        if dim and not index.dim:
-            index.set_dim(dim)
-        first_id, offset = index.next_id, self._dat_end
+        n = len(prepared)
+        if vectors16 is not None and not index.dim:
+            index.set_dim(vectors16.shape[1])
+        first_id = index.next_id
         n_types = len(index.user_types)
-        frames, rows = [], []
-        for j, (payload, type_name, session, importance, flags, _) in enumerate(prepared):
-            mid = first_id + j
-            payload["i"] = mid
-            vector = vectors16[j].tobytes() if flags & fmt.FLAG_HAS_VECTOR else b""
-            frame = fmt.frame_record(fmt.KIND_MEMORY, payload, vector, len(vector) // 2)
-            frames.append(frame)
-            rows.append(
-                (mid, payload["t"], session_hash(session), offset, 0, 0.0, len(frame), importance,
-                 0.0, 0, fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS,
-                 index.type_code(type_name, create=True), flags, 0)
-            )  # fmt: skip
-            offset += len(frame)
+        stored, raw_lens = [], np.empty(n, dtype=np.uint32)
+        rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+        for j, item in enumerate(prepared):
+            payload = item[0]
+            payload["i"] = first_id + j
+            data, raw_lens[j] = fmt.encode_payload(payload)
+            stored.append(data)
+            item[0] = payload["t"]  # what the rows need, in place of the payload
+            item[1] = index.type_code(item[1], create=True)
+            item[2] = session_hash(item[2])
+        ts, codes, sessions, importance, flags, _ = zip(*prepared)
+        rows["id"] = np.arange(first_id, first_id + n)
+        rows["timestamp"], rows["type"], rows["session"] = ts, codes, sessions
+        rows["importance"], rows["flags"] = importance, flags
+        rows["text_tokens"] = rows["summary_tokens"] = fmt.UNKNOWN_TOKENS
+        has_vector = None
+        if vectors16 is not None:
+            has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
+        data, lengths, crcs = _kernels.frame_records(
+            fmt.KIND_MEMORY, stored, raw_lens,
+            None if vectors16 is None else vectors16.view(np.uint16), has_vector,
+        )  # fmt: skip
         try:
-            self._append(b"".join(frames))
+            start = self._append(data)
         except BaseException:
             del index.user_types[n_types:]
-            index.type_codes = {n: c for n, c in index.type_codes.items() if c < fmt.FIRST_USER_TYPE + n_types}
+            index.type_codes = {
+                name: code for name, code in index.type_codes.items()
+                if code < fmt.FIRST_USER_TYPE + n_types
+            }  # fmt: skip
             raise
-        index.append(np.array(rows, dtype=fmt.INDEX_DTYPE), vectors16)
-        last = frames[-1]
-        index.note_applied(offset - len(last), len(last), int.from_bytes(last[16:20], "little"))
+        rows["length"] = lengths
+        rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
+        index.append(rows, vectors16)
+        index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
         self._valid_end = self._dat_end
         if index.tail.n >= CHECKPOINT_TAIL_ROWS:
             self._checkpoint()
-        return [f"m{first_id + j}" for j in range(len(prepared))]
+        return [f"m{mid}" for mid in range(first_id, first_id + n)]
 
     def _append(self, data: bytes) -> int:
         """Append whole records; on failure the file is cut back and nothing is applied."""
@@ -616,9 +629,12 @@ class MemoryStore:
         return start
 
     def _append_change(self, kind: int, payload: dict[str, Any]) -> int:
-        frame = fmt.frame_record(kind, payload)
-        offset = self._append(frame)
-        self._index.note_applied(offset, len(frame), int.from_bytes(frame[16:20], "little"))
+        stored, raw_len = fmt.encode_payload(payload)
+        data, lengths, crcs = _kernels.frame_records(
+            kind, [stored], np.array([raw_len], dtype=np.uint32), None, None
+        )
+        offset = self._append(data)
+        self._index.note_applied(offset, len(data), int(crcs[0]))
         self._valid_end = self._dat_end
         return offset
 

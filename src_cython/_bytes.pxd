@@ -8,3 +8,15 @@ cdef inline u16 load_le16(const u8* p) noexcept nogil:
 
 cdef inline u32 load_le32(const u8* p) noexcept nogil:
     return <u32>p[0] | (<u32>p[1] << 8) | (<u32>p[2] << 16) | (<u32>p[3] << 24)
+
+
+cdef inline void store_le16(u8* p, u16 v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = v >> 8
+
+
+cdef inline void store_le32(u8* p, u32 v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = (v >> 8) & 0xFF
+    p[2] = (v >> 16) & 0xFF
+    p[3] = v >> 24

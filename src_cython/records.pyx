@@ -1,13 +1,16 @@
 # cython: language_level=3
-"""Compiled record scan: walk the data file's records, verify lengths and CRC-32.
+"""Compiled record kernels: CRC-32, the scan that walks and verifies the data file's
+records, and the framing of new records.
 
-Twin of fastmem._kernels_py.scan_records and crc32; see there for the contract.
+Twins of fastmem._kernels_py.crc32, scan_records and frame_records; see there for contracts.
 """
 import numpy as np
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t
+from libc.string cimport memcpy
 from _types cimport u8, u16, u32, i64
-from _bytes cimport load_le16, load_le32
+from _bytes cimport load_le16, load_le32, store_le16, store_le32
 
 # Kept equal to fastmem._format by tests/test_kernels.py (CONSTANTS below).
 cdef enum:
@@ -147,3 +150,53 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
         np.array([b[0] for b in bad], dtype=np.int64),
         np.array([b[1] for b in bad], dtype=np.int64),
     )
+
+
+def frame_records(int kind, list payloads, const u32[::1] raw_lens, const u16[:, ::1] vectors,
+                  const u8[::1] has_vector):
+    """Frame whole records: header, float16 vector (as uint16 bits), stored payload, CRC.
+
+    See fastmem._kernels_py.frame_records.
+    """
+    cdef Py_ssize_t n = len(payloads), i, dim = vectors.shape[1] if vectors is not None else 0
+    if raw_lens.shape[0] != n or (vectors is not None and (vectors.shape[0] != n or has_vector is None
+                                                            or has_vector.shape[0] != n)):
+        raise ValueError("payloads, raw_lens, vectors and has_vector differ in length")
+    if dim > MAX_DIM:
+        raise ValueError("vectors are longer than MAX_DIM")
+    lengths = np.empty(n, dtype=np.uint32)
+    crcs = np.empty(n, dtype=np.uint32)
+    cdef u32[::1] lens_v = lengths
+    cdef u32[::1] crcs_v = crcs
+    cdef Py_ssize_t total = 0, vbytes, plen
+    cdef bytes p
+    for i in range(n):
+        p = payloads[i]
+        plen = len(p)
+        if plen > raw_lens[i] or raw_lens[i] > MAX_RAW_PAYLOAD:
+            raise ValueError("a payload is longer than its raw length or MAX_RAW_PAYLOAD")
+        vbytes = 2 * dim if dim and has_vector[i] else 0
+        lens_v[i] = HEADER_SIZE + vbytes + plen
+        total += lens_v[i]
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef u8* o = <u8*>PyBytes_AS_STRING(out)
+    cdef u32 crc
+    for i in range(n):
+        p = payloads[i]
+        plen = len(p)
+        vbytes = lens_v[i] - HEADER_SIZE - plen
+        store_le32(o, MAGIC_LE32)
+        o[4] = FORMAT_VERSION
+        o[5] = kind
+        store_le16(o + 6, vbytes // 2)
+        store_le32(o + 8, plen)
+        store_le32(o + 12, raw_lens[i])
+        if vbytes:
+            memcpy(o + HEADER_SIZE, &vectors[i, 0], vbytes)
+        memcpy(o + HEADER_SIZE + vbytes, PyBytes_AS_STRING(p), plen)
+        crc = _crc_update(0, o, CRC_AT)
+        crc = _crc_update(crc, o + HEADER_SIZE, vbytes + plen)
+        store_le32(o + CRC_AT, crc)
+        crcs_v[i] = crc
+        o += lens_v[i]
+    return out, lengths, crcs

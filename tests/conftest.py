@@ -1,0 +1,47 @@
+"""Shared fixtures: every test runs once per kernel backend (compiled and reference)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from fastmem import _kernels
+
+settings.register_profile(
+    "dev", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "ci", max_examples=100, deadline=None, derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)  # fmt: skip
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+def _backends() -> list[str]:
+    try:
+        from fastmem._ext import records, topk  # noqa: F401
+    except ImportError:
+        if os.environ.get("FASTMEM_BACKEND") != "python":
+            raise  # a build without its extension must not pass as a full test run
+        return ["python"]
+    return ["cython", "python"]
+
+
+BACKENDS = _backends()
+
+
+@pytest.fixture(params=BACKENDS, autouse=True)
+def backend(request: pytest.FixtureRequest):
+    """Run the test with the compiled kernels, then with the numpy reference."""
+    previous = _kernels.BACKEND
+    _kernels.use(request.param)
+    yield request.param
+    _kernels.use(previous)
+
+
+@pytest.fixture
+def store_path(tmp_path):
+    """A path for a new store (its two files do not exist yet)."""
+    return str(tmp_path / "agent_memory")
