@@ -92,6 +92,8 @@ class MemoryIndex:
         self.base_rows = np.zeros(0, dtype=fmt.INDEX_DTYPE)
         self.base_order = np.zeros(0, dtype="<u4")
         self.base_vectors = np.zeros((0, dim), dtype=np.int8)
+        self._base_ids = self.base_rows["id"]
+        self._base_last_id = -1
         self._map: mmap.mmap | None = None
         self.tail = _Tail(dim)
         self._tail_order: np.ndarray | None = None
@@ -148,6 +150,8 @@ class MemoryIndex:
             index._add_type(name)
         if h.rows and int(index.base_rows["id"][-1]) >= h.next_id:
             raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
+        index._base_ids = index.base_rows["id"]
+        index._base_last_id = int(index._base_ids[-1]) if h.rows else -1
         index.live, index.next_id = h.live, h.next_id
         index.covered = index.applied = h.covered
         index.last_offset, index.last_crc = h.last_offset, h.last_crc
@@ -223,8 +227,8 @@ class MemoryIndex:
     def find(self, mid: int) -> int:
         """Global row of the memory with id ``mid``, or -1."""
         nb = len(self.base_rows)
-        if nb and mid <= int(self.base_rows["id"][nb - 1]):
-            ids = self.base_rows["id"]
+        if nb and mid <= self._base_last_id:
+            ids = self._base_ids
             if mid < nb and ids[mid] == mid:  # ids are dense until something is compacted
                 return mid
             i = int(np.searchsorted(ids, mid))
@@ -313,10 +317,15 @@ class MemoryIndex:
     def append(self, rows: np.ndarray, vectors16: np.ndarray | None) -> None:
         """Add rows (``INDEX_DTYPE``, ids above every existing one) and their float16 vectors
         (rows without ``FLAG_HAS_VECTOR`` get zeros)."""
-        q = np.zeros((len(rows), self.dim), dtype=np.int8)
         if vectors16 is not None and self.dim:
             has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0
-            q[has], rows["scale"][has] = quantize(vectors16[has])
+            if has.all():
+                q, rows["scale"] = quantize(vectors16)
+            else:
+                q = np.zeros((len(rows), self.dim), dtype=np.int8)
+                q[has], rows["scale"][has] = quantize(vectors16[has])
+        else:
+            q = np.zeros((len(rows), self.dim), dtype=np.int8)
         self.tail.append(rows, q)
         self.live += int(np.count_nonzero((rows["flags"] & fmt.FLAG_FORGOTTEN) == 0))
         self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)

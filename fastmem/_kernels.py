@@ -16,18 +16,23 @@ crc32 = _kernels_py.crc32
 scan_records = _kernels_py.scan_records
 frame_records = _kernels_py.frame_records
 topk_int8 = _kernels_py.topk_int8
+to_half = _kernels_py.to_half
+quantize_half = _kernels_py.quantize_half
+
+_NAMES = ("crc32", "scan_records", "frame_records", "topk_int8", "to_half", "quantize_half")
 
 
 def use(backend: str) -> str:
     """Select ``"auto"``, ``"cython"`` or ``"python"`` kernels; returns the one loaded."""
-    global BACKEND, crc32, scan_records, frame_records, topk_int8
+    global BACKEND
     if backend not in ("auto", "cython", "python"):
         raise ImportError(
             f"FASTMEM_BACKEND={backend!r} is not one of 'auto', 'cython', 'python'"
         )
+    BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import records, topk
+            from ._ext import records, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -37,14 +42,12 @@ def use(backend: str) -> str:
                 ) from exc
         else:
             BACKEND = "cython"
-            crc32, scan_records, frame_records = records.crc32, records.scan_records, records.frame_records
-            topk_int8 = topk.topk_int8
+            compiled = {**vars(records), **vars(topk), **vars(vectors)}
+            for name in _NAMES:
+                globals()[name] = compiled[name]
             return BACKEND
-    BACKEND = "python"
-    crc32 = _kernels_py.crc32
-    scan_records = _kernels_py.scan_records
-    frame_records = _kernels_py.frame_records
-    topk_int8 = _kernels_py.topk_int8
+    for name in _NAMES:
+        globals()[name] = getattr(_kernels_py, name)
     return BACKEND
 
 

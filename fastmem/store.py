@@ -34,7 +34,7 @@ from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, Problem,
     default_importance, session_hash,
 )  # fmt: skip
-from ._vectors import as_matrix, quantize, to_float16
+from ._vectors import quantize, to_float16
 from .errors import (
     CorruptIndexError,
     CorruptionError,
@@ -151,9 +151,17 @@ def _parse_id(mid: Any) -> int:
     return int(mid[1:])
 
 
+_F32_SHORT: dict[float, float] = {}
+
+
 def _f32(x: float) -> float:
     """The shortest decimal that reads back as the same float32 (0.3, not 0.30000001)."""
-    return float(str(np.float32(x)))
+    short = _F32_SHORT.get(x)
+    if short is None:
+        short = float(str(np.float32(x)))
+        if len(_F32_SHORT) < 4096:  # importances repeat: keep the common ones
+            _F32_SHORT[x] = short
+    return short
 
 
 def _check_str(value: Any, name: str, max_chars: int, *, optional: bool) -> str | None:
@@ -489,51 +497,58 @@ class MemoryStore:
 
     def _prepare(self, i: int, item: Any, now: float) -> list[Any]:
         """Validate one item; returns [payload, type name, session, importance, flags, embedding]."""
-        if not isinstance(item, Mapping):
+        if type(item) is not dict and not isinstance(item, Mapping):
             raise InvalidTypeError(f"item {i} must be a dict, not {type(item).__name__}")
-        unknown = item.keys() - _ADD_KEYS
-        if unknown:
-            raise InvalidInputError(f"item {i} has unknown keys {sorted(map(str, unknown))}")
-        text = item.get("text")
-        if not isinstance(text, str):
-            raise InvalidTypeError(f"text must be a string, not {type(text).__name__}")
-        if not text.strip():
-            raise InvalidInputError("text is empty")
-        if len(text) > fmt.MAX_TEXT_BYTES // 4 and len(text.encode("utf-8", "replace")) > fmt.MAX_TEXT_BYTES:
-            raise InvalidInputError(f"text is longer than {fmt.MAX_TEXT_BYTES} bytes of UTF-8")
-        _check_utf8(text, "text")
-        type_name = _check_str(item.get("type", "conversation"), "type", fmt.MAX_TYPE_CHARS, optional=False)
-        ts = item.get("timestamp")
-        ts = now if ts is None else _check_real(ts, "timestamp", 0.0, 1e11)
-        session = _check_str(item.get("session"), "session", fmt.MAX_SESSION_CHARS, optional=True)
-        importance = item.get("importance")
-        if importance is not None:
-            importance = _check_real(importance, "importance", 0.0, 1.0)
-        pinned = item.get("pinned", False)
-        if not isinstance(pinned, bool):
-            raise InvalidTypeError("pinned must be True or False")
-        metadata = _check_metadata(item.get("metadata"))
-        summary = _check_str(item.get("summary"), "summary", fmt.MAX_SUMMARY_BYTES, optional=True)
-        if summary is not None and len(summary.encode()) > fmt.MAX_SUMMARY_BYTES:
-            raise InvalidInputError(f"summary is longer than {fmt.MAX_SUMMARY_BYTES} bytes")
-        assert type_name is not None
-        payload: dict[str, Any] = {"i": 0, "t": ts, "x": text}
-        if type_name != "conversation":
-            payload["y"] = type_name
+        if not _ADD_KEYS.issuperset(item):
+            unknown = sorted(map(str, item.keys() - _ADD_KEYS))
+            raise InvalidInputError(f"item {i} has unknown keys {unknown}")
+        get = item.get
+        text = get("text")
+        if type(text) is not str:
+            raise InvalidTypeError(f"item {i}: text must be a string, not {type(text).__name__}")
+        if not text or text.isspace():
+            raise InvalidInputError(f"item {i}: text is empty")
+        if not text.isascii():
+            _check_utf8(text, "text")
+            if len(text) > fmt.MAX_TEXT_BYTES // 4 and len(text.encode()) > fmt.MAX_TEXT_BYTES:
+                raise InvalidInputError(f"item {i}: text is over {fmt.MAX_TEXT_BYTES} bytes of UTF-8")
+        elif len(text) > fmt.MAX_TEXT_BYTES:
+            raise InvalidInputError(f"item {i}: text is over {fmt.MAX_TEXT_BYTES} bytes of UTF-8")
+        payload: dict[str, Any] = {"i": 0, "t": now, "x": text}
+        ts = get("timestamp")
+        if ts is not None:
+            payload["t"] = _check_real(ts, "timestamp", 0.0, 1e11)
+        type_name = get("type")
+        if type_name is None or type_name == "conversation":
+            type_name = "conversation"
+        else:
+            payload["y"] = _check_str(type_name, "type", fmt.MAX_TYPE_CHARS, optional=False)
+        session = get("session")
         if session is not None:
-            payload["s"] = session
-        if importance is not None and importance != default_importance(type_name):
-            payload["p"] = importance
-        if pinned:
-            payload["n"] = True
-        if metadata is not None:
-            payload["m"] = metadata
-        if summary is not None:
-            payload["u"] = summary
+            payload["s"] = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=False)
+        importance = get("importance")
         if importance is None:
             importance = default_importance(type_name)
-        flags = fmt.FLAG_PINNED if pinned else 0
-        return [payload, type_name, session, importance, flags, item.get("embedding")]
+        else:
+            importance = _check_real(importance, "importance", 0.0, 1.0)
+            if importance != default_importance(type_name):
+                payload["p"] = importance
+        pinned = get("pinned", False)
+        if pinned is not False:
+            if pinned is not True:
+                raise InvalidTypeError(f"item {i}: pinned must be True or False")
+            payload["n"] = True
+        metadata = get("metadata")
+        if metadata is not None:
+            payload["m"] = _check_metadata(metadata)
+        summary = get("summary")
+        if summary is not None:
+            _check_str(summary, "summary", fmt.MAX_SUMMARY_BYTES, optional=False)
+            if len(summary.encode()) > fmt.MAX_SUMMARY_BYTES:
+                raise InvalidInputError(f"item {i}: summary is over {fmt.MAX_SUMMARY_BYTES} bytes")
+            payload["u"] = summary
+        return [payload, type_name, session, importance, fmt.FLAG_PINNED if pinned else 0,
+                get("embedding")]
 
     def _vectors_for(self, items: list[Any], prepared: list[list[Any]]) -> np.ndarray | None:
         """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere)."""
@@ -546,18 +561,23 @@ class MemoryStore:
             given = list(range(len(prepared)))
         if not given:
             return None
-        dim = self._index.dim
         try:
-            matrix = as_matrix([prepared[j][5] for j in given], dim)
-        except InvalidInputError:
+            half = to_float16([prepared[j][5] for j in given], self._index.dim)
+        except InvalidInputError as exc:
+            row = getattr(exc, "row", None)
+            if row is not None:
+                raise InvalidInputError(f"item {given[row]}: {exc}") from None
             for j in given:  # find the item to name in the message
                 try:
-                    as_matrix([prepared[j][5]], dim)
-                except InvalidInputError as exc:
-                    raise type(exc)(f"item {j}: {exc}") from None
+                    to_float16([prepared[j][5]], self._index.dim)
+                except InvalidInputError as item_exc:
+                    raise type(item_exc)(f"item {j}: {item_exc}") from None
             raise InvalidInputError("embeddings have different lengths") from None
-        vectors = np.zeros((len(prepared), matrix.shape[1]), dtype="<f2")
-        vectors[given] = to_float16(matrix)
+        if len(given) == len(prepared):
+            vectors = half
+        else:
+            vectors = np.zeros((len(prepared), half.shape[1]), dtype="<f2")
+            vectors[given] = half
         for j in given:
             prepared[j][4] |= fmt.FLAG_HAS_VECTOR
         return vectors
@@ -696,13 +716,18 @@ class MemoryStore:
     # --- reading -----------------------------------------------------------------------
 
     def _row_of(self, mid: str) -> int:
-        g = self._index.find(_parse_id(mid))
-        if g < 0 or self._index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
-            raise UnknownMemoryError(f"no memory has the id {mid!r} (never added, or forgotten)")
-        return g
+        return self._live_row(mid)[0]
 
-    def _memory(self, g: int) -> Memory:
-        row = self._index.row(g)
+    def _live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
+        g = self._index.find(_parse_id(mid))
+        row = self._index.row(g) if g >= 0 else None
+        if row is None or row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+            raise UnknownMemoryError(f"no memory has the id {mid!r} (never added, or forgotten)")
+        return g, row
+
+    def _memory(self, g: int, row: tuple[Any, ...] | None = None) -> Memory:
+        if row is None:
+            row = self._index.row(g)
         offset, length = row[F_OFFSET], row[F_LENGTH]
         dat = self._data(offset + length)
         head, p = fmt.read_record(dat, offset, self._dat_end, self.dat_path)
@@ -739,7 +764,7 @@ class MemoryStore:
         """
         with self._lock:
             self._check()
-            return self._memory(self._row_of(mid))
+            return self._memory(*self._live_row(mid))
 
     def recent(self, n: int = 20) -> list[Memory]:
         """The ``n`` newest live memories by timestamp, newest first (level 1 of a restart)."""
@@ -807,11 +832,14 @@ class MemoryStore:
         with self._lock:
             self._check()
             index = self._index
-            q = as_matrix(np.asarray(query)[None] if np.ndim(query) == 1 else query, index.dim, "query")[0]
             if not index.dim:
                 return []
-            q /= np.linalg.norm(q)
-            q8, _ = quantize(q[None])
+            if np.ndim(query) != 1:
+                raise InvalidInputError("query must be one flat vector")
+            q16 = to_float16([query], index.dim, "query")
+            q8, _ = quantize(q16)
+            q = np.asarray(query, dtype=np.float64)
+            q = q / np.linalg.norm(q)
             allowed = None
             if types is not None:
                 allowed = np.zeros(65536, dtype=np.uint8)

@@ -1,0 +1,338 @@
+"""The agent-memory workload the benchmarks share, and the cached stores built from it.
+
+It copies the workload of ``/work/shared/reference/measured-peers.md``, so that figures
+from here can be set beside the peers measured there:
+
+* about 115 characters of pseudo-English per memory, from a 20,000-word vocabulary
+  drawn with Zipf frequencies (fixed seed);
+* a random unit-norm float32 384-d embedding, computed beforehand and passed in;
+* a float64 timestamp spread over one year and *not* in insertion order, so
+  ``recent()`` cannot just read the end of the file;
+* a type string.
+
+Memories are generated in blocks of ``BATCH`` with one random stream per block, so the
+workload of N memories is exactly the first N of any larger one: the 10 k store holds
+the first 10 k memories of the 1 M store.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+WORKLOAD_VERSION = 1  # bump when the generated data changes: cached stores are then rebuilt
+SEED = 20_240_601
+DIM = 384
+BATCH = 5_000  # memories per add_many (and per SQLite transaction), as for every peer
+VOCAB_SIZE = 20_000
+ZIPF_EXPONENT = 1.0  # classic Zipf: the r-th most frequent word has frequency ~ 1/r
+WORD_RANK_JITTER = 25.0  # see vocabulary()
+TEXT_CHARS = (90, 140)  # per-memory target length, uniform: mean ~115 characters
+TYPES = ("conversation", "tool_result", "plan", "fact")
+TYPE_WEIGHTS = (0.55, 0.25, 0.10, 0.10)
+T0 = 1_704_067_200.0  # 2024-01-01 UTC
+YEAR = 365 * 86_400.0
+
+DEFAULT_SIZES = (10_000, 100_000)
+
+
+def bench_dir() -> Path:
+    """Where stores are cached between runs: ``$FASTMEM_BENCH_DIR`` or a folder in /tmp."""
+    path = Path(os.environ.get("FASTMEM_BENCH_DIR") or Path(tempfile.gettempdir()) / "fastmem-bench")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def parse_sizes(text: str | None) -> list[int]:
+    """``"10000,100000"`` (also ``10k,1M``) -> [10000, 100000]; multiples of BATCH only."""
+    if not text:
+        return list(DEFAULT_SIZES)
+    sizes = []
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        scale = {"k": 1_000, "m": 1_000_000}.get(part[-1].lower(), 1)
+        n = int(float(part[:-1] if scale != 1 else part) * scale)
+        if n <= 0 or n % BATCH:
+            raise ValueError(f"size {part!r}: must be a positive multiple of {BATCH}")
+        sizes.append(n)
+    return sizes
+
+
+# --- generation ------------------------------------------------------------------------
+
+
+def _block_rng(block: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([SEED, block]))
+
+
+@functools.cache
+def vocabulary() -> tuple[list[str], np.ndarray, np.ndarray]:
+    """20,000 distinct pseudo-words, most frequent first; their Zipf CDF and lengths + 1.
+
+    Words are built from English-like syllables; shorter words tend to get higher ranks,
+    as in real text (frequent words are short), so the mean word length is realistic.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence([SEED, 0xC0FFEE]))
+    onsets = ("", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t",
+              "v", "w", "y", "z", "br", "ch", "cl", "cr", "dr", "fl", "fr", "gr", "pl", "pr",
+              "sh", "sl", "sp", "st", "str", "th", "tr", "wh")  # fmt: skip
+    vowels = ("a", "e", "i", "o", "u", "ea", "ee", "ai", "ou", "oo", "ie", "y")
+    codas = ("", "", "", "n", "r", "s", "t", "l", "m", "d", "ck", "ng", "nt", "st", "rd", "ll")
+    words: set[str] = set()
+    while len(words) < VOCAB_SIZE:
+        syllables = 1 + rng.binomial(3, 0.4)  # 1-4 syllables, mostly 1-2
+        word = "".join(
+            onsets[rng.integers(len(onsets))] + vowels[rng.integers(len(vowels))]
+            + codas[rng.integers(len(codas))]
+            for _ in range(syllables)
+        )  # fmt: skip
+        if 1 < len(word) <= 14:
+            words.add(word)
+    ranked = sorted(words)  # deterministic: sets are unordered
+    # Rank by length plus a random jitter: short words tend to be frequent, and the mean
+    # length of running text comes out at ~4.7 characters, as in English.
+    key = np.array([len(w) for w in ranked]) + rng.random(len(ranked)) * WORD_RANK_JITTER
+    ranked = [ranked[i] for i in np.argsort(key, kind="stable")]
+    weights = 1.0 / np.arange(1, VOCAB_SIZE + 1) ** ZIPF_EXPONENT
+    cdf = np.cumsum(weights / weights.sum())
+    cdf[-1] = 1.0
+    spaced_len = np.array([len(w) + 1 for w in ranked])  # + the space after it
+    return ranked, cdf, spaced_len
+
+
+def _block(block: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Memories ``block * BATCH`` to ``(block + 1) * BATCH``: texts, vectors, timestamps, types."""
+    words, cdf, word_len = vocabulary()
+    rng = _block_rng(block)
+    targets = rng.integers(TEXT_CHARS[0], TEXT_CHARS[1] + 1, size=BATCH)
+    # One stream of words for the whole block, cut where the running length passes each
+    # text's cumulative target: lengths stay close to their targets and errors don't add up.
+    wanted = int(targets.sum())
+    stream = np.searchsorted(cdf, rng.random(wanted // 4), side="right")
+    while word_len[stream].sum() < wanted + 200:
+        stream = np.concatenate([stream, np.searchsorted(cdf, rng.random(wanted // 8), side="right")])
+    ends = np.searchsorted(np.cumsum(word_len[stream]), np.cumsum(targets)) + 1
+    starts = np.concatenate(([0], ends[:-1]))
+    ids = stream.tolist()
+    texts = []
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        sentence = " ".join([words[i] for i in ids[a:b]])
+        texts.append(sentence[0].upper() + sentence[1:] + ".")
+    vectors = rng.standard_normal((BATCH, DIM), dtype=np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    timestamps = T0 + rng.random(BATCH) * YEAR
+    types = rng.choice(len(TYPES), size=BATCH, p=TYPE_WEIGHTS).astype(np.uint8)
+    return texts, vectors, timestamps, types
+
+
+@dataclass(frozen=True)
+class Workload:
+    """N generated memories, column by column (row i is the memory added i-th)."""
+
+    texts: list[str]
+    vectors: np.ndarray  # (N, DIM) float32, unit norm
+    timestamps: np.ndarray  # (N,) float64, Unix seconds, shuffled over one year
+    types: np.ndarray  # (N,) uint8 codes into TYPES
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def fastmem_batches(self) -> list[list[dict[str, Any]]]:
+        """``add_many`` arguments, built ahead so that a timed insert only inserts."""
+        return [
+            [
+                {"text": self.texts[i], "type": TYPES[self.types[i]],
+                 "timestamp": float(self.timestamps[i]), "embedding": self.vectors[i]}
+                for i in range(start, min(start + BATCH, len(self)))
+            ]  # fmt: skip
+            for start in range(0, len(self), BATCH)
+        ]
+
+    def sqlite_batches(self) -> list[list[tuple[int, str, str, float, bytes]]]:
+        """``executemany`` rows (id, text, type, ts, float32 embedding BLOB), built ahead."""
+        return [
+            [
+                (i, self.texts[i], TYPES[self.types[i]], float(self.timestamps[i]),
+                 self.vectors[i].tobytes())
+                for i in range(start, min(start + BATCH, len(self)))
+            ]  # fmt: skip
+            for start in range(0, len(self), BATCH)
+        ]
+
+    def queries(self, count: int = 50, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
+        """``count`` stored vectors plus small Gaussian noise, renormalised (cosine ~0.98 to
+        the source), as in the peers' measurement; returns (queries, source rows)."""
+        rng = np.random.default_rng(np.random.SeedSequence([SEED, seed]))
+        sources = rng.choice(len(self), size=count, replace=False)
+        # Noise of norm ~0.2: cos = 1 / sqrt(1 + DIM * sigma^2) ~= 0.98.
+        sigma = np.sqrt((1 / 0.98**2 - 1) / DIM)
+        q = self.vectors[sources] + rng.normal(0.0, sigma, (count, DIM)).astype(np.float32)
+        q /= np.linalg.norm(q, axis=1, keepdims=True)
+        return q, sources
+
+
+def random_rows(n: int, count: int, seed: int = 11) -> np.ndarray:
+    """``count`` row numbers drawn uniformly (with repeats) from ``range(n)``, fixed seed."""
+    return np.random.default_rng(np.random.SeedSequence([SEED, seed, n])).integers(0, n, count)
+
+
+@functools.lru_cache(maxsize=1)  # the 1 M workload is ~2 GB: keep only the latest
+def generate(n: int) -> Workload:
+    """The first ``n`` memories of the workload (``n`` a multiple of BATCH)."""
+    if n <= 0 or n % BATCH:
+        raise ValueError(f"n must be a positive multiple of {BATCH}, got {n}")
+    texts: list[str] = []
+    vectors = np.empty((n, DIM), dtype=np.float32)
+    timestamps = np.empty(n, dtype=np.float64)
+    types = np.empty(n, dtype=np.uint8)
+    for block in range(n // BATCH):
+        t, v, ts, ty = _block(block)
+        s = slice(block * BATCH, (block + 1) * BATCH)
+        texts += t
+        vectors[s], timestamps[s], types[s] = v, ts, ty
+    return Workload(texts, vectors, timestamps, types)
+
+
+# --- cached fastmem stores -------------------------------------------------------------
+
+
+def _cache_key(n: int) -> str:
+    from fastmem import _format
+
+    return f"fastmem-w{WORKLOAD_VERSION}-f{_format.FORMAT_VERSION}-{n}"
+
+
+def _cached_store_ok(folder: Path, n: int) -> bool:
+    """A cached store is used only if its marker matches and it opens cleanly with N memories."""
+    import fastmem
+
+    marker = folder / "workload.json"
+    if not marker.exists():
+        return False
+    try:
+        info = json.loads(marker.read_text())
+        if info.get("workload_version") != WORKLOAD_VERSION or info.get("n") != n:
+            return False
+        # Any warning (an index rebuilt, a tail cut) means the files are not what a clean
+        # close leaves: rebuild rather than time a recovery.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with fastmem.open(folder / "store", readonly=True) as store:
+                return len(store) == n
+    except Exception:  # noqa: BLE001 - stale for whatever reason: rebuild it
+        return False
+
+
+def build_store(path: str | os.PathLike[str], batches: list[list[dict[str, Any]]],
+                durability: str = "batch") -> list[str]:
+    """Insert ``batches`` into a new store at ``path`` with add_many, then close it."""
+    import fastmem
+
+    ids: list[str] = []
+    store = fastmem.open(path, dim=DIM, durability=durability)
+    try:
+        for batch in batches:
+            ids += store.add_many(batch)
+    finally:
+        store.close()
+    return ids
+
+
+def cached_store(n: int, *, log: Any = None) -> tuple[str, list[str]]:
+    """Path of a store holding the first ``n`` memories and their ids, built once and
+    kept under :func:`bench_dir` (rebuilt when the workload or file format changes)."""
+    root = bench_dir()
+    folder = root / _cache_key(n)
+    if not _cached_store_ok(folder, n):
+        if log:
+            log(f"building the {n:,}-memory store in {folder} ...")
+        started = time.perf_counter()
+        shutil.rmtree(folder, ignore_errors=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".build-{n}-", dir=root))
+        ids = build_store(scratch / "store", generate(n).fastmem_batches())
+        np.save(scratch / "ids.npy", np.array(ids))
+        (scratch / "workload.json").write_text(
+            json.dumps({"workload_version": WORKLOAD_VERSION, "n": n, "seed": SEED,
+                        "built": time.strftime("%Y-%m-%dT%H:%M:%S")})  # fmt: skip
+        )
+        os.replace(scratch, folder)  # atomic: a half-built store is never taken as cached
+        if log:
+            log(f"built in {time.perf_counter() - started:.1f} s")
+    ids = np.load(folder / "ids.npy").tolist()
+    return str(folder / "store"), ids
+
+
+def store_bytes(path: str) -> int:
+    """Both files of a fastmem store together (apparent size)."""
+    return sum(os.path.getsize(path + ext) for ext in (".dat", ".idx"))
+
+
+# --- restarts in fresh processes --------------------------------------------------------
+
+# "Restart" as the peers were measured: in a fresh process, after the imports, open the
+# store and read the 20 most recent memories with their text. The child times itself with
+# perf_counter, so interpreter start-up and imports are left out; it prints one JSON line.
+RESTART_CHILD = {
+    "fastmem": """
+import json, sys, time
+import fastmem  # with numpy and msgpack: imports are not part of a restart
+t0 = time.perf_counter()
+store = fastmem.open(sys.argv[1])
+texts = [m.text for m in store.recent(20)]
+t1 = time.perf_counter()
+store.close()
+assert len(texts) == 20 and all(texts)
+print(json.dumps({"seconds": t1 - t0}))
+""",
+    "sqlite": """
+import json, sqlite3, sys, time
+t0 = time.perf_counter()
+db = sqlite3.connect(sys.argv[1])
+rows = db.execute("SELECT id, text, type, ts FROM memories ORDER BY ts DESC LIMIT 20").fetchall()
+texts = [r[1] for r in rows]
+t1 = time.perf_counter()
+db.close()
+assert len(texts) == 20 and all(texts)
+print(json.dumps({"seconds": t1 - t0}))
+""",
+}
+
+
+def run_child(code: str, *args: str, timeout: float = 600.0) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (same venv and environment); its last stdout
+    line, parsed as JSON."""
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    if proc.returncode:
+        raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def restart_seconds(system: str, path: str) -> float:
+    """One restart of ``system`` ("fastmem" or "sqlite") in a fresh process, in seconds."""
+    return float(run_child(RESTART_CHILD[system], path)["seconds"])
+
+
+def median_restart(system: str, path: str, runs: int, warmups: int = 1) -> tuple[float, list[float]]:
+    """Median of ``runs`` restarts, after ``warmups`` untimed ones (page cache warm, as for
+    the peers, whose stores had just been written); also returns every timed run."""
+    for _ in range(warmups):
+        restart_seconds(system, path)
+    times = [restart_seconds(system, path) for _ in range(runs)]
+    return statistics.median(times), times

@@ -1,0 +1,217 @@
+"""The compiled kernels against their numpy references, and both against brute force."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fastmem import _format as fmt
+from fastmem import _kernels_py as ref
+
+ext = pytest.importorskip("fastmem._ext.records")
+topk_ext = pytest.importorskip("fastmem._ext.topk")
+vectors_ext = pytest.importorskip("fastmem._ext.vectors")
+
+
+@pytest.fixture(autouse=True)
+def backend():
+    """Each test here compares both backends itself: run it once."""
+    return "both"
+
+
+def test_compiled_constants_match_the_format():
+    c = ext.CONSTANTS
+    assert c["HEADER_SIZE"] == fmt.RECORD_HEADER_SIZE
+    assert c["CRC_AT"] == fmt.RECORD_CRC_AT
+    assert c["FORMAT_VERSION"] == fmt.FORMAT_VERSION
+    assert c["MAX_DIM"] == fmt.MAX_DIM
+    assert c["MAX_RAW_PAYLOAD"] == fmt.MAX_RAW_PAYLOAD
+    assert c["MAGIC"] == fmt.RECORD_MAGIC
+
+
+@given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
+def test_crc32_equals_zlib(data, start):
+    assert ext.crc32(data, start) == zlib.crc32(data, start) == ref.crc32(data, start)
+
+
+def _records(draw_payloads, dim, rng):
+    """A valid stream of records with random payloads and vectors."""
+    n = len(draw_payloads)
+    raw_lens = np.array([len(p) for p in draw_payloads], dtype=np.uint32)
+    vectors = rng.integers(0, 2**16, size=(n, dim), dtype=np.uint16) if dim else None
+    has = rng.integers(0, 2, size=n).astype(np.uint8) if dim else None
+    return draw_payloads, raw_lens, vectors, has
+
+
+@given(st.lists(st.binary(max_size=300), max_size=12), st.integers(0, 16), st.integers(1, 3),
+       st.integers(0, 2**32))  # fmt: skip
+def test_frame_records_matches_reference(payloads, dim, kind, seed):
+    args = _records(payloads, dim, np.random.default_rng(seed))
+    got = ext.frame_records(kind, *args)
+    want = ref.frame_records(kind, *args)
+    assert got[0] == want[0]
+    assert np.array_equal(got[1], want[1]) and np.array_equal(got[2], want[2])
+
+
+def _stream(payloads, dim, seed):
+    data, lengths, _ = ref.frame_records(1, *_records(payloads, dim, np.random.default_rng(seed)))
+    return bytes(fmt.DAT_HEADER_SIZE) + data, lengths
+
+
+def _same_scan(buf, start, end):
+    got = ext.scan_records(buf, start, end)
+    want = ref.scan_records(buf, start, end)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    return got
+
+
+@given(st.lists(st.binary(max_size=200), max_size=10), st.integers(0, 8), st.integers(0, 2**32))
+def test_scan_finds_every_record_of_a_clean_stream(payloads, dim, seed):
+    buf, lengths = _stream(payloads, dim, seed)
+    offsets, lens, kinds, dims, bad_starts, bad_ends = _same_scan(buf, fmt.DAT_HEADER_SIZE, len(buf))
+    assert np.array_equal(lens, lengths)
+    assert np.array_equal(offsets, fmt.DAT_HEADER_SIZE + np.concatenate(([0], np.cumsum(lengths)))[:-1])
+    assert len(bad_starts) == len(bad_ends) == 0 and set(kinds.tolist()) <= {1}
+
+
+@given(st.lists(st.binary(max_size=120), min_size=1, max_size=8), st.integers(0, 4),
+       st.integers(0, 2**32), st.data())  # fmt: skip
+def test_scan_of_damaged_streams_matches_reference(payloads, dim, seed, data):
+    buf, lengths = _stream(payloads, dim, seed)
+    damaged = bytearray(buf)
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(fmt.DAT_HEADER_SIZE, len(buf) - 1))
+        damaged[pos] ^= 1 << data.draw(st.integers(0, 7))
+    cut = data.draw(st.integers(fmt.DAT_HEADER_SIZE, len(damaged)))
+    offsets, lens, _, _, bad_starts, bad_ends = _same_scan(bytes(damaged), fmt.DAT_HEADER_SIZE, cut)
+    # Every byte is either in a valid record or in a damaged region, in order.
+    spans = sorted([(int(o), int(o + n)) for o, n in zip(offsets, lens)]
+                   + [(int(s), int(e)) for s, e in zip(bad_starts, bad_ends)])  # fmt: skip
+    pos = fmt.DAT_HEADER_SIZE
+    for s, e in spans:
+        assert s == pos and e > s
+        pos = e
+    assert pos == cut
+
+
+@given(st.binary(max_size=600), st.data())
+def test_scan_of_random_bytes_matches_reference(noise, data):
+    # Random bytes with record magics sprinkled in: the resync path.
+    buf = bytearray(bytes(fmt.DAT_HEADER_SIZE) + noise)
+    for _ in range(data.draw(st.integers(0, 5))):
+        if len(buf) > fmt.DAT_HEADER_SIZE + 4:
+            pos = data.draw(st.integers(fmt.DAT_HEADER_SIZE, len(buf) - 4))
+            buf[pos : pos + 4] = fmt.RECORD_MAGIC
+    _same_scan(bytes(buf), fmt.DAT_HEADER_SIZE, len(buf))
+
+
+def test_scan_rejects_out_of_range():
+    for fn in (ext.scan_records, ref.scan_records):
+        with pytest.raises(ValueError):
+            fn(bytes(10), 5, 11)
+        with pytest.raises(ValueError):
+            fn(bytes(10), 6, 5)
+
+
+def _topk_args(rng, n, dim):
+    vectors = rng.integers(-127, 128, size=(n, dim), dtype=np.int8)
+    if n > 3:
+        vectors[1] = vectors[0]  # exact ties
+    rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+    rows["scale"] = rng.choice([0.5, 1.0, 0.25], size=n)
+    rows["flags"] = rng.choice([fmt.FLAG_HAS_VECTOR, fmt.FLAG_HAS_VECTOR | fmt.FLAG_FORGOTTEN, 0], size=n, p=[0.8, 0.1, 0.1])
+    rows["type"] = rng.integers(0, 3, size=n)
+    rows["timestamp"] = rng.integers(0, 10, size=n)
+    rows["session"] = rng.integers(1, 3, size=n)
+    query = rng.integers(-127, 128, size=dim, dtype=np.int8)
+    return (vectors, rows["scale"], rows["flags"], rows["type"], rows["timestamp"],
+            rows["session"], query)  # fmt: skip
+
+
+@given(st.integers(0, 300), st.integers(1, 40), st.integers(1, 50), st.booleans(), st.integers(0, 2**32))
+def test_topk_matches_reference_and_brute_force(n, dim, k, with_filters, seed):
+    rng = np.random.default_rng(seed)
+    cols = _topk_args(rng, n, dim)
+    allowed, since, until, session = (None, -math.inf, math.inf, 0)
+    if with_filters:
+        allowed = np.zeros(65536, dtype=np.uint8)
+        allowed[[0, 2]] = 1
+        since, until, session = 2.0, 7.0, 2
+    args = (*cols, k, allowed, since, until, session, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)
+    got_rows, got_scores = topk_ext.topk_int8(*args)
+    want_rows, want_scores = ref.topk_int8(*args)
+    assert np.array_equal(got_rows, want_rows) and np.array_equal(got_scores, want_scores)
+    # Brute force, written out row by row.
+    vectors, scales, flags, types, ts, sessions, query = cols
+    scored = []
+    for r in range(n):
+        f = int(flags[r])
+        if not f & fmt.FLAG_HAS_VECTOR or f & fmt.FLAG_FORGOTTEN:
+            continue
+        if not since <= ts[r] <= until or (session and sessions[r] != session):
+            continue
+        if allowed is not None and not allowed[types[r]]:
+            continue
+        dot = sum(int(a) * int(b) for a, b in zip(vectors[r], query))
+        scored.append((-(dot * float(scales[r])), r))
+    scored.sort()
+    assert got_rows.tolist() == [r for _, r in scored[:k]]
+
+
+def test_topk_validates_shapes():
+    rng = np.random.default_rng(0)
+    cols = list(_topk_args(rng, 10, 4))
+    rest = (5, None, -math.inf, math.inf, 0, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)
+    with pytest.raises(ValueError):
+        topk_ext.topk_int8(*cols[:6], cols[6][:3], *rest)
+    cols[1] = cols[1][:5]
+    with pytest.raises(ValueError):
+        topk_ext.topk_int8(*cols, *rest)
+
+
+float32_rows = hnp.arrays(
+    np.float32,
+    st.tuples(st.integers(0, 6), st.integers(1, 40)),
+    elements=st.floats(-1e6, 1e6, width=32) | st.sampled_from([0.0, 1e-30, -1e-41, 6e-8, 3.4e38]),
+)
+
+
+@given(float32_rows)
+def test_to_half_matches_reference_and_numpy(x):
+    got, bad = vectors_ext.to_half(x)
+    want, want_bad = ref.to_half(x)
+    assert bad == want_bad
+    good = bad if bad >= 0 else len(x)
+    assert np.array_equal(got[:good], want[:good])
+    if good:
+        x64 = x[:good].astype(np.float64)
+        unit = x64 / np.sqrt((x64 * x64).sum(axis=1, keepdims=True))
+        # numpy's own rounding, through float32, up to the order of the norm's sum
+        np.testing.assert_allclose(want[:good].view(np.float16).astype(np.float64), unit, atol=1e-3)
+
+
+@given(st.integers(0, 2**32))
+def test_to_half_flags_the_first_bad_row(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    bad = int(rng.integers(0, 6))
+    x[bad] = rng.choice([0.0, np.nan, np.inf])
+    assert vectors_ext.to_half(x)[1] == ref.to_half(x)[1] == bad
+
+
+@given(hnp.arrays(np.uint16, st.tuples(st.integers(0, 6), st.integers(1, 40))))
+def test_quantize_half_matches_reference(bits):
+    finite = np.isfinite(bits.view(np.float16)).all(axis=1)
+    assume(finite.all())
+    qa, sa = vectors_ext.quantize_half(bits)
+    qb, sb = ref.quantize_half(bits)
+    assert np.array_equal(qa, qb) and np.array_equal(sa, sb)
+    v = bits.view(np.float16).astype(np.float32)
+    assert np.all(np.abs(qa.astype(np.float32) * sa[:, None] - v) <= sa[:, None] / 2 + 1e-6)

@@ -1,0 +1,365 @@
+"""MemoryStore: the public API, its validation, durability modes, locking and readers."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import fastmem
+from fastmem import _format as fmt
+from fastmem import _kernels_py
+
+
+def unit(rng, n, dim=16):
+    v = rng.standard_normal((n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def snapshot(store):
+    return [(m.id, m.text, m.type, m.timestamp, m.session, m.importance, m.pinned, m.metadata, m.summary)
+            for m in store]  # fmt: skip
+
+
+def test_open_makes_exactly_two_files(tmp_path):
+    with fastmem.open(tmp_path / "sub" / "agent_memory") as store:
+        store.add("hello")
+    assert sorted(os.listdir(tmp_path / "sub")) == ["agent_memory.dat", "agent_memory.idx"]
+    for name in os.listdir(tmp_path / "sub"):
+        assert os.stat(tmp_path / "sub" / name).st_mode & 0o777 == 0o600
+    assert os.stat(tmp_path / "sub").st_mode & 0o777 == 0o700
+
+
+def test_add_get_roundtrip_every_field(store_path):
+    with fastmem.open(store_path) as store:
+        mid = store.add(
+            "Ada prefers tea ☕", type="fact", timestamp=1_700_000_000.5, session="s-1",
+            importance=0.8, pinned=True, metadata={"k": [1, 2.5, "x", None, b"\x00"], "n": {"a": 1}},
+            summary="tea",
+        )  # fmt: skip
+        m = store.get(mid)
+    assert m == fastmem.Memory(
+        id=mid, text="Ada prefers tea ☕", type="fact", timestamp=1_700_000_000.5, session="s-1",
+        importance=0.8, pinned=True, metadata={"k": [1, 2.5, "x", None, b"\x00"], "n": {"a": 1}},
+        summary="tea",
+    )  # fmt: skip
+    with fastmem.open(store_path, readonly=True) as store:
+        assert store.get(mid) == m
+
+
+def test_defaults(store_path):
+    with fastmem.open(store_path) as store:
+        a = store.get(store.add("hi"))
+        b = store.get(store.add("plan it", type="plan"))
+        c = store.get(store.add("mine", type="journal"))
+    assert (a.type, a.importance, a.pinned, a.metadata, a.session) == ("conversation", 0.3, False, None, None)
+    assert b.importance == 0.7 and c.type == "journal" and c.importance == 0.5
+
+
+def test_ids_len_contains_and_iteration_order(store_path):
+    with fastmem.open(store_path) as store:
+        ids = store.add_many([{"text": f"t{i}", "timestamp": float(10 - i % 3)} for i in range(9)])
+        assert ids == [f"m{i}" for i in range(9)]
+        assert len(store) == 9 and "m3" in store and "m9" not in store
+        assert "bogus" not in store and 42 not in store
+        order = [m.id for m in store]
+        # oldest first by timestamp, then id
+        assert order == ["m2", "m5", "m8", "m1", "m4", "m7", "m0", "m3", "m6"]
+        assert [m.id for m in store.recent(4)] == ["m6", "m3", "m0", "m7"]
+        assert store.recent(0) == []
+
+
+def test_update_pin_forget(store_path):
+    with fastmem.open(store_path) as store:
+        a, b = store.add("a", metadata={"v": 1}), store.add("b")
+        store.update(a, importance=0.25, metadata={"v": 2})
+        store.pin(b)
+        store.forget(a)
+        assert a not in store and len(store) == 1
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.get(a)
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.forget(a)
+        with pytest.raises(KeyError):  # UnknownMemoryError is a KeyError too
+            store.update(a, importance=0.1)
+        store.pin(b, pinned=False)
+        store.update(b, metadata={"w": "x"})
+    with fastmem.open(store_path) as store:
+        m = store.get(b)
+        assert (m.pinned, m.metadata) == (False, {"w": "x"}) and len(store) == 1
+        assert store.verify().ok
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [
+        ({"text": ""}, fastmem.InvalidInputError),
+        ({"text": "   \n"}, fastmem.InvalidInputError),
+        ({"text": 5}, fastmem.InvalidTypeError),
+        ({"text": b"bytes"}, fastmem.InvalidTypeError),
+        ({"text": "x" * (fmt.MAX_TEXT_BYTES + 1)}, fastmem.InvalidInputError),
+        ({"text": "é" * (fmt.MAX_TEXT_BYTES // 2 + 1)}, fastmem.InvalidInputError),
+        ({"text": "bad \udcff surrogate"}, fastmem.InvalidInputError),
+        ({"text": "x", "type": ""}, fastmem.InvalidInputError),
+        ({"text": "x", "type": 3}, fastmem.InvalidTypeError),
+        ({"text": "x", "timestamp": math.nan}, fastmem.InvalidInputError),
+        ({"text": "x", "timestamp": -1}, fastmem.InvalidInputError),
+        ({"text": "x", "timestamp": "now"}, fastmem.InvalidTypeError),
+        ({"text": "x", "importance": 1.5}, fastmem.InvalidInputError),
+        ({"text": "x", "importance": True}, fastmem.InvalidTypeError),
+        ({"text": "x", "pinned": 1}, fastmem.InvalidTypeError),
+        ({"text": "x", "session": ""}, fastmem.InvalidInputError),
+        ({"text": "x", "metadata": [1]}, fastmem.InvalidTypeError),
+        ({"text": "x", "metadata": {"f": object()}}, fastmem.InvalidInputError),
+        ({"text": "x", "metadata": {"f": {1: 2}}}, fastmem.InvalidInputError),
+        ({"text": "x", "metadata": {"big": "x" * fmt.MAX_METADATA_BYTES}}, fastmem.InvalidInputError),
+        ({"text": "x", "summary": 7}, fastmem.InvalidTypeError),
+        ({"text": "x", "embedding": [0.0] * 16}, fastmem.InvalidInputError),
+        ({"text": "x", "embedding": [math.nan] + [1.0] * 15}, fastmem.InvalidInputError),
+        ({"text": "x", "embedding": [1.0] * 8}, fastmem.DimensionMismatchError),
+        ({"text": "x", "embedding": ["a"] * 16}, fastmem.InvalidTypeError),
+        ({"text": "x", "embedding": [[1.0] * 16]}, fastmem.InvalidInputError),
+        ({"text": "x", "embedding": [1e300] * 16}, fastmem.InvalidInputError),
+    ],
+)
+def test_bad_input_raises_and_writes_nothing(store_path, kwargs, error):
+    with fastmem.open(store_path, dim=16) as store:
+        store.add("keep me", embedding=np.ones(16))
+        size = os.path.getsize(store_path + ".dat")
+        with pytest.raises(error) as info:
+            store.add(**kwargs)
+        assert isinstance(info.value, fastmem.FastmemError) and str(info.value)
+        with pytest.raises(error):
+            store.add_many([{"text": "fine"}, kwargs])
+        assert os.path.getsize(store_path + ".dat") == size and len(store) == 1
+        assert store.verify().ok
+
+
+def test_add_many_rejects_bad_items(store_path):
+    with fastmem.open(store_path) as store:
+        with pytest.raises(fastmem.InvalidInputError, match="unknown keys"):
+            store.add_many([{"text": "a", "colour": "red"}])
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.add_many(["just a string"])
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.add_many("text")
+        with pytest.raises(fastmem.InvalidInputError, match="item 1"):
+            store.add_many([{"text": "a", "embedding": [1.0, 2.0]}, {"text": "b", "embedding": [0.0, 0.0]}])
+        assert store.add_many([]) == [] and len(store) == 0
+
+
+def test_bad_ids(store_path):
+    with fastmem.open(store_path) as store:
+        store.add("x")
+        for bad in ["", "m", "x1", "m-1", "m1.0", "m٣", "m99"]:
+            with pytest.raises(fastmem.UnknownMemoryError):
+                store.get(bad)
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.get(0)
+
+
+def test_bad_open_arguments(store_path, tmp_path):
+    with pytest.raises(fastmem.InvalidInputError):
+        fastmem.open(store_path, durability="sometimes")
+    with pytest.raises(fastmem.InvalidInputError):
+        fastmem.open(store_path, dim=0)
+    with pytest.raises(fastmem.InvalidTypeError):
+        fastmem.open(3.5)
+    with pytest.raises(fastmem.InvalidInputError):
+        fastmem.open(store_path, timeout=-1)
+    with pytest.raises(fastmem.StoreNotFoundError):
+        fastmem.open(store_path, readonly=True)
+    assert not os.path.exists(store_path + ".dat")
+    (tmp_path / "junk.dat").write_bytes(b"definitely not a fastmem file, no sir" * 3)
+    with pytest.raises(fastmem.CorruptionError):
+        fastmem.open(tmp_path / "junk")
+
+
+def test_dimension_is_fixed_per_store(store_path):
+    with fastmem.open(store_path) as store:
+        store.add("a")  # no vector yet: the dimension is still open
+        store.add("b", embedding=np.ones(8))
+        with pytest.raises(fastmem.DimensionMismatchError):
+            store.add("c", embedding=np.ones(9))
+    with pytest.raises(fastmem.DimensionMismatchError):
+        fastmem.open(store_path, dim=16)
+    with fastmem.open(store_path, dim=8) as store:
+        assert len(store) == 2
+
+
+def test_closed_and_readonly_errors(store_path):
+    store = fastmem.open(store_path)
+    mid = store.add("x")
+    store.close()
+    store.close()  # idempotent
+    for call in (lambda: store.get(mid), lambda: store.add("y"), lambda: len(store)):
+        with pytest.raises(fastmem.StoreClosedError):
+            call()
+    with fastmem.open(store_path, readonly=True) as reader:
+        with pytest.raises(fastmem.ReadOnlyError):
+            reader.add("nope")
+        with pytest.raises(fastmem.ReadOnlyError):
+            reader.forget(mid)
+
+
+def test_second_writer_is_refused_then_waits(store_path):
+    with fastmem.open(store_path):
+        with pytest.raises(fastmem.StoreLockedError):
+            fastmem.open(store_path)
+        code = f"import fastmem\ntry:\n fastmem.open({store_path!r})\nexcept fastmem.StoreLockedError:\n print('locked')"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == "locked"
+    # A writer that waits gets the lock when the holder closes.
+    holder = fastmem.open(store_path)
+    threading.Timer(0.2, holder.close).start()
+    with fastmem.open(store_path, timeout=5) as store:
+        store.add("after the wait")
+
+
+def test_lock_is_released_when_the_writer_is_killed(store_path):
+    code = f"import fastmem, os, signal\ns = fastmem.open({store_path!r})\ns.add('x')\nos.kill(os.getpid(), signal.SIGKILL)"
+    subprocess.run([sys.executable, "-c", code])
+    with fastmem.open(store_path) as store:
+        assert [m.text for m in store] == ["x"]
+
+
+@pytest.mark.parametrize("durability", fastmem.DURABILITY)
+def test_durability_modes_keep_everything_across_reopen(store_path, durability):
+    with fastmem.open(store_path, durability=durability) as store:
+        ids = [store.add(f"memory {i}") for i in range(50)]
+        store.flush()
+    with fastmem.open(store_path, durability=durability) as store:
+        assert [store.get(i).text for i in ids] == [f"memory {i}" for i in range(50)]
+
+
+def test_reader_sees_commits_of_a_live_writer(store_path):
+    writer = fastmem.open(store_path)
+    writer.add("first")
+    reader = fastmem.open(store_path, readonly=True)
+    assert [m.text for m in reader.recent(5)] == ["first"]
+    mid = writer.add("second", metadata={"a": 1})
+    writer.forget("m0")
+    assert [m.text for m in reader.recent(5)] == ["second"] and len(reader) == 1
+    writer.checkpoint()  # the index file is replaced under the reader
+    writer.add("third")
+    assert [m.text for m in reader.recent(5)] == ["third", "second"]
+    assert reader.get(mid).metadata == {"a": 1}
+    writer.close()
+    assert len(reader) == 2
+    reader.close()
+
+
+def test_reader_never_sees_a_partial_record(store_path):
+    with fastmem.open(store_path) as store:
+        store.add("whole")
+    with fastmem.open(store_path, readonly=True) as reader:
+        with open(store_path + ".dat", "ab") as f:  # half of a record, as a writer mid-append
+            f.write(fmt.RECORD_MAGIC + bytes(30))
+        assert [m.text for m in reader] == ["whole"]
+
+
+def test_threads_share_a_store(store_path):
+    with fastmem.open(store_path) as store:
+        def work(t):
+            for i in range(100):
+                mid = store.add(f"{t}-{i}")
+                assert store.get(mid).text == f"{t}-{i}"
+                store.recent(3)
+
+        threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(store) == 400 and len({m.text for m in store}) == 400
+        assert store.verify().ok
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_cannot_use_the_parents_store(store_path):
+    with fastmem.open(store_path) as store:
+        store.add("parent")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child
+            try:
+                store.add("child")
+                os.write(w, b"wrote")
+            except fastmem.StoreForkedError:
+                os.write(w, b"refused")
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(r, 16) == b"refused"
+        assert [m.text for m in store] == ["parent"]
+
+
+def test_search_exact_ranking_and_filters(store_path):
+    rng = np.random.default_rng(7)
+    vecs = unit(rng, 300)
+    items = [{"text": f"t{i}", "embedding": vecs[i], "timestamp": float(i), "type": ["fact", "plan", "mine"][i % 3],
+              "session": f"s{i % 4}"} for i in range(300)]  # fmt: skip
+    with fastmem.open(store_path) as store:
+        store.add_many(items[:200])
+        store.checkpoint()
+        store.add_many(items[200:])  # hits come from the base and from the tail
+        store.add("no vector")
+        store.forget("m5")
+        q = vecs[5] + 0.3 * unit(rng, 1)[0]
+        # the vectors as stored: unit float16, rounded as the reference kernel documents
+        half = _kernels_py.to_half(vecs)[0].view(np.float16).astype(np.float64)
+        qn = q.astype(np.float64) / np.linalg.norm(q.astype(np.float64))
+
+        def brute(keep):
+            scores = [(-(half[i] @ qn), i) for i in range(300) if i != 5 and keep(i)]
+            return [f"m{i}" for _, i in sorted(scores)]
+
+        hits = store.search(q, k=10)
+        assert [h.id for h in hits] == brute(lambda i: True)[:10]
+        assert all(abs(h.score - float(half[int(h.id[1:])] @ qn)) < 1e-9 for h in hits)
+        assert [h.id for h in store.search(q, 5, types=["fact", "mine"])] == brute(lambda i: i % 3 != 1)[:5]
+        assert [h.id for h in store.search(q, 5, since=100, until=250)] == brute(lambda i: 100 <= i <= 250)[:5]
+        assert [h.id for h in store.search(q, 5, session="s2")] == brute(lambda i: i % 4 == 2)[:5]
+        assert store.search(q, 5, types=["unknown type"]) == []
+        assert len(store.search(q, 10_000)) == 299
+        with pytest.raises(fastmem.DimensionMismatchError):
+            store.search(np.ones(3))
+        with pytest.raises(fastmem.InvalidInputError):
+            store.search(q, k=0)
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.search(q, types="fact")
+
+
+def test_search_recall_on_a_larger_random_store(store_path):
+    rng = np.random.default_rng(3)
+    vecs = unit(rng, 20_000, 64)
+    with fastmem.open(store_path) as store:
+        store.add_many({"text": f"t{i}", "embedding": vecs[i]} for i in range(len(vecs)))
+        queries = vecs[:20] + 0.05 * unit(rng, 20, 64)
+        recall = []
+        for q in queries:
+            exact = np.argsort(-(vecs @ (q / np.linalg.norm(q))), kind="stable")[:10]
+            got = [int(h.id[1:]) for h in store.search(q, 10)]
+            recall.append(len(set(got) & set(exact.tolist())) / 10)
+    assert np.mean(recall) >= 0.99
+
+
+def test_verify_reports_numbers(store_path):
+    with fastmem.open(store_path) as store:
+        store.add_many([{"text": f"t{i}"} for i in range(10)])
+        store.forget("m3")
+        report = store.verify()
+        sizes = os.path.getsize(store_path + ".dat") + os.path.getsize(store_path + ".idx")
+    assert report.ok and report.problems == [] and report.records == 11 and report.bytes == sizes
+
+
+def test_repr(store_path):
+    with fastmem.open(store_path) as store:
+        store.add("x")
+        assert "1 memories" in repr(store)
+    assert "closed" in repr(store)
