@@ -431,10 +431,10 @@ class MemoryStore:
         self._dat_end = size
         _, self._valid_end = self._index.replay(self._dat, self._valid_end, size, self.dat_path)
 
-    def _data(self, end: int) -> mmap.mmap:
-        """The data file's map, remapped when it must reach ``end``."""
+    def _data(self) -> mmap.mmap:
+        """The data file's map, remapped when the file has grown past it."""
         assert self._dat is not None
-        if end > len(self._dat):
+        if len(self._dat) < self._dat_end:
             self._map_data(self._dat_end)
         return self._dat
 
@@ -728,10 +728,10 @@ class MemoryStore:
     def _memory(self, g: int, row: tuple[Any, ...] | None = None) -> Memory:
         if row is None:
             row = self._index.row(g)
-        offset, length = row[F_OFFSET], row[F_LENGTH]
-        dat = self._data(offset + length)
+        offset = row[F_OFFSET]
+        dat = self._data()
         head, p = fmt.read_record(dat, offset, self._dat_end, self.dat_path)
-        if head.kind != fmt.KIND_MEMORY or p["i"] != row[F_ID]:
+        if head.kind != fmt.KIND_MEMORY or p["i"] != row[F_ID] or head.length != row[F_LENGTH]:
             raise CorruptIndexError(
                 f"{self.idx_path}: row of memory m{row[F_ID]} points at another record "
                 f"(offset {offset}); delete the .idx file to rebuild it",
@@ -868,7 +868,7 @@ class MemoryStore:
             exact = []
             for g in cand.tolist():
                 row = index.row(g)
-                vec = fmt.record_vector(self._data(row[F_OFFSET] + 2 * index.dim + 20), row[F_OFFSET], index.dim)
+                vec = fmt.record_vector(self._data(), row[F_OFFSET], index.dim)
                 exact.append((-float(vec.astype(np.float64) @ q), row[F_ID], g))
             exact.sort()
             hits = []
@@ -910,7 +910,7 @@ class MemoryStore:
         # Continue from the file just written: the tail's memory is released.
         assert self._dat is not None
         self._index = MemoryIndex.load(
-            self.idx_path, self._uuid, self._index.dim, self._data(self._dat_end), self._dat_end
+            self.idx_path, self._uuid, self._index.dim, self._data(), self._dat_end
         )
 
     def verify(self) -> Report:
@@ -920,7 +920,7 @@ class MemoryStore:
         """
         with self._lock:
             self._check()
-            dat = self._data(self._dat_end)
+            dat = self._data()
             fresh = MemoryIndex(fmt.unpack_dat_header(dat, self.dat_path).dim, self._uuid)
             problems, _ = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
             problems += _compare(self._index, fresh)

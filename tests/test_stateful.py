@@ -7,6 +7,7 @@ through the writer, and through a read-only handle kept open beside it.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -32,6 +33,10 @@ BUILTIN_TYPES = ("conversation", "tool_result", "plan", "fact")
 CUSTOM_TYPES = ("observation", "ノート")
 DEFAULT_IMPORTANCE = {"fact": 0.9, "plan": 0.7, "tool_result": 0.5, "conversation": 0.3}
 DEFAULT_CUSTOM_IMPORTANCE = 0.5
+# fastmem bug (see test_get_after_metadata_update): the writer reads an update record's
+# metadata through a map of the data file that may end before it. Until it is fixed, the
+# machine remaps (verify()) after each metadata update so the rest keeps being checked.
+WORK_AROUND_METADATA_MAP_BUG = True
 
 # --- strategies ---------------------------------------------------------------------------
 
@@ -100,8 +105,8 @@ def _num(mid: str) -> int:
 
 
 def _stored_vector(v: list[float]) -> np.ndarray:
-    arr = np.asarray(v, dtype=np.float64)
-    return (arr / np.linalg.norm(arr)).astype("<f2").astype(np.float64)
+    arr = np.asarray(v, dtype=np.float64)[None]  # normalised as the store does it
+    return (arr / np.linalg.norm(arr, axis=1, keepdims=True)).astype("<f2").astype(np.float64)[0]
 
 
 class MemoryStoreMachine(RuleBasedStateMachine):
@@ -114,6 +119,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
         self.model: dict[int, Expected] = {}
         self.forgotten: set[int] = set()
         self.max_id = -1
+        self.dim_fixed = False  # by the first vector, even if its memory is forgotten since
 
     def teardown(self) -> None:
         try:
@@ -138,6 +144,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
             ts = self.store.get(mid).timestamp
             assert t0 <= ts <= t1
         emb = item.get("embedding")
+        self.dim_fixed |= emb is not None
         self.model[n] = Expected(
             id=n,
             text=item["text"],
@@ -230,7 +237,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
         """One bad item: the whole batch is refused and nothing is written."""
         batch = list(batch)
         batch.insert(min(at, len(batch)), bad)
-        if bad.get("embedding") == [1.0] * (DIM + 1) and not any(e.vector is not None for e in self.model.values()):
+        if bad.get("embedding") == [1.0] * (DIM + 1) and not self.dim_fixed:
             # The store's dimension may not be fixed yet; make the lengths clash in the batch.
             batch.append({"text": "fixes the dim", "embedding": [1.0] * DIM})
         size = self._dat_size()
@@ -239,8 +246,6 @@ class MemoryStoreMachine(RuleBasedStateMachine):
         assert self._dat_size() == size
 
     def _dat_size(self) -> int:
-        import os
-
         return os.path.getsize(self.path + ".dat")
 
     @precondition(lambda self: self.model)
@@ -260,6 +265,8 @@ class MemoryStoreMachine(RuleBasedStateMachine):
             e.pinned = pinned
         if metadata is not None:
             e.metadata = metadata
+            if WORK_AROUND_METADATA_MAP_BUG:
+                self.store.verify()  # remaps the data file to its end; see the test below
 
     @precondition(lambda self: self.model)
     @rule(data=st.data(), pinned=st.booleans())
@@ -406,3 +413,20 @@ def test_store_matches_model(backend: str) -> None:
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=Exception,
+    reason="fastmem bug: MemoryStore._memory reads the metadata update record at "
+    "row.meta_offset through self._dat without remapping it first (_data() is only asked "
+    "for the memory record's end), so a writer that has mapped the file before the update "
+    "raises struct.error",
+)
+def test_get_after_metadata_update(store_path: str) -> None:
+    with fastmem.open(store_path) as store:
+        mid = store.add("hello")
+        store.get(mid)  # maps the data file up to the end of this record
+        store.update(mid, metadata={"k": 1})
+        assert store.get(mid).metadata == {"k": 1}
+        assert [m.metadata for m in store.recent(1)] == [{"k": 1}]

@@ -1,0 +1,51 @@
+"""Write an agent's memories, end the process, reopen the store in a fresh one: they are there.
+
+Run: python examples/restart.py [store path]
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+WRITE = """
+import sys, fastmem
+with fastmem.open(sys.argv[1]) as store:
+    store.add("User: I'm planning a trip to Lisbon in May.", session="day-1")
+    store.add("Assistant: Noted. Want me to track flights?", session="day-1")
+    store.add("flights LIS: TAP 1351 dep 07:10, 189 EUR", type="tool_result", session="day-1",
+              metadata={"tool": "flight_search"})
+    store.add("Book the hotel before March 1st.", type="plan", session="day-1")
+    store.add("The user is vegetarian.", type="fact", pinned=True, session="day-1")
+print("wrote 5 memories and exited")
+"""
+
+READ = """
+import sys, time
+t0 = time.perf_counter()
+import fastmem
+t1 = time.perf_counter()
+with fastmem.open(sys.argv[1]) as store:
+    recent = store.recent(20)
+    t2 = time.perf_counter()
+    print(f"restart: import {1000 * (t1 - t0):.1f} ms, open + recent(20) {1000 * (t2 - t1):.2f} ms")
+    for m in reversed(recent):
+        pin = " (pinned)" if m.pinned else ""
+        print(f"  {m.id:>3} {m.type:<12} {m.text}{pin}")
+    print("verify:", "ok" if store.verify().ok else store.verify().problems)
+"""
+
+
+def main() -> None:
+    path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.mkdtemp(), "agent_memory")
+    subprocess.run([sys.executable, "-c", WRITE, path], check=True)
+    time.sleep(0.1)
+    print(f"a fresh process reopens {path}.dat / .idx:")
+    subprocess.run([sys.executable, "-c", READ, path], check=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Format stability: the committed v1 store is read as written, and written again byte for byte."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import fastmem
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+import build_v1  # noqa: E402
+
+
+@pytest.fixture
+def v1_copy(tmp_path):
+    for name in ("store.dat", "store.idx"):
+        shutil.copy(FIXTURES / "v1" / name, tmp_path / name)
+    return str(tmp_path / "store")
+
+
+def test_v1_store_reads_as_expected(v1_copy):
+    want = json.loads((FIXTURES / "v1" / "expected.json").read_text())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the committed index must load without a rebuild
+        assert build_v1.expected(v1_copy) == want
+        with fastmem.open(v1_copy, readonly=True) as store:
+            assert store.verify().ok and len(store) == 5 and "m1" not in store
+            assert [h.id for h in store.search(build_v1.items()[0]["embedding"], 2)][0] == "m0"
+
+
+def test_v1_store_is_written_byte_for_byte(tmp_path):
+    with pytest.warns(fastmem.RecoveryWarning):  # the pre-made header has no index yet
+        build_v1.build(str(tmp_path / "store"))
+    for name in ("store.dat", "store.idx"):
+        assert (tmp_path / name).read_bytes() == (FIXTURES / "v1" / name).read_bytes(), name
+
+
+def test_v1_store_opens_for_writing(v1_copy):
+    with fastmem.open(v1_copy) as store:
+        mid = store.add("a new memory", embedding=[1.0] * 8)
+        assert store.verify().ok
+    with fastmem.open(v1_copy, readonly=True) as store:
+        assert store.get(mid).text == "a new memory" and len(store) == 6
