@@ -40,10 +40,17 @@ def data(size: int) -> workload.Workload:
 
 
 @pytest.fixture(scope="session")
-def built_store(size: int, data: workload.Workload) -> tuple[str, list[str]]:
+def built_store(request: pytest.FixtureRequest, size: int,
+                data: workload.Workload) -> tuple[str, list[str]]:
     """(path, ids) of the cached store of ``size`` memories, built on first use."""
     del data  # generated first, so a build reuses it (workload.generate is cached)
-    return workload.cached_store(size, log=lambda msg: print(f"\n[fastmem-bench] {msg}"))
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def log(msg: str) -> None:  # shown even though pytest captures output
+        if reporter is not None:
+            reporter.write_line(f"[fastmem-bench] {msg}")
+
+    return workload.cached_store(size, log=log)
 
 
 @pytest.fixture

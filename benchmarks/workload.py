@@ -21,7 +21,6 @@ import functools
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,8 @@ DEFAULT_SIZES = (10_000, 100_000)
 
 def bench_dir() -> Path:
     """Where stores are cached between runs: ``$FASTMEM_BENCH_DIR`` or a folder in /tmp."""
-    path = Path(os.environ.get("FASTMEM_BENCH_DIR") or Path(tempfile.gettempdir()) / "fastmem-bench")
+    default = Path(tempfile.gettempdir()) / "fastmem-bench"
+    path = Path(os.environ.get("FASTMEM_BENCH_DIR") or default)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -124,7 +124,8 @@ def _block(block: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     wanted = int(targets.sum())
     stream = np.searchsorted(cdf, rng.random(wanted // 4), side="right")
     while word_len[stream].sum() < wanted + 200:
-        stream = np.concatenate([stream, np.searchsorted(cdf, rng.random(wanted // 8), side="right")])
+        more = np.searchsorted(cdf, rng.random(wanted // 8), side="right")
+        stream = np.concatenate([stream, more])
     ends = np.searchsorted(np.cumsum(word_len[stream]), np.cumsum(targets)) + 1
     starts = np.concatenate(([0], ends[:-1]))
     ids = stream.tolist()
@@ -328,11 +329,3 @@ def restart_seconds(system: str, path: str) -> float:
     """One restart of ``system`` ("fastmem" or "sqlite") in a fresh process, in seconds."""
     return float(run_child(RESTART_CHILD[system], path)["seconds"])
 
-
-def median_restart(system: str, path: str, runs: int, warmups: int = 1) -> tuple[float, list[float]]:
-    """Median of ``runs`` restarts, after ``warmups`` untimed ones (page cache warm, as for
-    the peers, whose stores had just been written); also returns every timed run."""
-    for _ in range(warmups):
-        restart_seconds(system, path)
-    times = [restart_seconds(system, path) for _ in range(runs)]
-    return statistics.median(times), times

@@ -53,7 +53,7 @@ class Problem(NamedTuple):
 
 def _write(f: Any, arr: np.ndarray) -> None:
     if arr.size:
-        f.write(memoryview(np.ascontiguousarray(arr)).cast("B"))
+        f.write(np.ascontiguousarray(arr).data.cast("B"))
 
 
 class _Tail:
@@ -93,6 +93,7 @@ class MemoryIndex:
         self.base_order = np.zeros(0, dtype="<u4")
         self.base_vectors = np.zeros((0, dim), dtype=np.int8)
         self._base_ids = self.base_rows["id"]
+        self._base_bytes = memoryview(b"")
         self._base_last_id = -1
         self._map: mmap.mmap | None = None
         self.tail = _Tail(dim)
@@ -150,6 +151,7 @@ class MemoryIndex:
             index._add_type(name)
         if h.rows and int(index.base_rows["id"][-1]) >= h.next_id:
             raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
+        index._base_bytes = memoryview(mm)[layout.rows : layout.order]
         index._base_ids = index.base_rows["id"]
         index._base_last_id = int(index._base_ids[-1]) if h.rows else -1
         index.live, index.next_id = h.live, h.next_id
@@ -217,8 +219,11 @@ class MemoryIndex:
         return (self.base_rows, g) if g < nb else (self.tail.rows, g - nb)
 
     def row(self, g: int) -> tuple[Any, ...]:
-        rows, i = self._locate(g)
-        return rows[i].item()  # type: ignore[no-any-return]
+        """Row ``g`` as a tuple in ``INDEX_DTYPE`` order (``F_*`` name the positions)."""
+        nb = len(self.base_rows)
+        if g < nb:
+            return fmt.INDEX_ROW.unpack_from(self._base_bytes, g * fmt.INDEX_DTYPE.itemsize)
+        return self.tail.rows[g - nb].item()
 
     def set_field(self, g: int, name: str, value: Any) -> None:
         rows, i = self._locate(g)

@@ -18,8 +18,10 @@ frame_records = _kernels_py.frame_records
 topk_int8 = _kernels_py.topk_int8
 to_half = _kernels_py.to_half
 quantize_half = _kernels_py.quantize_half
+check_record = _kernels_py.check_record
 
-_NAMES = ("crc32", "scan_records", "frame_records", "topk_int8", "to_half", "quantize_half")
+_NAMES = ("crc32", "scan_records", "frame_records", "check_record", "topk_int8", "to_half",
+          "quantize_half")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -205,3 +205,11 @@ def quantize_half(half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     scales = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
     q = np.rint(v / scales[:, None]).clip(-127, 127).astype(np.int8)
     return q, scales
+
+
+def check_record(buf: Any, offset: int, end: int) -> tuple[int, int, int, int] | None:
+    """``(kind, dim, payload_len, raw_len)`` of the valid record at ``offset``, else None."""
+    if offset < 0 or end > len(buf) or offset >= end or not _record_length(buf, offset, end):
+        return None
+    _, _, kind, dim, plen, rlen, _ = _HEADER.unpack_from(buf, offset)
+    return kind, dim, plen, rlen

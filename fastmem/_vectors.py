@@ -45,12 +45,12 @@ def to_float16(vectors: Any, dim: int, what: str = "embedding") -> np.ndarray:
         x = np.ascontiguousarray(arr, dtype=np.float32)
     half, bad = _kernels.to_half(x)
     if bad >= 0:
-        exc = InvalidInputError(f"{what} contains NaN or infinity, or is all zeros")
-        exc.row = bad  # type: ignore[attr-defined]
-        raise exc
+        error = InvalidInputError(f"{what} contains NaN or infinity, or is all zeros")
+        error.row = bad  # type: ignore[attr-defined]
+        raise error
     return half.view("<f2")
 
 
 def quantize(vectors16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int8 rows and float32 scales with ``int8 * scale ~= vectors16`` (max-abs scaling)."""
-    return _kernels.quantize_half(np.ascontiguousarray(vectors16).view(np.uint16))  # type: ignore[no-any-return]
+    return _kernels.quantize_half(np.ascontiguousarray(vectors16).view(np.uint16))

@@ -6,6 +6,7 @@ Twins of fastmem._kernels_py.crc32, scan_records and frame_records; see there fo
 """
 import numpy as np
 
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t
 from libc.string cimport memcpy
@@ -200,3 +201,24 @@ def frame_records(int kind, list payloads, const u32[::1] raw_lens, const u16[:,
         crcs_v[i] = crc
         o += lens_v[i]
     return out, lengths, crcs
+
+
+def check_record(object buf, i64 offset, i64 end):
+    """``(kind, dim, payload_len, raw_len)`` of the valid record at ``offset``, else None."""
+    # Py_buffer directly: a typed memoryview costs more than the check itself here.
+    cdef Py_buffer view
+    cdef i64 length
+    cdef const u8* p
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if offset < 0 or end > view.len or offset >= end:
+            return None
+        p = <const u8*>view.buf
+        with nogil:
+            length = _record_length(p, offset, end)
+        if length == 0:
+            return None
+        p += offset
+        return p[5], load_le16(p + 6), load_le32(p + 8), load_le32(p + 12)
+    finally:
+        PyBuffer_Release(&view)

@@ -1,0 +1,27 @@
+# Stubs of the compiled record kernels; twins of fastmem._kernels_py.
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+CONSTANTS: dict[str, Any]
+
+def crc32(data: Any, value: int = 0) -> int: ...
+def scan_records(
+    buf: Any, start: int, end: int
+) -> tuple[
+    npt.NDArray[np.int64],
+    npt.NDArray[np.uint32],
+    npt.NDArray[np.uint8],
+    npt.NDArray[np.uint16],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+]: ...
+def frame_records(
+    kind: int,
+    payloads: list[bytes],
+    raw_lens: npt.NDArray[np.uint32],
+    vectors: npt.NDArray[np.uint16] | None,
+    has_vector: npt.NDArray[np.uint8] | None,
+) -> tuple[bytes, npt.NDArray[np.uint32], npt.NDArray[np.uint32]]: ...
+def check_record(buf: Any, offset: int, end: int) -> tuple[int, int, int, int] | None: ...

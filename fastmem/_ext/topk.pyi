@@ -1,0 +1,20 @@
+# Stubs of the compiled top-k kernel; twin of fastmem._kernels_py.topk_int8.
+import numpy as np
+import numpy.typing as npt
+
+def topk_int8(
+    vectors: npt.NDArray[np.int8],
+    scales: npt.NDArray[np.float32],
+    flags: npt.NDArray[np.uint16],
+    types: npt.NDArray[np.uint16],
+    timestamps: npt.NDArray[np.float64],
+    sessions: npt.NDArray[np.uint64],
+    query: npt.NDArray[np.int8],
+    k: int,
+    type_allowed: npt.NDArray[np.uint8] | None,
+    since: float,
+    until: float,
+    session: int,
+    require_flags: int,
+    exclude_flags: int,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]: ...

@@ -1,0 +1,8 @@
+# Stubs of the compiled vector kernels; twins of fastmem._kernels_py.to_half / quantize_half.
+import numpy as np
+import numpy.typing as npt
+
+def to_half(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.uint16], int]: ...
+def quantize_half(
+    half: npt.NDArray[np.uint16],
+) -> tuple[npt.NDArray[np.int8], npt.NDArray[np.float32]]: ...
