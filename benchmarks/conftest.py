@@ -82,7 +82,8 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     import fastmem
 
     tr = terminalreporter
-    tr.section(f"fastmem figures (kernels: {fastmem.BACKEND})")
+    source = os.path.dirname(os.path.dirname(fastmem.__file__))
+    tr.section(f"fastmem figures ({fastmem.BACKEND} kernels, fastmem from {source})")
     # By size, then in the order the tests ran (dicts keep insertion order; sort is stable).
     for (name, n), figures in sorted(_SUMMARY.items(), key=lambda kv: kv[0][1]):
         shown = ", ".join(f"{k}={_fmt(v)}" for k, v in figures.items() if not isinstance(v, list))

@@ -191,11 +191,13 @@ def machine_line() -> str:
                 break
     except OSError:
         pass
+    # The commit of the fastmem actually imported (PYTHONPATH may point at another checkout).
+    source = Path(fastmem.__file__).resolve().parent.parent
     try:
-        rev = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
+        rev = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"],
                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         dirty = subprocess.run(
-            ["git", "-C", str(HERE.parent), "status", "--porcelain", "--", "fastmem", "src_cython"],
+            ["git", "-C", str(source), "status", "--porcelain", "--", "fastmem", "src_cython"],
             capture_output=True, text=True, check=True,
         ).stdout.strip()  # fmt: skip
         rev += " + uncommitted changes" if dirty else ""
@@ -204,7 +206,7 @@ def machine_line() -> str:
     return (
         f"{cpu}, {os.cpu_count()} cores, Linux {platform.release()}; Python "
         f"{platform.python_version()}, numpy {np.__version__}, SQLite {sqlite3.sqlite_version}; "
-        f"fastmem {fastmem.__version__} ({fastmem.BACKEND} kernels, commit {rev})"
+        f"fastmem {fastmem.__version__} ({fastmem.BACKEND} kernels, commit {rev}, from {source})"
     )
 
 

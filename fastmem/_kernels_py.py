@@ -170,24 +170,24 @@ def frame_records(
 
 
 def to_half(x: np.ndarray) -> tuple[np.ndarray, int]:
-    """Unit-normalise float32 rows and round them to float16.
+    """Float32 rows divided by their norm, rounded to float16.
 
-    The norm is summed in float64 in index order; each element is divided by it in
-    float64, rounded to float32, then to float16 (round-to-nearest-even).
+    The squared norm is summed in float64 in index order; each element is multiplied by
+    ``1 / sqrt(sum)`` in float64, rounded to float32, then to float16 (nearest, ties even).
 
     Returns ``(half bits as uint16 (n, dim), first bad row or -1)``; a row is bad when it
-    holds a NaN or an infinity or is all zeros (the rows after it are not converted).
+    holds a NaN or an infinity or is all zeros (it and the rows after it are left zero).
     """
     x64 = np.asarray(x, dtype=np.float32).astype(np.float64)
+    out = np.zeros(x64.shape, dtype=np.uint16)
     if x64.shape[1] == 0:
-        return np.empty(x64.shape, dtype=np.uint16), (0 if len(x64) else -1)
+        return out, (0 if len(x64) else -1)
     with np.errstate(over="ignore", invalid="ignore"):
         sums = np.add.accumulate(x64 * x64, axis=1)[:, -1]  # accumulate: strictly in order
-    bad_rows = np.nonzero(~np.isfinite(x64).all(axis=1) | (sums == 0) | ~np.isfinite(sums))[0]
+    bad_rows = np.nonzero((sums == 0) | ~np.isfinite(sums))[0]
     bad = int(bad_rows[0]) if len(bad_rows) else -1
     good = x64[: bad if bad >= 0 else len(x64)]
-    unit = (good / np.sqrt(sums[: len(good)])[:, None]).astype(np.float32)
-    out = np.zeros(x64.shape, dtype=np.uint16)
+    unit = (good * (1.0 / np.sqrt(sums[: len(good)]))[:, None]).astype(np.float32)
     out[: len(good)] = unit.astype(np.float16).view(np.uint16)
     return out, bad
 
@@ -195,15 +195,18 @@ def to_half(x: np.ndarray) -> tuple[np.ndarray, int]:
 def quantize_half(half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int8 rows and float32 scales with ``int8 * scale ~= float16 rows``.
 
-    ``scale = max|row| / 127`` (1 for an all-zero row); ``int8 = rint(row / scale)``
-    in float32, half to even.
+    ``peak = max|row|``; ``scale = peak / 127`` and ``int8 = rint(row * (127 / peak))``,
+    all in float32, ties to even (an all-zero row gets scale 1 and zeros).
     """
     v = np.asarray(half, dtype=np.uint16).view(np.float16).astype(np.float32)
     if v.shape[0] == 0 or v.shape[1] == 0:
         return np.zeros(v.shape, dtype=np.int8), np.ones(v.shape[0], dtype=np.float32)
     peak = np.abs(v).max(axis=1)
-    scales = np.where(peak > 0, peak / np.float32(127), np.float32(1)).astype(np.float32)
-    q = np.rint(v / scales[:, None]).clip(-127, 127).astype(np.int8)
+    nonzero = peak > 0
+    safe = np.where(nonzero, peak, np.float32(1))
+    scales = np.where(nonzero, peak / np.float32(127), np.float32(1)).astype(np.float32)
+    inv = np.where(nonzero, np.float32(127) / safe, np.float32(1)).astype(np.float32)
+    q = np.rint(v * inv[:, None]).clip(-127, 127).astype(np.int8)
     return q, scales
 
 

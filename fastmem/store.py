@@ -365,15 +365,24 @@ class MemoryStore:
             )
         tail_damage = [p for p in problems if p.offset >= valid_end]
         if tail_damage and not self.readonly:
-            # An interrupted write: nothing in it was acknowledged (the fsync never returned).
-            os.ftruncate(self._fd, valid_end)
-            self._dat_end = valid_end
-            warnings.warn(
-                f"fastmem cut {size - valid_end} bytes of an interrupted write from the end "
-                f"of {self.dat_path}",
-                RecoveryWarning,
-                stacklevel=4,
-            )
+            if _torn(self._dat, valid_end, size):
+                # An interrupted write: nothing in it was acknowledged (its write never ended).
+                os.ftruncate(self._fd, valid_end)
+                self._dat_end = valid_end
+                warnings.warn(
+                    f"fastmem cut {size - valid_end} bytes of an interrupted write from the end "
+                    f"of {self.dat_path}",
+                    RecoveryWarning,
+                    stacklevel=4,
+                )
+            else:
+                warnings.warn(
+                    f"fastmem found {size - valid_end} damaged bytes at the end of "
+                    f"{self.dat_path} (offset {valid_end}); they are kept, and verify() "
+                    f"reports them",
+                    RecoveryWarning,
+                    stacklevel=4,
+                )
         self._valid_end = valid_end
         if dim is not None:
             if index.dim and index.dim != dim:
@@ -389,7 +398,7 @@ class MemoryStore:
         if self.readonly:
             raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
         head = os.pread(self._fd, size, 0)
-        if head != fmt.DAT_MAGIC[: len(head)]:
+        if head[:8] != fmt.DAT_MAGIC[: len(head[:8])]:
             raise CorruptionError(
                 f"{self.dat_path} is not a fastmem data file", path=self.dat_path, offset=0
             )
@@ -429,7 +438,7 @@ class MemoryStore:
     def _refresh(self) -> None:
         """Readers: apply the records the writer has committed since the last call."""
         size = os.fstat(self._fd).st_size
-        if size == self._dat_end:
+        if size == self._dat_end and self._valid_end == size:
             return
         if size < self._valid_end:  # the writer cut a damaged tail: start again
             self._load(None)
@@ -982,6 +991,22 @@ class MemoryStore:
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
 
 
+def _torn(dat: Any, start: int, end: int) -> bool:
+    """Whether ``dat[start:end]`` looks like an interrupted append, not damaged records.
+
+    An interrupted append leaves less than a header, zeros (blocks allocated, never
+    written), or a record that claims more bytes than the file has. Anything else may be
+    an acknowledged record hit by bit rot: it is kept for ``verify()`` to report.
+    """
+    tail = dat[start:end]
+    if len(tail) < fmt.RECORD_HEADER_SIZE or not any(tail):
+        return True
+    if tail[:4] != fmt.RECORD_MAGIC:
+        return False
+    _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)
+    return fmt.RECORD_HEADER_SIZE + 2 * dim + plen > len(tail)
+
+
 _COMPARED = ("id", "timestamp", "session", "offset", "meta_offset", "length", "importance",
              "scale", "text_tokens", "summary_tokens", "type", "flags")  # fmt: skip
 
@@ -1004,6 +1029,9 @@ def _compare(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
                 bad[first : first + len(lv)] |= (lv != fv).any(axis=1)
     for g in np.nonzero(bad)[0].tolist():
         problems.append(Problem("idx", g, f"row {g} (m{fresh.row(g)[F_ID]}) differs from its record"))
+    expected_order = np.argsort(live.base_rows["timestamp"], kind="stable")
+    for i in np.nonzero(live.base_order != expected_order)[0].tolist():
+        problems.append(Problem("idx", i, f"entry {i} of the time order is wrong"))
     return problems
 
 

@@ -1,110 +1,110 @@
 # cython: language_level=3
-"""Compiled vector preparation: unit float16 for the data file, int8 + scale for the index.
+"""Compiled vector preparation: unit float16 rows for the data file, int8 + scale rows for
+the index.
 
 Twins of fastmem._kernels_py.to_half and quantize_half; see there for the contract. Both
-round exactly as numpy does (float -> half round-to-nearest-even, rint half-to-even), so
-the compiled and reference kernels give identical bytes.
+round exactly as numpy does (float -> half and rint: nearest, ties to even), so the two
+backends give identical bytes. float <-> half uses F16C instructions when the processor
+has them (chosen at run time: the build stays portable), else portable C.
 """
 import numpy as np
 
-from libc.string cimport memcpy
-from libc.math cimport sqrt, isfinite, nearbyintf, ldexpf, fabsf
-from _types cimport i8, u16, u32, i64, f32, f64
+from libc.math cimport sqrt, isfinite
+from libc.stdlib cimport malloc, free
+from _types cimport i8, u16, i64, f32, f64
 
-cdef f32 HALF_TO_FLOAT[65536]
+cdef extern from "_half.h" nogil:
+    void fm_floats_to_halves_scalar(const f32* inp, u16* out, Py_ssize_t n)
+    void fm_halves_to_floats_scalar(const u16* inp, f32* out, Py_ssize_t n)
+    void fm_floats_to_halves_f16c(const f32* inp, u16* out, Py_ssize_t n)
+    void fm_halves_to_floats_f16c(const u16* inp, f32* out, Py_ssize_t n)
+    int fm_have_f16c()
 
+ctypedef void (*to_halves_t)(const f32*, u16*, Py_ssize_t) noexcept nogil
+ctypedef void (*to_floats_t)(const u16*, f32*, Py_ssize_t) noexcept nogil
 
-cdef void _init_half_table() noexcept:
-    cdef u32 h, e, m
-    cdef f32 v
-    for h in range(65536):
-        e = (h >> 10) & 0x1F
-        m = h & 0x3FF
-        if e == 0:
-            v = ldexpf(<f32>m, -24)
-        elif e == 31:
-            v = <f32>np.inf if m == 0 else <f32>np.nan
-        else:
-            v = ldexpf(<f32>(m | 0x400), <int>e - 25)
-        HALF_TO_FLOAT[h] = -v if h & 0x8000 else v
-
-_init_half_table()
+HAVE_F16C = bool(fm_have_f16c())
+cdef to_halves_t to_halves = fm_floats_to_halves_scalar
+cdef to_floats_t to_floats = fm_halves_to_floats_scalar
 
 
-cdef inline u16 _float_to_half(f32 value) noexcept nogil:
-    # IEEE round-to-nearest-even, as numpy's npy_floatbits_to_halfbits (finite inputs).
-    cdef u32 f
-    memcpy(&f, &value, 4)
-    cdef u32 f_exp = f & 0x7F800000u, f_sig
-    cdef u16 h_sgn = <u16>((f & 0x80000000u) >> 16), h_exp, h_sig
-    if f_exp >= 0x47800000u:  # overflow (cannot happen for unit vectors)
-        return h_sgn | 0x7C00u
-    if f_exp <= 0x38000000u:  # subnormal half or zero
-        if f_exp < 0x33000000u:
-            return h_sgn
-        f_exp >>= 23
-        f_sig = 0x00800000u + (f & 0x007FFFFFu)
-        f_sig >>= (113 - f_exp)
-        if ((f_sig & 0x00003FFFu) != 0x00001000u) or (f & 0x000007FFu):
-            f_sig += 0x00001000u
-        h_sig = <u16>(f_sig >> 13)
-        return <u16>(h_sgn + h_sig)
-    h_exp = <u16>((f_exp - 0x38000000u) >> 13)
-    f_sig = f & 0x007FFFFFu
-    if (f_sig & 0x00003FFFu) != 0x00001000u:
-        f_sig += 0x00001000u
-    h_sig = <u16>(f_sig >> 13)
-    return <u16>(h_sgn + h_exp + h_sig)
+def use_f16c(bint enabled):
+    """Use the F16C conversions (when the processor has them) or the portable ones;
+    returns whether F16C is in use. The tests run both."""
+    global to_halves, to_floats
+    if enabled and HAVE_F16C:
+        to_halves, to_floats = fm_floats_to_halves_f16c, fm_halves_to_floats_f16c
+        return True
+    to_halves, to_floats = fm_floats_to_halves_scalar, fm_halves_to_floats_scalar
+    return False
+
+use_f16c(True)
 
 
 def to_half(const f32[:, ::1] x):
-    """Unit-normalise rows (norm summed in double, in order) and round them to float16.
-
-    Returns ``(half bits uint16 (n, dim), first bad row or -1)``; a row is bad when it
-    holds a NaN or an infinity or is all zeros.
-    """
+    """Rows divided by their norm, rounded to float16; see fastmem._kernels_py.to_half."""
     cdef Py_ssize_t n = x.shape[0], dim = x.shape[1], i, j
-    out = np.empty((n, dim), dtype=np.uint16)
+    out = np.zeros((n, dim), dtype=np.uint16)
     cdef u16[:, ::1] h = out
-    cdef f64 acc, norm
+    cdef f64 acc, inv
     cdef i64 bad = -1
-    with nogil:
-        for i in range(n):
-            acc = 0.0
-            for j in range(dim):
-                if not isfinite(x[i, j]):
+    cdef f32* unit = <f32*>malloc(max(dim, 1) * sizeof(f32))
+    if unit == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(n):
+                acc = 0.0
+                for j in range(dim):  # a NaN or an infinity anywhere makes the sum one too
+                    acc = acc + <f64>x[i, j] * <f64>x[i, j]
+                if acc == 0.0 or not isfinite(acc):
                     bad = i
                     break
-                acc = acc + <f64>x[i, j] * <f64>x[i, j]
-            if bad >= 0:
-                break
-            if acc == 0.0 or not isfinite(acc):
-                bad = i
-                break
-            norm = sqrt(acc)
-            for j in range(dim):
-                h[i, j] = _float_to_half(<f32>(<f64>x[i, j] / norm))
+                inv = 1.0 / sqrt(acc)
+                for j in range(dim):
+                    unit[j] = <f32>(<f64>x[i, j] * inv)
+                to_halves(unit, &h[i, 0], dim)
+    finally:
+        free(unit)
     return out, bad
 
 
 def quantize_half(const u16[:, ::1] half):
-    """int8 rows and float32 scales with ``int8 * scale ~= float16 rows`` (max-abs scaling)."""
+    """int8 rows and float32 scales with ``int8 * scale ~= float16 rows``; see the reference."""
     cdef Py_ssize_t n = half.shape[0], dim = half.shape[1], i, j
-    q_out = np.empty((n, dim), dtype=np.int8)
-    s_out = np.empty(n, dtype=np.float32)
+    q_out = np.zeros((n, dim), dtype=np.int8)
+    s_out = np.ones(n, dtype=np.float32)
+    if dim == 0:
+        return q_out, s_out
     cdef i8[:, ::1] q = q_out
     cdef f32[::1] scales = s_out
-    cdef f32 peak, scale, v
-    with nogil:
-        for i in range(n):
-            peak = 0
-            for j in range(dim):
-                v = fabsf(HALF_TO_FLOAT[half[i, j]])
-                if v > peak:
-                    peak = v
-            scale = peak / <f32>127 if peak > 0 else <f32>1
-            scales[i] = scale
-            for j in range(dim):
-                v = nearbyintf(HALF_TO_FLOAT[half[i, j]] / scale)
-                q[i, j] = <i8>(127 if v > 127 else (-127 if v < -127 else v))
+    cdef f32 peak, inv, r
+    cdef u16 peak_bits, b
+    # 1.5 * 2**23: adding then subtracting it rounds a float below 2**22 to the nearest
+    # integer, ties to even, as numpy's rint does (no -ffast-math, no FMA contraction).
+    cdef f32 magic = 12582912.0
+    cdef f32* v = <f32*>malloc(dim * sizeof(f32))
+    if v == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(n):
+                to_floats(&half[i, 0], v, dim)
+                # Finite halves order by magnitude as their bits do: an integer max, which
+                # compiles without branches (float compares here mispredict on every sign).
+                peak_bits = 0
+                for j in range(dim):
+                    b = half[i, j] & 0x7FFF
+                    peak_bits = b if b > peak_bits else peak_bits
+                to_floats(&peak_bits, &peak, 1)
+                if peak > 0:
+                    scales[i] = peak / <f32>127
+                    inv = <f32>127 / peak
+                else:
+                    inv = 1
+                for j in range(dim):
+                    r = (v[j] * inv + magic) - magic
+                    q[i, j] = <i8>(127 if r > 127 else (-127 if r < -127 else r))
+    finally:
+        free(v)
     return q_out, s_out

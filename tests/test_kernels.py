@@ -7,7 +7,7 @@ import zlib
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -183,8 +183,20 @@ float32_rows = hnp.arrays(
 )
 
 
-@given(float32_rows)
-def test_to_half_matches_reference_and_numpy(x):
+@pytest.fixture(params=["f16c", "portable"])
+def conversions(request):
+    """The float <-> half conversions: F16C instructions (where the processor has them)
+    and the portable C ones."""
+    used = vectors_ext.use_f16c(request.param == "f16c")
+    if request.param == "f16c" and not used:
+        pytest.skip("this processor has no F16C")
+    yield request.param
+    vectors_ext.use_f16c(True)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(x=float32_rows)
+def test_to_half_matches_reference_and_numpy(conversions, x):
     got, bad = vectors_ext.to_half(x)
     want, want_bad = ref.to_half(x)
     assert bad == want_bad
@@ -206,8 +218,9 @@ def test_to_half_flags_the_first_bad_row(seed):
     assert vectors_ext.to_half(x)[1] == ref.to_half(x)[1] == bad
 
 
-@given(hnp.arrays(np.uint16, st.tuples(st.integers(0, 6), st.integers(1, 40))))
-def test_quantize_half_matches_reference(bits):
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bits=hnp.arrays(np.uint16, st.tuples(st.integers(0, 6), st.integers(1, 40))))
+def test_quantize_half_matches_reference(conversions, bits):
     finite = np.isfinite(bits.view(np.float16)).all(axis=1)
     assume(finite.all())
     qa, sa = vectors_ext.quantize_half(bits)

@@ -248,13 +248,6 @@ def test_reader_open_before_the_writer_repairs(store_path: str) -> None:
         reader.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="fastmem bug: MemoryStore._refresh returns early when the data file's size equals "
-    "the reader's _dat_end, so a reader that opened a torn file never sees the records a "
-    "writer wrote after cutting the tail if they happen to fill exactly the bytes it cut",
-)
 def test_reader_sees_a_write_as_long_as_the_cut_tail(store_path: str) -> None:
     with fastmem.open(store_path, durability="none") as s:
         s.add("one", timestamp=1.0)
@@ -270,10 +263,11 @@ def test_reader_sees_a_write_as_long_as_the_cut_tail(store_path: str) -> None:
             assert os.path.getsize(store_path + ".dat") == size
             # A memory whose record is exactly as long as the tail that was cut.
             text = next(
-                "x" * n for n in range(1, 100)
-                if fmt.RECORD_HEADER_SIZE + len(fmt.encode_payload({"i": 1, "t": 3.0, "x": "x" * n})[0])
-                == torn - size
-            )  # fmt: skip
+                "x" * n
+                for n in range(1, 100)
+                if len(fmt.encode_payload({"i": 1, "t": 3.0, "x": "x" * n})[0])
+                == torn - size - fmt.RECORD_HEADER_SIZE
+            )
             mid = writer.add(text, timestamp=3.0)
             assert os.path.getsize(store_path + ".dat") == torn
             assert writer.get(mid).text == text
@@ -282,14 +276,6 @@ def test_reader_sees_a_write_as_long_as_the_cut_tail(store_path: str) -> None:
         reader.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=fastmem.CorruptionError,
-    reason="fastmem bug: MemoryStore._create_data_file restarts an interrupted creation only "
-    "when the partial header is at most 8 bytes long (it compares the whole partial header "
-    "with the 8-byte DAT_MAGIC), so a data file holding 9..63 bytes of a header is refused "
-    "with CorruptionError",
-)
 def test_interrupted_creation(store_path: str) -> None:
     header = fmt.pack_dat_header(os.urandom(16), 0, time.time())
     for size in (4, 8, 30, fmt.DAT_HEADER_SIZE - 1):
@@ -334,7 +320,9 @@ def test_rebuilt_index_is_identical(store_path: str, dim: int | None) -> None:
 # --- (c) a damaged index -----------------------------------------------------------------------
 
 
-def _check_damaged_index(path: str, damaged: bytes | None, before: list[fastmem.Memory], original: bytes) -> None:
+def _check_damaged_index(
+    path: str, damaged: bytes | None, before: list[fastmem.Memory], original: bytes
+) -> None:
     """Put ``damaged`` in place of the index (None: no index file); the store must open,
     warn, and hold exactly ``before``; the writer then rewrites the index as it was."""
     if damaged is None:
@@ -358,7 +346,8 @@ def test_index_header_byte_flips(store_path: str) -> None:
     _build_rich(store_path)
     before, original = _contents(store_path), Path(store_path + ".idx").read_bytes()
     used = fmt.IDX_HEADER.size
-    positions = [*range(used), used, 1000, 2048, fmt.IDX_HEADER_CRC_AT - 1, *range(HEADER_CRC.start, HEADER_CRC.stop)]
+    padding = [used, 1000, 2048, fmt.IDX_HEADER_CRC_AT - 1]
+    positions = [*range(used), *padding, *range(HEADER_CRC.start, HEADER_CRC.stop)]
     for pos in positions:
         for mask in (0x01, 0x80) if pos < used else (0xFF,):
             damaged = bytearray(original)
@@ -426,7 +415,7 @@ def test_index_of_a_diverged_history(store_path: str) -> None:
     of records that were since cut and written again differently (same lengths): the
     CRC of the last record it covers tells them apart."""
     with fastmem.open(store_path, durability="none") as s:
-        s.add("one")
+        s.add("one", timestamp=1.0)
     size = os.path.getsize(store_path + ".dat")
     with fastmem.open(store_path, durability="none") as s:
         s.add("AAAA", timestamp=2.0)
@@ -473,16 +462,7 @@ def _idx_section(original: bytes, section: str) -> int:
         "rows",
         "vectors",
         "types",
-        pytest.param(
-            "time order",
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="fastmem bug: verify() compares the index's rows, vectors and type table "
-                "with the data file but not its time-order section, so a damaged order goes "
-                "unreported while recent() and iteration return memories out of order",
-            ),
-        ),
+        "time order",
     ],
 )
 def test_damaged_index_body_is_found_by_verify(store_path: str, section: str) -> None:
@@ -539,8 +519,6 @@ def test_bit_flip_in_a_middle_record(store_path: str, with_index: bool) -> None:
     victim = 4
     start, end = offsets[victim], offsets[victim + 1]
     for pos in range(start, end):
-        if pos - start == VERSION_BYTE and with_index:
-            continue  # see test_version_byte_flip_is_reported_as_corruption
         damaged = bytearray(dat)
         damaged[pos] ^= 1 << (pos % 8)
         Path(store_path + ".dat").write_bytes(bytes(damaged))
@@ -572,14 +550,9 @@ def test_bit_flip_in_a_middle_record(store_path: str, with_index: bool) -> None:
         assert os.path.getsize(store_path + ".dat") == len(dat), ctx
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=fastmem.FormatVersionError,
-    reason="fastmem bug: _format.parse_record_header checks a record's version byte before "
-    "its CRC, so get() of a record whose version byte is damaged raises FormatVersionError "
-    "('install a fastmem release that reads it') instead of CorruptRecordError",
-)
 def test_version_byte_flip_is_reported_as_corruption(store_path: str) -> None:
+    """Regression: the version byte was checked before the CRC, so get() of a record whose
+    version byte was damaged raised FormatVersionError instead of CorruptRecordError."""
     ids, _, offsets = _build_for_flips(store_path)
     damaged = bytearray(Path(store_path + ".dat").read_bytes())
     damaged[offsets[4] + VERSION_BYTE] ^= 0x02
@@ -618,9 +591,12 @@ CHILD = textwrap.dedent(
             ack("forgot", mid)
         elif i % 5 == 4:
             # One bigger write (~100 KB, incompressible): a kill may land in the middle of it.
+            def blob():
+                return base64.b64encode(os.urandom(20_000)).decode()
+
             items = [
-                {"text": f"run {run} batch {i}.{j} ü✓ " + base64.b64encode(os.urandom(20_000)).decode(),
-                 "timestamp": float(i), "metadata": {"run": run, "i": i, "j": j}}
+                {"text": f"run {run} batch {i}.{j} ü✓ " + blob(), "timestamp": float(i),
+                 "metadata": {"run": run, "i": i, "j": j}}
                 for j in range(4)
             ]
             for mid, item in zip(store.add_many(items), items):
@@ -629,7 +605,8 @@ CHILD = textwrap.dedent(
         else:
             text = f"run {run} item {i} " + "日本" * int(rng.integers(0, 200))
             meta = {"run": run, "i": i}
-            mid = store.add(text, metadata=meta, embedding=rng.standard_normal(8), timestamp=float(i))
+            vec = rng.standard_normal(8)
+            mid = store.add(text, metadata=meta, embedding=vec, timestamp=float(i))
             mine.append(mid)
             ack("add", mid, digest(text), meta)
         i += 1
@@ -670,7 +647,10 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, backend: str) -> Non
                 ready, _, _ = select.select([proc.stdout], [], [], 30)
                 assert ready, "the child did not start"
                 line = proc.stdout.readline()
-                assert line.strip() == '["ready"]', (line, proc.stderr.read() if proc.poll() is not None else "")
+                if line.strip() != '["ready"]':
+                    proc.kill()
+                    proc.wait()
+                    raise AssertionError(f"the child did not start: {line!r} {proc.stderr.read()}")
                 time.sleep(rng.uniform(0.0, 0.08))
             proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
@@ -710,3 +690,26 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, backend: str) -> Non
             assert report.ok, (run, report.problems)
     assert len(acked) > KILLS, "the children acknowledged too little to test anything"
     assert _contents(path)  # repaired: a reader opens it without a warning
+
+
+def test_damaged_last_record_is_kept_not_cut(store_path: str) -> None:
+    """A whole last record that fails its CRC may be an acknowledged memory hit by bit rot:
+    the writer keeps its bytes (verify() reports them) instead of cutting them as a torn
+    write, and goes on appending after them."""
+    with fastmem.open(store_path, durability="always") as s:
+        s.add("first")
+        s.add("second, acknowledged")
+    data = bytearray(Path(store_path + ".dat").read_bytes())
+    data[-3] ^= 0x10
+    Path(store_path + ".dat").write_bytes(bytes(data))
+    os.remove(store_path + ".idx")
+    with pytest.warns(fastmem.RecoveryWarning, match="damaged bytes at the end"):
+        s = fastmem.open(store_path)
+    with s:
+        assert os.path.getsize(store_path + ".dat") == len(data)
+        assert [m.text for m in s] == ["first"]
+        s.add("third")
+        report = s.verify()
+        assert not report.ok and [p.file for p in report.problems] == ["dat"]
+    with fastmem.open(store_path, readonly=True) as r:
+        assert [m.text for m in r] == ["first", "third"]

@@ -39,7 +39,9 @@ DEFAULT_CUSTOM_IMPORTANCE = 0.5
 texts = st.one_of(
     st.text(min_size=1, max_size=40),  # any unicode (hypothesis leaves out lone surrogates)
     st.text(alphabet="ab ü€\U0001f600\n", min_size=100, max_size=1500),  # compressible: lz4
-    st.sampled_from(["hello", "héllo wörld", "日本語のテキスト", "emoji \U0001f9e0", "tab\tand\nnewline"]),
+    st.sampled_from(
+        ["hello", "héllo wörld", "日本語のテキスト", "emoji \U0001f9e0", "tab\tand\nnewline"]
+    ),
 ).filter(lambda s: s.strip() != "")
 types = st.sampled_from(BUILTIN_TYPES + CUSTOM_TYPES)
 # A few fixed values make timestamp collisions common; ties order by id.
@@ -47,7 +49,9 @@ timestamps = st.one_of(
     st.sampled_from([0.0, 1.0, 1_000.5, 1.7e9, 1.7e9 + 0.25]),
     st.floats(min_value=0.0, max_value=1e11, allow_nan=False, allow_infinity=False),
 )
-sessions = st.one_of(st.none(), st.sampled_from(["s1", "セッション"]), st.text(min_size=1, max_size=20))
+sessions = st.one_of(
+    st.none(), st.sampled_from(["s1", "セッション"]), st.text(min_size=1, max_size=20)
+)
 importances = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
 summaries = st.one_of(st.none(), st.text(min_size=1, max_size=30))
 metadata_values = st.recursive(
@@ -57,12 +61,15 @@ metadata_values = st.recursive(
     | st.floats(allow_nan=False)
     | st.text(max_size=20)
     | st.binary(max_size=16),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=6), inner, max_size=3),
     max_leaves=8,
 )
 metadatas = st.one_of(st.none(), st.dictionaries(st.text(max_size=8), metadata_values, max_size=4))
 vectors = st.lists(
-    st.floats(min_value=-10.0, max_value=10.0, allow_nan=False, width=32), min_size=DIM, max_size=DIM
+    st.floats(min_value=-10.0, max_value=10.0, allow_nan=False, width=32),
+    min_size=DIM,
+    max_size=DIM,
 ).filter(lambda v: max(abs(x) for x in v) > 1e-3)
 items = st.fixed_dictionaries(
     {"text": texts},
@@ -251,7 +258,9 @@ class MemoryStoreMachine(RuleBasedStateMachine):
         pinned=st.one_of(st.none(), st.booleans()),
         metadata=metadatas,
     )
-    def update(self, data: st.DataObject, importance: float | None, pinned: bool | None, metadata: Any) -> None:
+    def update(
+        self, data: st.DataObject, importance: float | None, pinned: bool | None, metadata: Any
+    ) -> None:
         n = data.draw(st.sampled_from(sorted(self.model)), label="id")
         self.store.update(f"m{n}", importance=importance, pinned=pinned, metadata=metadata)
         e = self.model[n]
@@ -368,7 +377,8 @@ class MemoryStoreMachine(RuleBasedStateMachine):
             and (session is None or e.session == session)
         ]
         scored = sorted(((-float(e.vector @ q), e.id) for e in candidates))
-        hits = self.store.search(query, k, types=types_filter, since=since, until=until, session=session)
+        filters = {"types": types_filter, "since": since, "until": until, "session": session}
+        hits = self.store.search(query, k, **filters)
         note(f"hits={[(h.id, h.score) for h in hits]} expected={scored[:k]}")
         assert len(hits) == min(k, len(candidates))
         allowed = {f"m{e.id}" for e in candidates}
@@ -382,7 +392,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
         if len(self.model) <= 4 * k + 32:
             assert [h.id for h in hits] == [f"m{n}" for _, n in scored[:k]]
         if self.reader is not None:
-            again = self.reader.search(query, k, types=types_filter, since=since, until=until, session=session)
+            again = self.reader.search(query, k, **filters)
             assert [(h.id, h.score) for h in again] == [(h.id, h.score) for h in hits]
 
     # --- invariants ------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 import numpy as np
 import numpy.typing as npt
 
+HAVE_F16C: bool
+
+def use_f16c(enabled: bool) -> bool: ...
 def to_half(x: npt.NDArray[np.float32]) -> tuple[npt.NDArray[np.uint16], int]: ...
 def quantize_half(
     half: npt.NDArray[np.uint16],
