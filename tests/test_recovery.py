@@ -703,8 +703,9 @@ def test_damaged_last_record_is_kept_not_cut(store_path: str) -> None:
     data[-3] ^= 0x10
     Path(store_path + ".dat").write_bytes(bytes(data))
     os.remove(store_path + ".idx")
-    with pytest.warns(fastmem.RecoveryWarning, match="damaged bytes at the end"):
+    with pytest.warns(fastmem.RecoveryWarning) as caught:
         s = fastmem.open(store_path)
+    assert any("damaged bytes at the end" in str(w.message) for w in caught)
     with s:
         assert os.path.getsize(store_path + ".dat") == len(data)
         assert [m.text for m in s] == ["first"]
