@@ -124,17 +124,21 @@ def _get(system: str, n: int, path: str) -> dict[str, Any]:
 def _worker(argv: list[str]) -> None:
     job, system, n, path = argv
     result = {"insert": _insert, "get": _get}[job](system, int(n), path)
+    result["fastmem_source"] = workload.fastmem_source()
     print(json.dumps(result))
 
 
 def _spawn(job: str, system: str, n: int, path: str) -> dict[str, Any]:
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--worker", job, system, str(n), path],
-        capture_output=True, text=True, check=False,
+        capture_output=True, text=True, check=False, env=workload.child_env(),
     )  # fmt: skip
     if proc.returncode:
         raise RuntimeError(f"{job} worker for {system} at {n} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if result["fastmem_source"] != workload.fastmem_source():
+        raise RuntimeError(f"the worker imported fastmem from {result['fastmem_source']}")
+    return result
 
 
 # --- the run ---------------------------------------------------------------------------

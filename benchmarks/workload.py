@@ -290,6 +290,7 @@ def store_bytes(path: str) -> int:
 RESTART_CHILD = {
     "fastmem": """
 import json, sys, time
+sys.path.insert(0, sys.argv[2])  # the fastmem the parent imported (see fastmem_source)
 import fastmem  # with numpy and msgpack: imports are not part of a restart
 t0 = time.perf_counter()
 store = fastmem.open(sys.argv[1])
@@ -297,7 +298,7 @@ texts = [m.text for m in store.recent(20)]
 t1 = time.perf_counter()
 store.close()
 assert len(texts) == 20 and all(texts)
-print(json.dumps({"seconds": t1 - t0}))
+print(json.dumps({"seconds": t1 - t0, "fastmem": fastmem.__file__}))
 """,
     "sqlite": """
 import json, sqlite3, sys, time
@@ -313,12 +314,31 @@ print(json.dumps({"seconds": t1 - t0}))
 }
 
 
+def fastmem_source() -> str:
+    """The folder holding the ``fastmem`` package this process imported.
+
+    Children must time the same code: ``python -c`` would import the fastmem of its working
+    directory first, and a worker script the one on its path, which need not be this one
+    (e.g. a checkout of another commit on PYTHONPATH beside the editable install).
+    """
+    import fastmem
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(fastmem.__file__)))
+
+
+def child_env() -> dict[str, str]:
+    """This environment, with :func:`fastmem_source` first on PYTHONPATH."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (fastmem_source(), env.get("PYTHONPATH"))))
+    return env
+
+
 def run_child(code: str, *args: str, timeout: float = 600.0) -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter (same venv and environment); its last stdout
     line, parsed as JSON."""
     proc = subprocess.run(
         [sys.executable, "-c", code, *map(str, args)],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True, text=True, timeout=timeout, check=False, env=child_env(),
     )  # fmt: skip
     if proc.returncode:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -327,5 +347,9 @@ def run_child(code: str, *args: str, timeout: float = 600.0) -> dict[str, Any]:
 
 def restart_seconds(system: str, path: str) -> float:
     """One restart of ``system`` ("fastmem" or "sqlite") in a fresh process, in seconds."""
-    return float(run_child(RESTART_CHILD[system], path)["seconds"])
+    source = fastmem_source()
+    result = run_child(RESTART_CHILD[system], path, source)
+    if system == "fastmem" and not result["fastmem"].startswith(source + os.sep):
+        raise RuntimeError(f"the child imported {result['fastmem']}, not the fastmem in {source}")
+    return float(result["seconds"])
 

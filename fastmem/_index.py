@@ -118,11 +118,14 @@ class MemoryIndex:
                 data file does not have).
             FileNotFoundError: no index file.
         """
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
             if size < fmt.IDX_HEADER_SIZE:
                 raise CorruptIndexError(f"{path} is shorter than its header", path=path)
-            mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+            mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+        finally:
+            os.close(fd)
         h = fmt.unpack_idx_header(mm, path)
         layout = fmt.idx_layout(h.rows, h.dim, h.types_len)
         if layout.size != size:
@@ -346,6 +349,8 @@ class MemoryIndex:
         Returns the problems found and the end of the last valid record (a damaged tail
         after it is not applied).
         """
+        if start >= end:  # the common case at open: the checkpoint covers everything
+            return [], start
         offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(
             dat, start, end
         )

@@ -317,7 +317,8 @@ class MemoryStore:
             except FileNotFoundError:
                 raise StoreNotFoundError(f"no fastmem store at {self.dat_path}") from None
         parent = os.path.dirname(os.path.abspath(self.dat_path))
-        os.makedirs(parent, mode=0o700, exist_ok=True)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, mode=0o700, exist_ok=True)
         fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         deadline = time.monotonic() + timeout
         while True:
