@@ -44,11 +44,14 @@ def built_store(request: pytest.FixtureRequest, size: int,
                 data: workload.Workload) -> tuple[str, list[str]]:
     """(path, ids) of the cached store of ``size`` memories, built on first use."""
     del data  # generated first, so a build reuses it (workload.generate is cached)
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
 
-    def log(msg: str) -> None:  # shown even though pytest captures output
-        if reporter is not None:
-            reporter.write_line(f"[fastmem-bench] {msg}")
+    def log(msg: str) -> None:  # shown as it happens, though pytest captures output
+        if capture is None:
+            print(f"[fastmem-bench] {msg}", flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            print(f"\n[fastmem-bench] {msg}", flush=True)
 
     return workload.cached_store(size, log=log)
 

@@ -72,8 +72,9 @@ IDX_MAGIC = b"FMEMINDX"
 IDX_HEADER_SIZE = 4096
 # magic, version, header size, store uuid, rows, live rows, dim, row size, covered .dat
 # offset, offset of the record that ends there, its crc, type table bytes, next id,
-# checkpoint time; the header's crc sits in its last 4 bytes.
-IDX_HEADER = struct.Struct("<8sII16sQQIIQQIIQd")
+# hot section bytes, checkpoint time; the header's crc sits in its last 4 bytes.
+IDX_HEADER = struct.Struct("<8sII16sQQIIQQIIQId")
+HOT_MEMORIES = 128  # newest live memories copied whole into the index's hot section
 IDX_HEADER_CRC_AT = IDX_HEADER_SIZE - 4
 SECTION_ALIGN = 64
 
@@ -271,6 +272,7 @@ class IdxHeader(NamedTuple):
     types_len: int
     next_id: int
     checkpoint_time: float
+    hot_len: int = 0
 
 
 def _align(n: int) -> int:
@@ -282,23 +284,25 @@ class IdxLayout(NamedTuple):
     order: int
     vectors: int
     types: int
+    hot: int
     size: int  # whole file
 
 
-def idx_layout(rows: int, dim: int, types_len: int) -> IdxLayout:
+def idx_layout(rows: int, dim: int, types_len: int, hot_len: int = 0) -> IdxLayout:
     """Byte offsets of the index sections: each starts on a 64-byte boundary."""
     at_rows = IDX_HEADER_SIZE
     at_order = _align(at_rows + rows * INDEX_DTYPE.itemsize)
     at_vectors = _align(at_order + rows * 4)
     at_types = _align(at_vectors + rows * dim)
-    return IdxLayout(at_rows, at_order, at_vectors, at_types, at_types + types_len)
+    at_hot = _align(at_types + types_len) if hot_len else at_types + types_len
+    return IdxLayout(at_rows, at_order, at_vectors, at_types, at_hot, at_hot + hot_len)
 
 
 def pack_idx_header(h: IdxHeader) -> bytes:
     fixed = IDX_HEADER.pack(
         IDX_MAGIC, FORMAT_VERSION, IDX_HEADER_SIZE, h.uuid, h.rows, h.live, h.dim,
         INDEX_DTYPE.itemsize, h.covered, h.last_offset, h.last_crc, h.types_len, h.next_id,
-        h.checkpoint_time,
+        h.hot_len, h.checkpoint_time,
     )  # fmt: skip
     body = fixed + bytes(IDX_HEADER_CRC_AT - len(fixed))
     return body + struct.pack("<I", crc32(body))
@@ -309,7 +313,7 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
     if len(buf) < IDX_HEADER_SIZE or bytes(buf[:8]) != IDX_MAGIC:
         raise CorruptIndexError(f"{path} is not a fastmem index", path=path, offset=0)
     (_, version, size, uuid, rows, live, dim, row_size, covered, last_offset, last_crc,
-     types_len, next_id, when) = IDX_HEADER.unpack_from(buf, 0)  # fmt: skip
+     types_len, next_id, hot_len, when) = IDX_HEADER.unpack_from(buf, 0)  # fmt: skip
     if version != FORMAT_VERSION:
         raise FormatVersionError(
             f"{path} has index format version {version}; this fastmem reads {FORMAT_VERSION}"
@@ -324,7 +328,40 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
         or rows >= 1 << 32
     ):
         raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
-    return IdxHeader(uuid, rows, live, dim, covered, last_offset, last_crc, types_len, next_id, when)
+    return IdxHeader(
+        uuid, rows, live, dim, covered, last_offset, last_crc, types_len, next_id, when, hot_len
+    )
+
+
+class HotSection(NamedTuple):
+    """The newest live memories at the checkpoint, newest first: their rows and records."""
+
+    rows: memoryview  # count rows of INDEX_DTYPE bytes
+    starts: list[int]  # where each record starts in ``records``
+    records: memoryview  # the records, byte for byte as in .dat
+
+
+def pack_hot(rows: list[bytes], records: list[bytes]) -> bytes:
+    """count (u32), the rows (80 bytes each), the record lengths (u32 each), the records."""
+    lengths = struct.pack(f"<{len(records)}I", *map(len, records))
+    return b"".join([struct.pack("<I", len(rows)), *rows, lengths, *records])
+
+
+def unpack_hot(buf: memoryview, path: str) -> HotSection | None:
+    if len(buf) == 0:
+        return None
+    (count,) = struct.unpack_from("<I", buf, 0)
+    at = 4 + count * INDEX_DTYPE.itemsize
+    if count > HOT_MEMORIES or at + 4 * count > len(buf):
+        raise CorruptIndexError(f"{path}: the hot section is damaged", path=path)
+    lengths = struct.unpack_from(f"<{count}I", buf, at)
+    records = buf[at + 4 * count :]
+    if sum(lengths) != len(records):
+        raise CorruptIndexError(f"{path}: the hot section is damaged", path=path)
+    starts = [0] * count
+    for i in range(1, count):
+        starts[i] = starts[i - 1] + lengths[i - 1]
+    return HotSection(buf[4:at], starts, records)
 
 
 def pack_types(names: list[str]) -> bytes:

@@ -96,6 +96,7 @@ class MemoryIndex:
         self._base_bytes = memoryview(b"")
         self._base_last_id = -1
         self._map: mmap.mmap | None = None
+        self.hot: fmt.HotSection | None = None  # valid while nothing is applied after it
         self.tail = _Tail(dim)
         self._tail_order: np.ndarray | None = None
         self.user_types: list[str] = []
@@ -127,7 +128,7 @@ class MemoryIndex:
         finally:
             os.close(fd)
         h = fmt.unpack_idx_header(mm, path)
-        layout = fmt.idx_layout(h.rows, h.dim, h.types_len)
+        layout = fmt.idx_layout(h.rows, h.dim, h.types_len, h.hot_len)
         if layout.size != size:
             raise CorruptIndexError(f"{path} has {size} bytes, its header says {layout.size}")
         if h.uuid != uuid:
@@ -150,8 +151,9 @@ class MemoryIndex:
         index.base_vectors = np.frombuffer(mm, np.int8, h.rows * h.dim, layout.vectors).reshape(
             h.rows, h.dim
         )
-        for name in fmt.unpack_types(mm[layout.types : layout.size], path):
+        for name in fmt.unpack_types(mm[layout.types : layout.types + h.types_len], path):
             index._add_type(name)
+        index.hot = fmt.unpack_hot(memoryview(mm)[layout.hot : layout.size], path)
         if h.rows and int(index.base_rows["id"][-1]) >= h.next_id:
             raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
         index._base_bytes = memoryview(mm)[layout.rows : layout.order]
@@ -162,17 +164,31 @@ class MemoryIndex:
         index.last_offset, index.last_crc = h.last_offset, h.last_crc
         return index
 
-    def save(self, path: str, *, sync: bool) -> None:
+    def hot_rows(self) -> tuple[fmt.HotSection, int] | None:
+        """The hot section and how many memories it holds, if it is still current."""
+        if self.hot is None or self.applied != self.covered or self.tail.n:
+            return None
+        return self.hot, len(self.hot.starts)
+
+    def save(self, path: str, dat: Any, *, sync: bool) -> None:
         """Write the whole index to ``path`` + ``.tmp``, then rename it over ``path``."""
         n = len(self)
         tail_n = self.tail.n
         types = fmt.pack_types(self.user_types)
-        layout = fmt.idx_layout(n, self.dim, len(types))
+        hot_rows, hot_records = [], []
+        for g in self.by_time(newest_first=True):
+            row = self.row(g)
+            hot_rows.append(fmt.INDEX_ROW.pack(*row))
+            hot_records.append(bytes(dat[row[F_OFFSET] : row[F_OFFSET] + row[F_LENGTH]]))
+            if len(hot_rows) == fmt.HOT_MEMORIES:
+                break
+        hot = fmt.pack_hot(hot_rows, hot_records)
+        layout = fmt.idx_layout(n, self.dim, len(types), len(hot))
         ts = self.column("timestamp")
         order = np.argsort(ts, kind="stable").astype("<u4")  # rows are in id order
         header = fmt.pack_idx_header(
             fmt.IdxHeader(self.uuid, n, self.live, self.dim, self.applied, self.last_offset,
-                          self.last_crc, len(types), self.next_id, time.time())
+                          self.last_crc, len(types), self.next_id, time.time(), len(hot))
         )  # fmt: skip
         tmp = path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -191,6 +207,8 @@ class MemoryIndex:
                 _write(f, self.tail.vectors[:tail_n])
                 f.write(bytes(layout.types - f.tell()))
                 f.write(types)
+                f.write(bytes(layout.hot - f.tell()))
+                f.write(hot)
             if sync:
                 os.fsync(fd)
         finally:

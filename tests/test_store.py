@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -363,3 +364,32 @@ def test_repr(store_path):
         store.add("x")
         assert "1 memories" in repr(store)
     assert "closed" in repr(store)
+
+
+def test_restart_reads_the_newest_memories_from_the_hot_section(store_path):
+    rng = np.random.default_rng(5)
+    ts = rng.permutation(400).astype(float)
+    with fastmem.open(store_path) as store:
+        store.add_many({"text": f"memory {i}", "timestamp": ts[i]} for i in range(400))
+        store.forget("m7")
+    with fastmem.open(store_path, readonly=True) as store:
+        assert store._index.hot_rows() is not None  # a clean checkpoint: the fast path is on
+        expected = list(store)[::-1]
+        assert store.recent(30) == expected[:30]
+        assert store.recent(fmt.HOT_MEMORIES + 5) == expected[: fmt.HOT_MEMORIES + 5]
+        assert store.verify().ok
+    # Damage one copied record: recent() still answers from the rows, verify() tells.
+    idx = Path(store_path + ".idx")
+    raw = bytearray(idx.read_bytes())
+    h = fmt.unpack_idx_header(raw, "idx")
+    layout = fmt.idx_layout(h.rows, h.dim, h.types_len, h.hot_len)
+    raw[layout.size - 5] ^= 0x20
+    idx.write_bytes(bytes(raw))
+    with fastmem.open(store_path, readonly=True) as store:
+        assert store.recent(len(store)) == expected
+        report = store.verify()
+        assert not report.ok and "hot section" in report.problems[0].message
+    # Any change after the checkpoint turns the copy off until the next one.
+    with fastmem.open(store_path) as store:
+        store.add("newest", timestamp=1000.0)
+        assert store._index.hot_rows() is None and store.recent(1)[0].text == "newest"
