@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 import lz4.block
@@ -322,7 +323,7 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
     if (
         size != IDX_HEADER_SIZE
         or row_size != INDEX_DTYPE.itemsize
-        or crc != crc32(bytes(buf[:IDX_HEADER_CRC_AT]))
+        or crc != crc32(memoryview(buf)[:IDX_HEADER_CRC_AT])
         or dim > MAX_DIM
         or live > rows
         or rows >= 1 << 32
@@ -358,10 +359,7 @@ def unpack_hot(buf: memoryview, path: str) -> HotSection | None:
     records = buf[at + 4 * count :]
     if sum(lengths) != len(records):
         raise CorruptIndexError(f"{path}: the hot section is damaged", path=path)
-    starts = [0] * count
-    for i in range(1, count):
-        starts[i] = starts[i - 1] + lengths[i - 1]
-    return HotSection(buf[4:at], starts, records)
+    return HotSection(buf[4:at], list(accumulate(lengths, initial=0))[:count], records)
 
 
 def pack_types(names: list[str]) -> bytes:

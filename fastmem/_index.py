@@ -56,18 +56,22 @@ def _write(f: Any, arr: np.ndarray) -> None:
         f.write(np.ascontiguousarray(arr).data.cast("B"))
 
 
+_NO_ROWS = np.zeros(0, dtype=fmt.INDEX_DTYPE)
+_BUILTIN_CODES = {name: code for code, name in enumerate(fmt.BUILTIN_TYPES)}
+
+
 class _Tail:
     """Rows added since the last checkpoint, in arrays that double when full."""
 
     def __init__(self, dim: int) -> None:
         self.n = 0
-        self.rows = np.zeros(64, dtype=fmt.INDEX_DTYPE)
-        self.vectors = np.zeros((64, dim), dtype=np.int8)
+        self.rows = _NO_ROWS  # allocated by the first append: an open needs none
+        self.vectors = np.zeros((0, dim), dtype=np.int8)
 
     def append(self, rows: np.ndarray, vectors: np.ndarray) -> None:
         end = self.n + len(rows)
         if end > len(self.rows):
-            cap = max(end, 2 * len(self.rows))
+            cap = max(end, 2 * len(self.rows), 64)
             grown = np.zeros(cap, dtype=fmt.INDEX_DTYPE)
             grown[: self.n] = self.rows[: self.n]
             self.rows = grown
@@ -89,18 +93,18 @@ class MemoryIndex:
     def __init__(self, dim: int, uuid: bytes) -> None:
         self.dim = dim
         self.uuid = uuid
-        self.base_rows = np.zeros(0, dtype=fmt.INDEX_DTYPE)
-        self.base_order = np.zeros(0, dtype="<u4")
-        self.base_vectors = np.zeros((0, dim), dtype=np.int8)
-        self._base_ids = self.base_rows["id"]
+        # The base: the checkpoint's sections, as numpy views of the map made on first use
+        # (a restart that answers from the hot section never needs them).
+        self.n_base = 0
+        self._base: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._base_spec: tuple[mmap.mmap, fmt.IdxLayout, int] | None = None
         self._base_bytes = memoryview(b"")
         self._base_last_id = -1
-        self._map: mmap.mmap | None = None
         self.hot: fmt.HotSection | None = None  # valid while nothing is applied after it
         self.tail = _Tail(dim)
         self._tail_order: np.ndarray | None = None
         self.user_types: list[str] = []
-        self.type_codes = {name: code for code, name in enumerate(fmt.BUILTIN_TYPES)}
+        self.type_codes = dict(_BUILTIN_CODES)
         self.live = 0
         self.next_id = 0
         self.covered = fmt.DAT_HEADER_SIZE  # .dat offset up to which the base is complete
@@ -145,24 +149,46 @@ class MemoryIndex:
             if last is None or h.last_offset + last.length != h.covered or last.crc != h.last_crc:
                 raise CorruptIndexError(f"{path} does not match its data file (stale)")
         index = cls(h.dim, uuid)
-        index._map = mm
-        index.base_rows = np.frombuffer(mm, fmt.INDEX_DTYPE, h.rows, layout.rows)
-        index.base_order = np.frombuffer(mm, "<u4", h.rows, layout.order)
-        index.base_vectors = np.frombuffer(mm, np.int8, h.rows * h.dim, layout.vectors).reshape(
-            h.rows, h.dim
-        )
+        index.n_base = h.rows
+        index._base_spec = (mm, layout, h.dim)
         for name in fmt.unpack_types(mm[layout.types : layout.types + h.types_len], path):
             index._add_type(name)
         index.hot = fmt.unpack_hot(memoryview(mm)[layout.hot : layout.size], path)
-        if h.rows and int(index.base_rows["id"][-1]) >= h.next_id:
-            raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
-        index._base_bytes = memoryview(mm)[layout.rows : layout.order]
-        index._base_ids = index.base_rows["id"]
-        index._base_last_id = int(index._base_ids[-1]) if h.rows else -1
+        index._base_bytes = memoryview(mm)[layout.rows : layout.rows + h.rows * fmt.INDEX_DTYPE.itemsize]
+        if h.rows:
+            index._base_last_id = fmt.INDEX_ROW.unpack_from(index._base_bytes, (h.rows - 1) * fmt.INDEX_DTYPE.itemsize)[F_ID]
+            if index._base_last_id >= h.next_id:
+                raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
         index.live, index.next_id = h.live, h.next_id
         index.covered = index.applied = h.covered
         index.last_offset, index.last_crc = h.last_offset, h.last_crc
         return index
+
+    def _views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        if self._base is None:
+            n = self.n_base
+            if self._base_spec is None:
+                rows = np.zeros(0, dtype=fmt.INDEX_DTYPE)
+                order, vectors = np.zeros(0, dtype="<u4"), np.zeros((0, self.dim), dtype=np.int8)
+            else:  # the base's own dimension: 0 when it was written before the first vector
+                mm, layout, dim = self._base_spec
+                rows = np.frombuffer(mm, fmt.INDEX_DTYPE, n, layout.rows)
+                order = np.frombuffer(mm, "<u4", n, layout.order)
+                vectors = np.frombuffer(mm, np.int8, n * dim, layout.vectors).reshape(n, dim)
+            self._base = (rows, order, vectors, rows["id"])
+        return self._base
+
+    @property
+    def base_rows(self) -> np.ndarray:
+        return self._views()[0]
+
+    @property
+    def base_order(self) -> np.ndarray:
+        return self._views()[1]
+
+    @property
+    def base_vectors(self) -> np.ndarray:
+        return self._views()[2]
 
     def hot_rows(self) -> tuple[fmt.HotSection, int] | None:
         """The hot section and how many memories it holds, if it is still current."""
@@ -218,7 +244,7 @@ class MemoryIndex:
     # --- rows ------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self.base_rows) + self.tail.n
+        return self.n_base + self.tail.n
 
     def segments(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
         """(first global row, rows, int8 vectors) of the base and the tail."""
@@ -236,12 +262,12 @@ class MemoryIndex:
         return np.concatenate([self.base_rows[name], self.tail.rows[name][: self.tail.n]])
 
     def _locate(self, g: int) -> tuple[np.ndarray, int]:
-        nb = len(self.base_rows)
+        nb = self.n_base
         return (self.base_rows, g) if g < nb else (self.tail.rows, g - nb)
 
     def row(self, g: int) -> tuple[Any, ...]:
         """Row ``g`` as a tuple in ``INDEX_DTYPE`` order (``F_*`` name the positions)."""
-        nb = len(self.base_rows)
+        nb = self.n_base
         if g < nb:
             return fmt.INDEX_ROW.unpack_from(self._base_bytes, g * fmt.INDEX_DTYPE.itemsize)
         return self.tail.rows[g - nb].item()
@@ -252,9 +278,9 @@ class MemoryIndex:
 
     def find(self, mid: int) -> int:
         """Global row of the memory with id ``mid``, or -1."""
-        nb = len(self.base_rows)
+        nb = self.n_base
         if nb and mid <= self._base_last_id:
-            ids = self._base_ids
+            ids = self._views()[3]
             if mid < nb and ids[mid] == mid:  # ids are dense until something is compacted
                 return mid
             i = int(np.searchsorted(ids, mid))
@@ -278,7 +304,7 @@ class MemoryIndex:
 
     def by_time(self, newest_first: bool) -> Iterator[int]:
         """Global rows of live memories by (timestamp, id), merging base and tail."""
-        nb = len(self.base_rows)
+        nb = self.n_base
         base_ts, tail_ts = self.base_rows["timestamp"], self.tail.rows["timestamp"]
         base_order, tail_order = self.base_order, self._tail_sorted()
         b_flags, t_flags = self.base_rows["flags"], self.tail.rows["flags"]
