@@ -606,17 +606,21 @@ class MemoryStore:
             index.set_dim(vectors16.shape[1])
         first_id = index.next_id
         n_types = len(index.user_types)
-        stored, raw_lens = [], np.empty(n, dtype=np.uint32)
-        rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+        stored, raw_lens = [], []
+        encode, known = fmt.encode_payload, index.type_codes
         for j, item in enumerate(prepared):
             payload = item[0]
             payload["i"] = first_id + j
-            data, raw_lens[j] = fmt.encode_payload(payload)
+            data, raw_len = encode(payload)
             stored.append(data)
-            item[0] = payload["t"]  # what the rows need, in place of the payload
-            item[1] = index.type_code(item[1], create=True)
-            item[2] = session_hash(item[2])
+            raw_lens.append(raw_len)
+            # The row's fields in place of the payload, type name and session name:
+            item[0] = payload["t"]
+            code = known.get(item[1])
+            item[1] = index.type_code(item[1], create=True) if code is None else code
+            item[2] = 0 if item[2] is None else session_hash(item[2])
         ts, codes, sessions, importance, flags, _ = zip(*prepared)
+        rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
         rows["id"] = np.arange(first_id, first_id + n)
         rows["timestamp"], rows["type"], rows["session"] = ts, codes, sessions
         rows["importance"], rows["flags"] = importance, flags
@@ -625,7 +629,7 @@ class MemoryStore:
         if vectors16 is not None:
             has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
         data, lengths, crcs = _kernels.frame_records(
-            fmt.KIND_MEMORY, stored, raw_lens,
+            fmt.KIND_MEMORY, stored, np.array(raw_lens, dtype=np.uint32),
             None if vectors16 is None else vectors16.view(np.uint16), has_vector,
         )  # fmt: skip
         try:
