@@ -364,8 +364,7 @@ class MemoryStore:
                 RecoveryWarning,
                 stacklevel=4,
             )
-        tail_damage = [p for p in problems if p.offset >= valid_end]
-        if tail_damage and not self.readonly:
+        if not self.readonly and any(p.offset >= valid_end for p in problems):
             if _torn(self._dat, valid_end, size):
                 # An interrupted write: nothing in it was acknowledged (its write never ended).
                 os.ftruncate(self._fd, valid_end)
@@ -406,11 +405,7 @@ class MemoryStore:
         os.ftruncate(self._fd, 0)  # a creation that was interrupted: start it again
         os.write(self._fd, fmt.pack_dat_header(os.urandom(16), dim, time.time()))
         os.fsync(self._fd)
-        dir_fd = os.open(os.path.dirname(os.path.abspath(self.dat_path)), os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        _fsync_dir(self.dat_path)
 
     def _map_data(self, size: int) -> None:
         # Mapped through a descriptor of its own: mmap keeps a duplicate of the one it is
@@ -876,14 +871,14 @@ class MemoryStore:
         session = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
             raise InvalidTypeError("types must be a list of type names")
+        if np.ndim(query) != 1:
+            raise InvalidInputError("query must be one flat vector")
         with self._lock:
             self._check()
             index = self._index
+            q16 = to_float16([query], index.dim, "query")  # checked even when nothing can match
             if not index.dim:
                 return []
-            if np.ndim(query) != 1:
-                raise InvalidInputError("query must be one flat vector")
-            q16 = to_float16([query], index.dim, "query")
             q8, _ = quantize(q16)
             q = np.asarray(query, dtype=np.float64)
             q = q / np.linalg.norm(q)
@@ -949,11 +944,7 @@ class MemoryStore:
             os.fdatasync(self._fd)  # the index must never cover data that is not on disk
         self._index.save(self.idx_path, self._data(), sync=sync)
         if sync:
-            dir_fd = os.open(os.path.dirname(os.path.abspath(self.idx_path)), os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            _fsync_dir(self.idx_path)  # the rename itself must survive a power loss
         # Continue from the file just written: the tail's memory is released.
         assert self._dat is not None
         self._index = MemoryIndex.load(
@@ -1036,6 +1027,14 @@ class MemoryStore:
         state = "closed" if self._closed else f"{self._index.live} memories"
         mode = "readonly" if self.readonly else self.durability
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _torn(dat: Any, start: int, end: int) -> bool:

@@ -393,3 +393,12 @@ def test_restart_reads_the_newest_memories_from_the_hot_section(store_path):
     with fastmem.open(store_path) as store:
         store.add("newest", timestamp=1000.0)
         assert store._index.hot_rows() is None and store.recent(1)[0].text == "newest"
+
+
+def test_search_checks_its_query_even_on_an_empty_store(store_path):
+    with fastmem.open(store_path) as store:
+        with pytest.raises(fastmem.InvalidInputError):
+            store.search([math.nan, 1.0])
+        with pytest.raises(fastmem.InvalidInputError):
+            store.search([[1.0, 2.0]])
+        assert store.search([1.0, 2.0]) == []
