@@ -26,7 +26,13 @@ SIZES = workload.parse_sizes(os.environ.get("FASTMEM_BENCH_SIZES"))
 _SUMMARY: dict[tuple[str, int], dict[str, Any]] = {}
 
 
-@pytest.fixture(scope="session", params=SIZES, ids=lambda n: f"{n // 1000}k")
+def _size_id(n: int) -> str:  # 10000 -> "10k", 1000000 -> "1M"
+    if n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    return f"{n // 1000}k" if n % 1000 == 0 else str(n)
+
+
+@pytest.fixture(scope="session", params=SIZES, ids=_size_id)
 def size(request: pytest.FixtureRequest) -> int:
     """The store size. Session-scoped so pytest runs every test of one size before the
     next size: each workload and store is generated or loaded once."""

@@ -217,6 +217,25 @@ def _cache_key(n: int) -> str:
     return f"fastmem-w{WORKLOAD_VERSION}-f{_format.FORMAT_VERSION}-{n}"
 
 
+def _layout_digest() -> str:
+    """A digest of the fastmem modules that decide what the files hold.
+
+    FORMAT_VERSION alone is not enough while the format is being worked on: an index
+    laid out differently under the same version could still open without a warning,
+    and restarts would then be timed on the old layout.
+    """
+    import hashlib
+
+    import fastmem
+
+    package = Path(fastmem.__file__).parent
+    digest = hashlib.sha256()
+    for name in ("_format.py", "_index.py", "store.py"):
+        if (package / name).exists():
+            digest.update((package / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def _cached_store_ok(folder: Path, n: int) -> bool:
     """A cached store is used only if its marker matches and it opens cleanly with N memories."""
     import fastmem
@@ -226,7 +245,9 @@ def _cached_store_ok(folder: Path, n: int) -> bool:
         return False
     try:
         info = json.loads(marker.read_text())
-        if info.get("workload_version") != WORKLOAD_VERSION or info.get("n") != n:
+        if (info.get("workload_version"), info.get("n"), info.get("fastmem_layout")) != (
+            WORKLOAD_VERSION, n, _layout_digest()
+        ):
             return False
         # Any warning (an index rebuilt, a tail cut) means the files are not what a clean
         # close leaves: rebuild rather than time a recovery.
@@ -255,7 +276,8 @@ def build_store(path: str | os.PathLike[str], batches: list[list[dict[str, Any]]
 
 def cached_store(n: int, *, log: Any = None) -> tuple[str, list[str]]:
     """Path of a store holding the first ``n`` memories and their ids, built once and
-    kept under :func:`bench_dir` (rebuilt when the workload or file format changes)."""
+    kept under :func:`bench_dir` (rebuilt when the workload or fastmem's layout code
+    changes, or the files do not open cleanly)."""
     root = bench_dir()
     folder = root / _cache_key(n)
     if not _cached_store_ok(folder, n):
@@ -268,6 +290,7 @@ def cached_store(n: int, *, log: Any = None) -> tuple[str, list[str]]:
         np.save(scratch / "ids.npy", np.array(ids))
         (scratch / "workload.json").write_text(
             json.dumps({"workload_version": WORKLOAD_VERSION, "n": n, "seed": SEED,
+                        "fastmem_layout": _layout_digest(),
                         "built": time.strftime("%Y-%m-%dT%H:%M:%S")})  # fmt: skip
         )
         os.replace(scratch, folder)  # atomic: a half-built store is never taken as cached
