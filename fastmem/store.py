@@ -790,7 +790,8 @@ class MemoryStore:
         """
         with self._lock:
             self._check()
-            return self._memory(*self._live_row(mid))
+            row = self._live_row(mid)[1]
+            return self._decode(row, self._data(), row[F_OFFSET], self._dat_end)
 
     def recent(self, n: int = 20) -> list[Memory]:
         """The ``n`` newest live memories by timestamp, newest first (level 1 of a restart)."""
