@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 WRITE = """
 import sys, fastmem
@@ -28,6 +27,7 @@ import sys, time
 t0 = time.perf_counter()
 import fastmem
 t1 = time.perf_counter()
+print(f"fastmem {fastmem.__version__}, {fastmem.BACKEND} kernels")
 with fastmem.open(sys.argv[1]) as store:
     recent = store.recent(20)
     t2 = time.perf_counter()
@@ -41,10 +41,12 @@ with fastmem.open(sys.argv[1]) as store:
 
 def main() -> None:
     path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(tempfile.mkdtemp(), "agent_memory")
-    subprocess.run([sys.executable, "-c", WRITE, path], check=True)
-    time.sleep(0.1)
+    path = os.path.abspath(path)
+    # The children run beside the store, so that they import the installed fastmem.
+    here = os.path.dirname(path)
+    subprocess.run([sys.executable, "-c", WRITE, path], check=True, cwd=here)
     print(f"a fresh process reopens {path}.dat / .idx:")
-    subprocess.run([sys.executable, "-c", READ, path], check=True)
+    subprocess.run([sys.executable, "-c", READ, path], check=True, cwd=here)
 
 
 if __name__ == "__main__":

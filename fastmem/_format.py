@@ -58,7 +58,7 @@ MAX_DIM = 4096
 MAX_RAW_PAYLOAD = 2 << 20  # a payload before compression
 MAX_PAYLOAD = MAX_RAW_PAYLOAD  # stored payloads are never larger than raw ones
 MAX_RECORD = RECORD_HEADER_SIZE + 2 * MAX_DIM + MAX_PAYLOAD
-COMPRESS_MIN = 96  # shorter payloads are stored raw: lz4 cannot win there
+COMPRESS_MIN = 256  # shorter payloads are stored raw: lz4 saves ~15% there, at a third of add's speed
 
 # Payload keys (msgpack map, one-letter keys; absent keys take the default in brackets).
 #   memory: i id, t timestamp, x text, y type ["conversation"], s session [None],

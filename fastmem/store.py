@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import fcntl
+import gc
 import math
 import mmap
 import os
@@ -21,6 +22,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, NamedTuple
@@ -498,7 +500,7 @@ class MemoryStore:
         if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
             raise InvalidTypeError("add_many takes an iterable of dicts")
         items = list(items)
-        with self._lock:
+        with self._lock, _no_cyclic_gc():
             self._check_writable()
             if not items:
                 return []
@@ -1028,6 +1030,20 @@ class MemoryStore:
         state = "closed" if self._closed else f"{self._index.live} memories"
         mode = "readonly" if self.readonly else self.durability
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cycle collector while a batch is built: its many short-lived dicts and
+    lists hold no cycles (reference counting frees them), yet they would trigger full
+    collections that cost a quarter of add_many's time on large batches."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _fsync_dir(path: str) -> None:

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 import fastmem
+import fastmem._kernels
+from fastmem import _format as fmt
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
@@ -47,3 +49,12 @@ def test_v1_store_opens_for_writing(v1_copy):
         assert store.verify().ok
     with fastmem.open(v1_copy, readonly=True) as store:
         assert store.get(mid).text == "a new memory" and len(store) == 6
+
+
+def test_v1_fixture_covers_raw_and_compressed_payloads():
+    data = (FIXTURES / "v1" / "store.dat").read_bytes()
+    offsets = fastmem._kernels.scan_records(data, fmt.DAT_HEADER_SIZE, len(data))[0]
+    heads = [fmt.parse_record_header(data, int(o), len(data)) for o in offsets]
+    assert any(h.payload_len < h.raw_len for h in heads)  # lz4
+    assert any(h.payload_len == h.raw_len for h in heads)  # stored raw
+    assert {h.kind for h in heads} == {fmt.KIND_MEMORY, fmt.KIND_UPDATE, fmt.KIND_FORGET}
