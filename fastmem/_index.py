@@ -1,8 +1,9 @@
 """The index: one fixed-size row per memory, its int8 vector, and the time order.
 
 A ``MemoryIndex`` is two segments. The *base* is the last checkpoint, memory-mapped
-copy-on-write from the ``.idx`` file (opening it reads the 4 KiB header, nothing else);
-the *tail* holds the rows added since, in growable arrays. Rows are numbered globally
+copy-on-write from the ``.idx`` file (opening it reads the header and the hot section's
+table, nothing in proportion to the store); the *tail* holds the rows added since, in
+growable arrays. Rows are numbered globally
 (base first) and are in id order, which is also the order of their records in ``.dat``.
 Cheap changes (importance, pins, forgets) are made in place in either segment; they are
 already records in ``.dat``, so a crash before the next checkpoint loses nothing.
@@ -25,7 +26,7 @@ from . import _kernels
 from ._vectors import quantize
 from .errors import CorruptIndexError, CorruptRecordError
 
-# Positions of INDEX_DTYPE's fields in a row tuple (``row.item()``).
+# Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
  F_ACCESS, F_TEXT_TOKENS, F_SUMMARY_TOKENS, F_TYPE, F_FLAGS, F_RESERVED) = range(15)  # fmt: skip
 assert fmt.INDEX_DTYPE.names is not None and fmt.INDEX_DTYPE.names[F_FLAGS] == "flags"
@@ -83,8 +84,8 @@ class _Tail:
         self.n = end
 
     def set_dim(self, dim: int) -> None:
-        vectors = np.zeros((len(self.rows), dim), dtype=np.int8)
-        self.vectors = vectors
+        """Called once, when the first vector fixes the dimension (no row has one yet)."""
+        self.vectors = np.zeros((len(self.rows), dim), dtype=np.int8)
 
 
 class MemoryIndex:
