@@ -160,7 +160,12 @@ _pack = msgpack.Packer(use_bin_type=True, autoreset=True).pack
 
 def encode_payload(payload: dict[str, Any]) -> tuple[bytes, int]:
     """msgpack, then lz4 when that makes it smaller: returns (stored bytes, raw length)."""
-    raw = _pack(payload)
+    return compress_payload(_pack(payload))
+
+
+def compress_payload(raw: bytes) -> tuple[bytes, int]:
+    """lz4 for a msgpack payload of ``COMPRESS_MIN`` bytes or more when that makes it
+    smaller: returns (stored bytes, raw length)."""
     if len(raw) >= COMPRESS_MIN:
         packed = lz4.block.compress(raw, store_size=False)
         if len(packed) < len(raw):

@@ -19,9 +19,10 @@ topk_int8 = _kernels_py.topk_int8
 to_half = _kernels_py.to_half
 quantize_half = _kernels_py.quantize_half
 check_record = _kernels_py.check_record
+pack_payloads = _kernels_py.pack_payloads
 
-_NAMES = ("crc32", "scan_records", "frame_records", "check_record", "topk_int8", "to_half",
-          "quantize_half")  # fmt: skip
+_NAMES = ("crc32", "scan_records", "frame_records", "check_record", "pack_payloads",
+          "topk_int8", "to_half", "quantize_half")  # fmt: skip
 
 
 def use(backend: str) -> str:

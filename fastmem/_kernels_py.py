@@ -11,6 +11,7 @@ import struct
 import zlib
 from typing import Any
 
+import msgpack
 import numpy as np
 
 from ._format import (
@@ -216,3 +217,12 @@ def check_record(buf: Any, offset: int, end: int) -> tuple[int, int, int, int] |
         return None
     _, _, kind, dim, plen, rlen, _ = _HEADER.unpack_from(buf, offset)
     return kind, dim, plen, rlen
+
+
+_packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+
+
+def pack_payloads(payloads: list[dict[str, Any]]) -> list[bytes]:
+    """``msgpack.packb(p, use_bin_type=True)`` of each payload dict (the smallest encoding
+    of every int, str8 for short strings, float64 for floats)."""
+    return [_packer.pack(p) for p in payloads]

@@ -603,16 +603,21 @@ class MemoryStore:
             index.set_dim(vectors16.shape[1])
         first_id = index.next_id
         n_types = len(index.user_types)
-        stored, raw_lens = [], []
-        encode, known = fmt.encode_payload, index.type_codes
-        for j, item in enumerate(prepared):
-            payload = item[0]
+        payloads = [item[0] for item in prepared]
+        for j, payload in enumerate(payloads):
             payload["i"] = first_id + j
-            data, raw_len = encode(payload)
-            stored.append(data)
-            raw_lens.append(raw_len)
-            # The row's fields in place of the payload, type name and session name:
-            item[0] = payload["t"]
+        stored, raw_lens = [], []
+        for raw in _kernels.pack_payloads(payloads):
+            if len(raw) < fmt.COMPRESS_MIN:  # most memories: no call to make
+                stored.append(raw)
+                raw_lens.append(len(raw))
+            else:
+                data, raw_len = fmt.compress_payload(raw)
+                stored.append(data)
+                raw_lens.append(raw_len)
+        known = index.type_codes
+        for item in prepared:  # the row's fields in place of payload, type and session names
+            item[0] = item[0]["t"]
             code = known.get(item[1])
             item[1] = index.type_code(item[1], create=True) if code is None else code
             item[2] = 0 if item[2] is None else session_hash(item[2])

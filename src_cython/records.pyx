@@ -10,6 +10,8 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t
 from libc.string cimport memcpy
+from libc.stdlib cimport free, realloc
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from _types cimport u8, u16, u32, i64
 from _bytes cimport load_le16, load_le32, store_le16, store_le32
 
@@ -222,3 +224,140 @@ def check_record(object buf, i64 offset, i64 end):
         return p[5], load_le16(p + 6), load_le32(p + 8), load_le32(p + 12)
     finally:
         PyBuffer_Release(&view)
+
+
+# --- msgpack payloads ---------------------------------------------------------------
+# The same bytes as msgpack.packb(obj, use_bin_type=True) for the plain types a payload
+# holds (dict, list, tuple, str, bytes, int, float, bool, None): the packer of add_many's
+# hot loop, without a Python call per value. Other types raise TypeError, as there.
+
+cdef struct _Buf:
+    u8* data
+    Py_ssize_t size
+    Py_ssize_t cap
+
+
+cdef int _reserve(_Buf* b, Py_ssize_t extra) except -1:
+    cdef Py_ssize_t cap
+    cdef u8* grown
+    if b.size + extra <= b.cap:
+        return 0
+    cap = max(2 * b.cap, b.size + extra, 256)
+    grown = <u8*>realloc(b.data, cap)
+    if grown == NULL:
+        raise MemoryError()
+    b.data, b.cap = grown, cap
+    return 0
+
+
+cdef inline int _put_be(_Buf* b, u8 tag, unsigned long long v, int width) except -1:
+    cdef int i
+    _reserve(b, 1 + width)
+    b.data[b.size] = tag
+    for i in range(width):
+        b.data[b.size + 1 + i] = (v >> (8 * (width - 1 - i))) & 0xFF
+    b.size += 1 + width
+    return 0
+
+
+cdef inline int _put_byte(_Buf* b, u8 v) except -1:
+    _reserve(b, 1)
+    b.data[b.size] = v
+    b.size += 1
+    return 0
+
+
+cdef int _put_len(_Buf* b, Py_ssize_t n, u8 fix, int fix_max, u8 t8, u8 t16, u8 t32) except -1:
+    if n < fix_max:
+        return _put_byte(b, fix | n)
+    if t8 and n < 0x100:
+        return _put_be(b, t8, n, 1)
+    if n < 0x10000:
+        return _put_be(b, t16, n, 2)
+    if n <= 0xFFFFFFFF:
+        return _put_be(b, t32, n, 4)
+    raise ValueError("too long for msgpack")
+
+
+cdef int _put_raw(_Buf* b, const char* p, Py_ssize_t n) except -1:
+    _reserve(b, n)
+    memcpy(b.data + b.size, p, n)
+    b.size += n
+    return 0
+
+
+cdef int _pack(_Buf* b, object o, int depth) except -1:
+    cdef long long i
+    cdef unsigned long long u
+    cdef double d
+    cdef Py_ssize_t n
+    cdef const char* s
+    if depth > 64:
+        raise ValueError("payload nests deeper than 64")
+    if o is None:
+        return _put_byte(b, 0xC0)
+    if o is True:
+        return _put_byte(b, 0xC3)
+    if o is False:
+        return _put_byte(b, 0xC2)
+    if isinstance(o, int):
+        if o < 0:
+            i = o
+            if i >= -32:
+                return _put_byte(b, <u8>(i & 0xFF))
+            if i >= -0x80:
+                return _put_be(b, 0xD0, <unsigned long long>i, 1)
+            if i >= -0x8000:
+                return _put_be(b, 0xD1, <unsigned long long>i, 2)
+            if i >= -0x80000000:
+                return _put_be(b, 0xD2, <unsigned long long>i, 4)
+            return _put_be(b, 0xD3, <unsigned long long>i, 8)
+        u = o
+        if u < 0x80:
+            return _put_byte(b, <u8>u)
+        if u <= 0xFF:
+            return _put_be(b, 0xCC, u, 1)
+        if u <= 0xFFFF:
+            return _put_be(b, 0xCD, u, 2)
+        if u <= 0xFFFFFFFF:
+            return _put_be(b, 0xCE, u, 4)
+        return _put_be(b, 0xCF, u, 8)
+    if isinstance(o, float):
+        d = o
+        memcpy(&u, &d, 8)
+        return _put_be(b, 0xCB, u, 8)
+    if isinstance(o, str):
+        s = PyUnicode_AsUTF8AndSize(o, &n)
+        _put_len(b, n, 0xA0, 32, 0xD9, 0xDA, 0xDB)
+        return _put_raw(b, s, n)
+    if isinstance(o, bytes):
+        n = len(<bytes>o)
+        _put_len(b, n, 0, 0, 0xC4, 0xC5, 0xC6)
+        return _put_raw(b, PyBytes_AS_STRING(o), n)
+    if isinstance(o, dict):
+        _put_len(b, len(<dict>o), 0x80, 16, 0, 0xDE, 0xDF)
+        for key, value in (<dict>o).items():
+            _pack(b, key, depth + 1)
+            _pack(b, value, depth + 1)
+        return 0
+    if isinstance(o, (list, tuple)):
+        _put_len(b, len(o), 0x90, 16, 0, 0xDC, 0xDD)
+        for value in o:
+            _pack(b, value, depth + 1)
+        return 0
+    raise TypeError(f"can not serialize {type(o).__name__!r} object")
+
+
+def pack_payloads(list payloads):
+    """msgpack bytes of each payload dict; see fastmem._kernels_py.pack_payloads."""
+    cdef _Buf b
+    cdef list out = []
+    b.data, b.size, b.cap = NULL, 0, 0
+    try:
+        for p in payloads:
+            b.size = 0
+            _pack(&b, p, 0)
+            out.append(PyBytes_FromStringAndSize(<char*>b.data, b.size))
+    finally:
+        free(b.data)
+    return out

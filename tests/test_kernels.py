@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import zlib
 
+import msgpack
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -228,3 +229,26 @@ def test_quantize_half_matches_reference(conversions, bits):
     assert np.array_equal(qa, qb) and np.array_equal(sa, sb)
     v = bits.view(np.float16).astype(np.float32)
     assert np.all(np.abs(qa.astype(np.float32) * sa[:, None] - v) <= sa[:, None] / 2 + 1e-6)
+
+
+msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
+    | st.text(max_size=300) | st.binary(max_size=300),
+    lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=40), inner, max_size=20),
+    max_leaves=40,
+)  # fmt: skip
+
+
+@given(st.lists(st.dictionaries(st.text(max_size=3), msgpack_values, max_size=12), max_size=5))
+def test_pack_payloads_equals_msgpack(payloads):
+    got = ext.pack_payloads(payloads)
+    assert got == ref.pack_payloads(payloads)
+    assert got == [msgpack.packb(p, use_bin_type=True) for p in payloads]
+
+
+def test_pack_payloads_refuses_what_msgpack_refuses():
+    for bad in ({"x": object()}, {"x": 2**64}, {"x": -(2**63) - 1}, {"x": {"y": set()}}):
+        for pack in (ext.pack_payloads, ref.pack_payloads):
+            with pytest.raises((TypeError, OverflowError)):
+                pack([bad])
+    assert ext.pack_payloads([{1: {2.5: None}}]) == ref.pack_payloads([{1: {2.5: None}}])
