@@ -415,6 +415,7 @@ class _Replayer:
         self.rows: list[list[Any]] = []
         self.pending: dict[int, int] = {}  # id -> position in self.rows
         self.vec_rows: list[int] = []
+        self.sessions: dict[str | None, int] = {None: 0}  # names repeat: hash each once
 
     def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
         apply = {
@@ -422,11 +423,13 @@ class _Replayer:
             fmt.KIND_UPDATE: self._update,
             fmt.KIND_FORGET: self._forget,
         }
-        end = len(self.dat)
+        dat, head = self.dat, fmt.RECORD_HEADER_SIZE
         for off, length, kind, dim in zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist()):
             try:
                 # The scan has checked lengths and CRC; only decoding is left.
-                payload = fmt.read_record(self.dat, off, end, self.path, check_crc=False)[1]
+                start = off + head + 2 * dim
+                raw_len = int.from_bytes(dat[off + 12 : off + 16], "little")
+                payload = fmt.decode_payload(dat[start : off + length], off + length - start, raw_len, off, self.path)
                 apply[kind](off, length, dim, payload)
             except CorruptRecordError as exc:
                 self.problems.append(Problem("dat", off, str(exc)))
@@ -445,9 +448,13 @@ class _Replayer:
         rows = np.array([tuple(r) for r in self.rows], dtype=fmt.INDEX_DTYPE)
         vectors = None
         if index.dim and self.vec_rows:
-            vectors = np.zeros((len(rows), index.dim), dtype="<f2")
+            width = 2 * index.dim
+            raw = bytearray(len(rows) * width)  # zeros for the rows without a vector
+            dat, head = self.dat, fmt.RECORD_HEADER_SIZE
             for pos in self.vec_rows:
-                vectors[pos] = fmt.record_vector(self.dat, self.rows[pos][F_OFFSET], index.dim)
+                start = self.rows[pos][F_OFFSET] + head
+                raw[pos * width : (pos + 1) * width] = dat[start : start + width]
+            vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)
         index.append(rows, vectors)
         self.rows, self.pending, self.vec_rows = [], {}, []
 
@@ -476,8 +483,11 @@ class _Replayer:
         tokens = p.get("k") or (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
         code = index.type_code(type_name, create=True)
         self.pending[mid] = len(self.rows)
+        hashed = self.sessions.get(session)
+        if hashed is None:
+            hashed = self.sessions[session] = session_hash(session)
         self.rows.append(
-            [mid, ts, session_hash(session), off, 0, 0.0, length, importance, 0.0, 0,
+            [mid, ts, hashed, off, 0, 0.0, length, importance, 0.0, 0,
              int(tokens[0]), int(tokens[1]), code, flags, 0]
         )  # fmt: skip
 
