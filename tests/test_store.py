@@ -402,3 +402,32 @@ def test_search_checks_its_query_even_on_an_empty_store(store_path):
         with pytest.raises(fastmem.InvalidInputError):
             store.search([[1.0, 2.0]])
         assert store.search([1.0, 2.0]) == []
+
+
+def test_reader_process_follows_a_writer_process(store_path):
+    """A reader in this process polls while a writer process appends: counts only grow,
+    every memory it sees is whole, and at the end it sees them all."""
+    with fastmem.open(store_path) as store:
+        store.add("start")
+    code = (
+        "import sys, time, fastmem\n"
+        "with fastmem.open(sys.argv[1]) as s:\n"
+        "    for b in range(60):\n"
+        "        s.add_many([{'text': f'w{b}-{i} ' * (1 + i % 7), 'metadata': {'b': b}} for i in range(25)])\n"
+        "        time.sleep(0.003)  # a writer that takes a while: the reader reads meanwhile\n"
+    )
+    writer = subprocess.Popen([sys.executable, "-c", code, store_path])
+    seen = []
+    with fastmem.open(store_path, readonly=True) as reader:
+        while True:
+            finished = writer.poll() is not None  # then this last pass sees everything
+            seen.append(len(reader))
+            for m in reader.recent(5):
+                if m.text != "start":
+                    b, i = m.text.split()[0][1:].split("-")
+                    assert m.text == f"w{b}-{i} " * (1 + int(i) % 7) and m.metadata == {"b": int(b)}
+            if finished:
+                break
+        assert writer.returncode == 0
+        assert seen == sorted(seen) and seen[-1] == 1501 and reader.verify().ok
+        assert len(set(seen)) > 2  # it did read while the writer wrote
