@@ -1008,11 +1008,9 @@ class MemoryStore:
                 if self._commit is not None:
                     self._commit.stop()
                     self._commit = None
-                if not self.readonly:
-                    if self._index.applied != self._index.covered:
-                        self._checkpoint()
-                    elif self.durability != "none":
-                        os.fdatasync(self._fd)
+                # Nothing new since the last checkpoint means nothing unsynced: it synced.
+                if not self.readonly and self._index.applied != self._index.covered:
+                    self._checkpoint()
             finally:
                 self._closed = True
                 self._release()
