@@ -208,18 +208,16 @@ def parse_record_header(buf: Any, offset: int, end: int, path: str = "") -> Reco
 
 
 def read_record(
-    buf: Any, offset: int, end: int, path: str = "", check_crc: bool = True
+    buf: Any, offset: int, end: int, path: str = ""
 ) -> tuple[RecordHeader, dict[str, Any]]:
     """Check and decode the record at ``offset`` of ``buf`` (zero-copy up to decoding).
-
-    ``check_crc=False`` is for records the scan kernel has just checked.
 
     Raises:
         CorruptRecordError: lengths, checksum or payload are not valid.
     """
     head = parse_record_header(buf, offset, end, path)
     view = memoryview(buf)[offset : offset + head.length]
-    if check_crc and crc32(view[RECORD_HEADER_SIZE:], crc32(view[:RECORD_CRC_AT])) != head.crc:
+    if crc32(view[RECORD_HEADER_SIZE:], crc32(view[:RECORD_CRC_AT])) != head.crc:
         raise CorruptRecordError(
             f"{path}: the record at offset {offset} fails its checksum", path=path, offset=offset
         )

@@ -44,6 +44,19 @@ def default_importance(type_name: str) -> float:
     return fmt.DEFAULT_IMPORTANCE.get(type_name, fmt.DEFAULT_USER_TYPE_IMPORTANCE)
 
 
+def update_changes(flags: int, payload: dict[str, Any], offset: int) -> dict[int, Any]:
+    """The row fields (``F_*``) that the update record at ``offset`` sets: one rule for the
+    writer applying its own update and for a replay reading it back."""
+    changes: dict[int, Any] = {}
+    if "p" in payload:
+        changes[F_IMPORTANCE] = float(payload["p"])
+    if "m" in payload:
+        changes[F_META] = offset
+    if "n" in payload:
+        changes[F_FLAGS] = (flags | fmt.FLAG_PINNED) if payload["n"] else (flags & ~fmt.FLAG_PINNED)
+    return changes
+
+
 class Problem(NamedTuple):
     """A damaged or inconsistent place found while reading a store."""
 
@@ -277,6 +290,18 @@ class MemoryIndex:
         rows, i = self._locate(g)
         rows[name][i] = value
 
+    def change(self, g: int, changes: dict[int, Any]) -> None:
+        """Set row ``g``'s fields given by position (``F_*``), as ``update_changes`` makes."""
+        names = fmt.INDEX_DTYPE.names
+        assert names is not None
+        for field, value in changes.items():
+            self.set_field(g, names[field], value)
+
+    def forget(self, g: int, flags: int) -> None:
+        """Mark row ``g`` (whose flags are ``flags``) forgotten."""
+        self.set_field(g, "flags", flags | fmt.FLAG_FORGOTTEN)
+        self.live -= 1
+
     def find(self, mid: int) -> int:
         """Global row of the memory with id ``mid``, or -1."""
         nb = self.n_base
@@ -502,31 +527,20 @@ class _Replayer:
 
     def _update(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
         row, g = self._target(p["i"])
-        changes: dict[int, Any] = {}
-        if "p" in p:
-            changes[F_IMPORTANCE] = float(p["p"])
-        if "m" in p:
-            changes[F_META] = off
         flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
-        if "n" in p:
-            flags = (flags | fmt.FLAG_PINNED) if p["n"] else (flags & ~fmt.FLAG_PINNED)
-            changes[F_FLAGS] = flags
-        self._change(row, g, changes)
+        changes = update_changes(flags, p, off)
+        if row is None:
+            self.index.change(g, changes)
+        else:
+            for field, value in changes.items():
+                row[field] = value
 
     def _forget(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
         row, g = self._target(p["i"])
         flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
         if flags & fmt.FLAG_FORGOTTEN:
             raise ValueError(f"memory {p['i']} is forgotten twice")
-        self._change(row, g, {F_FLAGS: flags | fmt.FLAG_FORGOTTEN})
         if row is None:
-            self.index.live -= 1
-
-    def _change(self, row: list[Any] | None, g: int, changes: dict[int, Any]) -> None:
-        names = fmt.INDEX_DTYPE.names
-        assert names is not None
-        for field, value in changes.items():
-            if row is not None:
-                row[field] = value
-            else:
-                self.index.set_field(g, names[field], value)
+            self.index.forget(g, flags)
+        else:
+            row[F_FLAGS] = flags | fmt.FLAG_FORGOTTEN

@@ -7,7 +7,6 @@ Each function here has the same signature and the same results as its compiled t
 from __future__ import annotations
 
 import math
-import struct
 import zlib
 from typing import Any
 
@@ -19,12 +18,12 @@ from ._format import (
     MAX_DIM,
     MAX_RAW_PAYLOAD,
     RECORD_CRC_AT,
+    RECORD_HEADER,
     RECORD_HEADER_SIZE,
     RECORD_KINDS,
     RECORD_MAGIC,
 )
 
-_HEADER = struct.Struct("<4sBBHIII")
 
 
 def crc32(data: Any, value: int = 0) -> int:
@@ -36,7 +35,7 @@ def _record_length(buf: Any, pos: int, end: int) -> int:
     """Length of the valid record at ``pos``, or 0 when none is there."""
     if pos + RECORD_HEADER_SIZE > end:
         return 0
-    magic, version, kind, dim, plen, rlen, crc = _HEADER.unpack_from(buf, pos)
+    magic, version, kind, dim, plen, rlen, crc = RECORD_HEADER.unpack_from(buf, pos)
     length = RECORD_HEADER_SIZE + 2 * dim + plen
     if (
         magic != RECORD_MAGIC
@@ -162,7 +161,7 @@ def frame_records(
         vector = b""
         if vectors is not None and has_vector is not None and has_vector[i]:
             vector = vectors[i].astype("<u2").tobytes()
-        head = _HEADER.pack(RECORD_MAGIC, FORMAT_VERSION, kind, len(vector) // 2, len(payload), raw_len, 0)
+        head = RECORD_HEADER.pack(RECORD_MAGIC, FORMAT_VERSION, kind, len(vector) // 2, len(payload), raw_len, 0)
         crc = zlib.crc32(payload, zlib.crc32(vector, zlib.crc32(head[:RECORD_CRC_AT])))
         parts += [head[:RECORD_CRC_AT], crc.to_bytes(4, "little"), vector, payload]
         lengths.append(RECORD_HEADER_SIZE + len(vector) + len(payload))
@@ -215,7 +214,7 @@ def check_record(buf: Any, offset: int, end: int) -> tuple[int, int, int, int] |
     """``(kind, dim, payload_len, raw_len)`` of the valid record at ``offset``, else None."""
     if offset < 0 or end > len(buf) or offset >= end or not _record_length(buf, offset, end):
         return None
-    _, _, kind, dim, plen, rlen, _ = _HEADER.unpack_from(buf, offset)
+    _, _, kind, dim, plen, rlen, _ = RECORD_HEADER.unpack_from(buf, offset)
     return kind, dim, plen, rlen
 
 

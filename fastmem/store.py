@@ -34,7 +34,7 @@ from . import _format as fmt
 from . import _kernels
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, Problem,
-    default_importance, session_hash,
+    default_importance, session_hash, update_changes,
 )  # fmt: skip
 from ._vectors import quantize, to_float16
 from .errors import (
@@ -696,8 +696,8 @@ class MemoryStore:
         """
         with self._lock:
             self._check_writable()
-            g = self._row_of(mid)
-            payload: dict[str, Any] = {"i": self._index.row(g)[F_ID], "t": time.time()}
+            g, row = self._live_row(mid)
+            payload: dict[str, Any] = {"i": row[F_ID], "t": time.time()}
             if importance is not None:
                 payload["p"] = _check_real(importance, "importance", 0.0, 1.0)
             if pinned is not None:
@@ -709,14 +709,7 @@ class MemoryStore:
             if len(payload) == 2:
                 return
             offset = self._append_change(fmt.KIND_UPDATE, payload)
-            if "p" in payload:
-                self._index.set_field(g, "importance", payload["p"])
-            if "n" in payload:
-                flags = self._index.row(g)[F_FLAGS]
-                flags = flags | fmt.FLAG_PINNED if pinned else flags & ~fmt.FLAG_PINNED
-                self._index.set_field(g, "flags", flags)
-            if "m" in payload:
-                self._index.set_field(g, "meta_offset", offset)
+            self._index.change(g, update_changes(row[F_FLAGS], payload, offset))
 
     def pin(self, mid: str, pinned: bool = True) -> None:
         """Pin a memory ("remember this") or, with ``pinned=False``, unpin it."""
@@ -730,16 +723,11 @@ class MemoryStore:
         """
         with self._lock:
             self._check_writable()
-            g = self._row_of(mid)
-            row = self._index.row(g)
+            g, row = self._live_row(mid)
             self._append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": time.time()})
-            self._index.set_field(g, "flags", row[F_FLAGS] | fmt.FLAG_FORGOTTEN)
-            self._index.live -= 1
+            self._index.forget(g, row[F_FLAGS])
 
     # --- reading -----------------------------------------------------------------------
-
-    def _row_of(self, mid: str) -> int:
-        return self._live_row(mid)[0]
 
     def _live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
         g = self._index.find(_parse_id(mid))
@@ -748,9 +736,8 @@ class MemoryStore:
             raise UnknownMemoryError(f"no memory has the id {mid!r} (never added, or forgotten)")
         return g, row
 
-    def _memory(self, g: int, row: tuple[Any, ...] | None = None) -> Memory:
-        if row is None:
-            row = self._index.row(g)
+    def _memory(self, g: int) -> Memory:
+        row = self._index.row(g)
         return self._decode(row, self._data(), row[F_OFFSET], self._dat_end)
 
     def _decode(self, row: tuple[Any, ...], buf: Any, offset: int, end: int) -> Memory:
@@ -844,7 +831,7 @@ class MemoryStore:
         with self._lock:
             self._check()
             try:
-                self._row_of(mid)  # type: ignore[arg-type]
+                self._live_row(mid)  # type: ignore[arg-type]
             except (UnknownMemoryError, InvalidTypeError):
                 return False
             return True
