@@ -413,14 +413,14 @@ class MemoryIndex:
         self.applied = offset + length
         self.last_offset, self.last_crc = offset, crc
 
-    def replay(self, dat: Any, start: int, end: int, path: str) -> tuple[list[Problem], int]:
+    def replay(self, dat: Any, start: int, end: int, path: str) -> tuple[list[Problem], int, int]:
         """Apply the valid records of ``dat[start:end]`` (scanned by the compiled kernel).
 
-        Returns the problems found and the end of the last valid record (a damaged tail
-        after it is not applied).
+        Returns the problems found, the end of the last valid record (a damaged tail after
+        it is not applied) and how many valid records there were.
         """
         if start >= end:  # the common case at open: the checkpoint covers everything
-            return [], start
+            return [], start, 0
         offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(
             dat, start, end
         )
@@ -429,7 +429,7 @@ class MemoryIndex:
         ]
         _Replayer(self, dat, path, problems).run(offsets, lengths, kinds, dims)
         valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
-        return problems, max(valid_end, start)
+        return problems, max(valid_end, start), len(offsets)
 
 
 class _Replayer:

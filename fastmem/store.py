@@ -357,7 +357,7 @@ class MemoryStore:
         if index is None:
             index = MemoryIndex(header.dim, header.uuid)
         self._index = index
-        problems, valid_end = index.replay(self._dat, index.applied, size, self.dat_path)
+        problems, valid_end, _ = index.replay(self._dat, index.applied, size, self.dat_path)
         self._dat_end = size
         if reason is not None and not created:
             warnings.warn(
@@ -443,7 +443,7 @@ class MemoryStore:
             return
         self._map_data(size)
         self._dat_end = size
-        _, self._valid_end = self._index.replay(self._dat, self._valid_end, size, self.dat_path)
+        self._valid_end = self._index.replay(self._dat, self._valid_end, size, self.dat_path)[1]
 
     def _data(self) -> mmap.mmap:
         """The data file's map, remapped when the file has grown past it."""
@@ -886,6 +886,7 @@ class MemoryStore:
                     if code >= 0:
                         allowed[code] = 1
             want = min(4 * k + 32, len(index))
+            wanted_session = session_hash(session)
             rows, approx = [], []
             for first, seg_rows, seg_vectors in index.segments():
                 if seg_vectors.shape[1] != index.dim:
@@ -893,7 +894,7 @@ class MemoryStore:
                 r, s = _kernels.topk_int8(
                     seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
                     seg_rows["timestamp"], seg_rows["session"], q8[0], want, allowed, lo, hi,
-                    session_hash(session), fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
+                    wanted_session, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
                 )  # fmt: skip
                 rows.append(r + first)
                 approx.append(s)
@@ -955,10 +956,9 @@ class MemoryStore:
             self._check()
             dat = self._data()
             fresh = MemoryIndex(fmt.unpack_dat_header(dat, self.dat_path).dim, self._uuid)
-            problems, _ = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
+            problems, _, records = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
             problems += _compare(self._index, fresh)
             problems += self._check_hot(dat)
-            records = len(_kernels.scan_records(dat, fmt.DAT_HEADER_SIZE, self._dat_end)[0])
             size = self._dat_end
             if os.path.exists(self.idx_path):
                 size += os.path.getsize(self.idx_path)
