@@ -225,3 +225,43 @@ def pack_payloads(payloads: list[dict[str, Any]]) -> list[bytes]:
     """``msgpack.packb(p, use_bin_type=True)`` of each payload dict (the smallest encoding
     of every int, str8 for short strings, float64 for floats)."""
     return [_packer.pack(p) for p in payloads]
+
+
+def importance(
+    base: np.ndarray,
+    flags: np.ndarray,
+    access_count: np.ndarray,
+    last_access: np.ndarray,
+    timestamps: np.ndarray,
+    out: np.ndarray,
+    now: float,
+    access_half_life: float,
+    access_weight: float,
+    recency_half_life: float,
+    recency_weight: float,
+    pin_bonus: float,
+    pinned_flag: int,
+    exclude_flags: int,
+) -> None:
+    """Each row's importance, written into ``out`` (float32), computed in float64:
+
+    ``base + access_weight * d / (1 + d) + recency_weight * 2**(-age / recency_half_life)
+    + pin_bonus [if pinned]``, where ``d = access_count * 2**(-(now - last_access) /
+    access_half_life)`` is the access count decayed by the time since the last access, and
+    ``age = now - timestamp``; ages below zero count as zero. Rows with any of
+    ``exclude_flags`` get ``-inf``.
+    """
+    n = base.shape[0]
+    if min(len(flags), len(access_count), len(last_access), len(timestamps), len(out)) < n:
+        raise ValueError("a column is shorter than base")
+    if not (access_half_life > 0 and recency_half_life > 0):
+        raise ValueError("half-lives must be > 0")
+    flags = flags[:n]
+    count = access_count[:n].astype(np.float64)
+    decayed = count * np.exp2(-np.maximum(now - last_access[:n], 0.0) * (1.0 / access_half_life))
+    score = base[:n].astype(np.float64)
+    score = score + np.where(count > 0, access_weight * decayed / (1.0 + decayed), 0.0)
+    age = np.maximum(now - timestamps[:n], 0.0)
+    score = score + recency_weight * np.exp2(-age * (1.0 / recency_half_life))
+    score = score + np.where(flags & pinned_flag, pin_bonus, 0.0)
+    out[:n] = np.where(flags & exclude_flags, -np.inf, score).astype(np.float32)

