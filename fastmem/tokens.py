@@ -102,7 +102,7 @@ class TokenCounter:
         return [len(encode(t)) for t in texts]
 
     def encode(self, text: str) -> list[int]:
-        return self.encoding.encode_ordinary(text)  # type: ignore[no-any-return]
+        return self.encoding.encode_ordinary(text)
 
     def truncate(self, text: str, max_tokens: int) -> str:
         """The longest prefix of ``text`` that has at most ``max_tokens`` tokens on its own,
@@ -117,7 +117,7 @@ class TokenCounter:
             except UnicodeDecodeError:  # a character split between tokens: step back
                 continue
             if len(encoding.encode_ordinary(prefix)) <= max_tokens:
-                return prefix  # type: ignore[no-any-return]
+                return prefix
         return ""
 
     def __repr__(self) -> str:
