@@ -19,6 +19,8 @@ from .errors import (
     CorruptionError,
     CorruptRecordError,
     DimensionMismatchError,
+    EmbedderMismatchError,
+    EncodingUnavailableError,
     FastmemError,
     FormatVersionError,
     InvalidInputError,
@@ -31,6 +33,7 @@ from .errors import (
     StoreNotFoundError,
     UnknownMemoryError,
 )
+from .context import Context, ContextItem, ContextPolicy
 from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open
 
 __version__ = "0.1.0"
@@ -38,6 +41,11 @@ __version__ = "0.1.0"
 __all__ = [
     "BACKEND",
     "DURABILITY",
+    "Context",
+    "ContextItem",
+    "ContextPolicy",
+    "EmbedderMismatchError",
+    "EncodingUnavailableError",
     "CorruptIndexError",
     "CorruptionError",
     "CorruptRecordError",

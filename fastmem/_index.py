@@ -125,6 +125,7 @@ class MemoryIndex:
         self.applied = fmt.DAT_HEADER_SIZE  # .dat offset up to which records are applied
         self.last_offset = 0  # the last applied record: where it starts, and its crc
         self.last_crc = 0
+        self.stats_changed = False  # access statistics changed since the checkpoint
 
     # --- loading and saving ------------------------------------------------------------
 
@@ -296,6 +297,22 @@ class MemoryIndex:
         assert names is not None
         for field, value in changes.items():
             self.set_field(g, names[field], value)
+
+    def vector(self, g: int) -> np.ndarray:
+        """Row ``g``'s int8 vector (a view)."""
+        nb = self.n_base
+        return self.base_vectors[g] if g < nb else self.tail.vectors[g - nb]
+
+    def touch(self, rows: list[int], now: float) -> None:
+        """Count an access to each row: statistics kept in the index only (a crash before
+        the next checkpoint loses them, never a memory)."""
+        nb = self.n_base
+        for g in rows:
+            seg, i = (self.base_rows, g) if g < nb else (self.tail.rows, g - nb)
+            seg["access_count"][i] = min(int(seg["access_count"][i]) + 1, 0xFFFFFFFF)
+            seg["last_access"][i] = now
+        if rows:
+            self.stats_changed = True
 
     def forget(self, g: int, flags: int) -> None:
         """Mark row ``g`` (whose flags are ``flags``) forgotten."""

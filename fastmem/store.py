@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,15 +34,21 @@ import numpy as np
 from . import _format as fmt
 from . import _kernels
 from ._index import (
-    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, Problem,
+    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_SCALE, F_SESSION,
+    F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, Problem,
     default_importance, session_hash, update_changes,
 )  # fmt: skip
 from ._vectors import quantize, to_float16
+from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
+from .summarize import KeySentences
+from .tokens import TokenCounter
 from .errors import (
     CorruptIndexError,
     CorruptRecordError,
     CorruptionError,
     DimensionMismatchError,
+    EmbedderMismatchError,
+    FastmemError,
     FormatVersionError,
     InvalidInputError,
     InvalidTypeError,
@@ -59,11 +66,13 @@ __all__ = ["MemoryStore", "Memory", "Hit", "Report", "Problem", "open", "DURABIL
 DURABILITY = ("always", "batch", "none")
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
+SUMMARY_TOKENS = 64  # a summary's bound, whoever writes it
+_UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 _ADD_KEYS = frozenset(
     ("text", "type", "timestamp", "session", "importance", "pinned", "metadata", "summary",
      "embedding")
 )  # fmt: skip
-_DEFAULT = object()  # embedder= left out: the memory-engine issue makes this the default model
+_DEFAULT = object()  # a keyword left out: the documented default
 
 _fork_generation = 0
 
@@ -124,6 +133,9 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     readonly: bool = False,
     durability: str = "batch",
     timeout: float = 0.0,
+    encoding: str | None = None,
+    summarizer: Any = _DEFAULT,
+    policy: ContextPolicy | None = None,
 ) -> MemoryStore:
     """Open the store at ``path`` (``path.dat`` and ``path.idx``), creating it if needed.
 
@@ -139,6 +151,11 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
             Under every mode, a memory whose ``add`` returned survives the process being
             killed; the modes differ on power loss.
         timeout: seconds to wait for another writer to close the store.
+        encoding: the tiktoken encoding that counts a new store's tokens (``cl100k_base``
+            when left out); an existing store keeps the one it was created with.
+        summarizer: writes each new memory's summary when none is given (default:
+            :class:`fastmem.summarize.KeySentences`, 64 tokens); ``None`` for none.
+        policy: how contexts are built and memories ranked (:class:`ContextPolicy`).
 
     Raises:
         StoreLockedError: another process is writing to the store.
@@ -148,7 +165,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     """
     return MemoryStore(
         path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
-        timeout=timeout,
+        timeout=timeout, encoding=encoding, summarizer=summarizer, policy=policy,
     )  # fmt: skip
 
 
@@ -270,6 +287,9 @@ class MemoryStore:
         readonly: bool = False,
         durability: str = "batch",
         timeout: float = 0.0,
+        encoding: str | None = None,
+        summarizer: Any = _DEFAULT,
+        policy: ContextPolicy | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
@@ -290,12 +310,28 @@ class MemoryStore:
             getattr(embedder, "encode", None)
         ):
             raise InvalidTypeError("embedder must have an encode(list[str]) method, or be None")
+        if encoding is not None and (
+            not isinstance(encoding, str) or not encoding.isascii() or not 0 < len(encoding) <= 12
+        ):
+            raise InvalidInputError(f"encoding must be a tiktoken encoding name, got {encoding!r}")
+        if summarizer is not _DEFAULT and summarizer is not None and not callable(
+            getattr(summarizer, "summarize", None)
+        ):
+            raise InvalidTypeError("summarizer must have a summarize(list[str]) method, or be None")
+        if policy is not None and not isinstance(policy, ContextPolicy):
+            raise InvalidTypeError("policy must be a fastmem.ContextPolicy")
 
         self.path = base
         self.dat_path, self.idx_path = base + ".dat", base + ".idx"
         self.readonly = readonly
         self.durability = durability
-        self._embedder = None if embedder is _DEFAULT else embedder
+        self._embedder = _resolve_embedder(embedder)
+        self.policy = policy or ContextPolicy()
+        self._summarizer_arg = summarizer
+        self._encoding_arg = encoding
+        self._cache = _ContentCache(self.policy.cache_bytes)
+        self._preload: _Preload | None = None
+        self._counters: dict[str, TokenCounter] = {}
         self._lock = threading.RLock()
         self._generation = _fork_generation
         self._closed = True
@@ -309,6 +345,8 @@ class MemoryStore:
             self._release()
             raise
         self._closed = False
+        if self.policy.preload or self.policy.recent:
+            self._preload = _Preload(self)
 
     # --- opening -----------------------------------------------------------------------
 
@@ -346,6 +384,12 @@ class MemoryStore:
         assert self._dat is not None
         header = fmt.unpack_dat_header(self._dat, self.dat_path)
         self._uuid = header.uuid
+        self._check_embedder(header)
+        self.tokens = TokenCounter(header.encoding)
+        if self._summarizer_arg is _DEFAULT:
+            self._summarizer: Any = KeySentences(SUMMARY_TOKENS, self.tokens.count)
+        else:
+            self._summarizer = self._summarizer_arg
         try:
             index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, self._dat, size)
             reason = None
@@ -405,9 +449,44 @@ class MemoryStore:
                 f"{self.dat_path} is not a fastmem data file", path=self.dat_path, offset=0
             )
         os.ftruncate(self._fd, 0)  # a creation that was interrupted: start it again
-        os.write(self._fd, fmt.pack_dat_header(os.urandom(16), dim, time.time()))
+        encoding = self._encoding_arg or fmt.DEFAULT_ENCODING
+        fingerprint = bytes(8)
+        identity = _embedder_identity(self._embedder)
+        if identity is not None:
+            dim = dim or identity[1]
+            if dim != identity[1]:
+                raise DimensionMismatchError(f"dim={dim}, but the embedder makes {identity[1]}")
+            fingerprint = fmt.embedder_fingerprint(*identity)
+        try:
+            header = fmt.pack_dat_header(os.urandom(16), dim, time.time(), encoding, fingerprint)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        os.write(self._fd, header)
         os.fsync(self._fd)
         _fsync_dir(self.dat_path)
+
+    def _check_embedder(self, header: fmt.DatHeader) -> None:
+        """Refuse an embedder whose vectors would not compare with the stored ones."""
+        if self._encoding_arg is not None and self._encoding_arg != header.encoding:
+            raise InvalidInputError(
+                f"{self.path} counts tokens with {header.encoding!r}, not "
+                f"{self._encoding_arg!r}; context(encoding=...) can count with another"
+            )
+        identity = _embedder_identity(self._embedder)
+        if identity is None:
+            return
+        name, dim = identity
+        if header.dim and dim != header.dim:
+            raise DimensionMismatchError(
+                f"{self.path} holds {header.dim}-dimensional vectors; the embedder {name!r} "
+                f"makes {dim}: open it with the embedder that wrote it, or embedder=None"
+            )
+        if header.embedder != bytes(8) and header.embedder != fmt.embedder_fingerprint(name, dim):
+            raise EmbedderMismatchError(
+                f"{self.path} was written by another embedder than {name!r} ({dim} dims): "
+                f"its vectors would not compare; open it with the embedder that wrote it, "
+                f"or embedder=None"
+            )
 
     def _map_data(self, size: int) -> None:
         # Mapped through a descriptor of its own: mmap keeps a duplicate of the one it is
@@ -507,6 +586,7 @@ class MemoryStore:
             now = time.time()
             prepared = [self._prepare(i, item, now) for i, item in enumerate(items)]
             vectors16 = self._vectors_for(items, prepared)
+            self._summarize_and_count([item[0] for item in prepared])
             return self._commit_memories(prepared, vectors16)
 
     def _prepare(self, i: int, item: Any, now: float) -> list[Any]:
@@ -564,6 +644,27 @@ class MemoryStore:
         return [payload, type_name, session, importance, fmt.FLAG_PINNED if pinned else 0,
                 get("embedding")]
 
+    def _summarize_and_count(self, payloads: list[dict[str, Any]]) -> None:
+        """Give each payload its summary (unless it has one) and its token counts, once."""
+        if self._summarizer is not None:
+            todo = [p for p in payloads if "u" not in p]
+            made = self._summarizer.summarize([p["x"] for p in todo]) if todo else []
+            if not isinstance(made, list) or len(made) != len(todo):
+                raise InvalidInputError("the summarizer must return a list: one summary or None per text")
+            for payload, summary in zip(todo, made):
+                if summary is None:
+                    continue
+                if not isinstance(summary, str):
+                    raise InvalidTypeError(f"the summarizer returned a {type(summary).__name__}, not a str")
+                summary = self.tokens.truncate(summary.strip(), SUMMARY_TOKENS)
+                if summary and summary != payload["x"]:
+                    _check_utf8(summary, "the summary")
+                    payload["u"] = summary
+        count = self.tokens.count
+        for payload in payloads:
+            summary = payload.get("u")
+            payload["k"] = [count(payload["x"]), 0 if summary is None else count(summary)]
+
     def _vectors_for(self, items: list[Any], prepared: list[list[Any]]) -> np.ndarray | None:
         """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere)."""
         given = [j for j, p in enumerate(prepared) if p[5] is not None]
@@ -606,6 +707,7 @@ class MemoryStore:
         payloads = [item[0] for item in prepared]
         for j, payload in enumerate(payloads):
             payload["i"] = first_id + j
+        token_counts = [p.get("k", _UNKNOWN_TOKENS) for p in payloads]
         stored, raw_lens = [], []
         for raw in _kernels.pack_payloads(payloads):
             if len(raw) < fmt.COMPRESS_MIN:  # most memories: no call to make
@@ -626,7 +728,7 @@ class MemoryStore:
         rows["id"] = np.arange(first_id, first_id + n)
         rows["timestamp"], rows["type"], rows["session"] = ts, codes, sessions
         rows["importance"], rows["flags"] = importance, flags
-        rows["text_tokens"] = rows["summary_tokens"] = fmt.UNKNOWN_TOKENS
+        rows["text_tokens"], rows["summary_tokens"] = np.array(token_counts, dtype=np.uint32).T
         has_vector = None
         if vectors16 is not None:
             has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
@@ -919,6 +1021,282 @@ class MemoryStore:
                     break
             return hits
 
+    # --- context: the three levels ------------------------------------------------------
+
+    def context(
+        self,
+        query: str = "",
+        budget: int = 1300,
+        *,
+        session: str | None = None,
+        encoding: str | None = None,
+    ) -> Context:
+        """The memories that matter for ``query``, as text within ``budget`` tokens.
+
+        Merges pinned memories, the newest memories (level 1) and a hybrid search for the
+        query over everything (level 3); removes duplicates; orders them for a model to
+        read (pinned first, then by time under one header per session and day); uses a
+        memory's summary where its full text would not fit or matter. ``tokens`` is the
+        exact count of ``text`` in ``encoding`` (the store's by default) and never exceeds
+        ``budget``. Every memory used counts as an access (importance statistics).
+
+        Args:
+            query: what the model is about to be asked ("" for no search).
+            budget: tokens, 1 to 1,000,000 (≈1,300 is what fastmem is tuned for).
+            session: the current session: its memories rank a little higher.
+            encoding: count with another tiktoken encoding than the store's.
+        """
+        started = time.perf_counter()
+        budget = check_budget(budget)
+        if not isinstance(query, str):
+            raise InvalidTypeError(f"query must be a string, not {type(query).__name__}")
+        _check_utf8(query, "query")
+        session = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
+        counter = self._counter(encoding)
+        stored_counts = counter is self.tokens
+        policy = self.policy
+        with self._lock:
+            self._check()
+            now = time.time()
+            ranked, degraded = self._rank(query, policy.candidates, session=session, now=now)
+            levels: dict[int, tuple[int, float]] = {}  # row -> (level, priority)
+            share = {0: policy.pinned_share * budget, 1: policy.recent_share * budget}
+            spent = {0: 0.0, 1: 0.0}
+            for level, rows in ((0, self._pinned_rows()), (1, self._level1_rows())):
+                for i, g in enumerate(rows):
+                    row = self._index.row(g)
+                    cost = row[F_TEXT_TOKENS] if row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS else 64
+                    if g in levels or spent[level] + cost > share[level]:
+                        continue
+                    spent[level] += cost
+                    levels[g] = (level, 3.0 - level - i * 1e-6)
+            scores = {}
+            for g, relevance in ranked:
+                scores[g] = relevance
+                if g not in levels:
+                    levels[g] = (3, relevance)
+            candidates = self._candidates(levels, scores, counter, stored_counts)
+            text, tokens, items = pack(candidates, budget, counter.count)
+            if not self.readonly:
+                used = [self._index.find(_parse_id(item.id)) for item in items]
+                self._index.touch(used, now)
+        return new_context(text, tokens, budget, items, counter.name, degraded, started)
+
+    def _counter(self, encoding: str | None) -> TokenCounter:
+        if encoding is None or encoding == self.tokens.name:
+            return self.tokens
+        if not isinstance(encoding, str):
+            raise InvalidTypeError("encoding must be a tiktoken encoding name")
+        counter = self._counters.get(encoding)
+        if counter is None:
+            counter = self._counters[encoding] = TokenCounter(encoding)
+        counter.encoding  # noqa: B018 - load it now: an unknown name fails here, clearly
+        return counter
+
+    def _candidates(
+        self, levels: dict[int, tuple[int, float]], scores: dict[int, float],
+        counter: TokenCounter, stored_counts: bool,
+    ) -> list[Candidate]:  # fmt: skip
+        """Context candidates for rows, near-duplicates left out (the better one stays)."""
+        policy = self.policy
+        order = sorted(levels, key=lambda g: -levels[g][1])
+        kept_vectors: list[np.ndarray] = []
+        seen_texts: set[str] = set()
+        out = []
+        for g in order:
+            level, priority = levels[g]
+            row = self._index.row(g)
+            memory = self._cached_memory(g)
+            key = " ".join(memory.text.casefold().split())
+            if key in seen_texts:
+                continue
+            vector = self._unit_vector(g, row)
+            if vector is not None and level == 3 and kept_vectors:
+                if float(np.max(np.stack(kept_vectors) @ vector)) >= policy.near_duplicate:
+                    continue
+            seen_texts.add(key)
+            if vector is not None:
+                kept_vectors.append(vector)
+            if stored_counts and row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS:
+                text_tokens, summary_tokens = row[F_TEXT_TOKENS], row[F_SUMMARY_TOKENS]
+            else:
+                text_tokens = counter.count(memory.text)
+                summary_tokens = counter.count(memory.summary) if memory.summary else 0
+            score = scores.get(g, 0.0)
+            item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
+                               memory.session, memory.type)  # fmt: skip
+            summary = (memory.summary, summary_tokens) if memory.summary else None
+            if summary is not None and level == 3 and score < policy.full_text_score:
+                # Weakly related: its summary first (more evidence fits), its text if room.
+                item = ContextItem(memory.id, level, score, memory.summary or "", True,
+                                   memory.timestamp, memory.session, memory.type)  # fmt: skip
+                out.append(Candidate(item, summary_tokens, priority))
+            else:
+                out.append(Candidate(item, text_tokens, priority, summary))
+        return out
+
+    def _unit_vector(self, g: int, row: tuple[Any, ...]) -> np.ndarray | None:
+        """Row ``g``'s int8 vector as an approximately unit float32 vector."""
+        if not row[F_FLAGS] & fmt.FLAG_HAS_VECTOR or not self._index.dim:
+            return None
+        vector = self._index.vector(g).astype(np.float32) * np.float32(row[F_SCALE])
+        norm = float(np.linalg.norm(vector))
+        return vector / norm if norm else None
+
+    def _cached_memory(self, g: int) -> Memory:
+        memory = self._cache.get(g)
+        if memory is None:
+            memory = self._memory(g)
+            self._cache.put(g, memory)
+        return memory
+
+    def _pinned_rows(self) -> list[int]:
+        """Pinned live memories, most important first."""
+        pinned, importance = [], []
+        for first, rows, _ in self._index.segments():
+            flags = rows["flags"]
+            hit = np.nonzero((flags & fmt.FLAG_PINNED != 0) & (flags & fmt.FLAG_FORGOTTEN == 0))[0]
+            pinned.append(hit + first)
+            importance.append(rows["importance"][hit])
+        if not pinned:
+            return []
+        rows_ = np.concatenate(pinned)
+        return rows_[np.lexsort((rows_, -np.concatenate(importance)))].tolist()
+
+    def _level1_rows(self) -> list[int]:
+        """Level 1, newest first: the last ``recent`` memories, or those of the last
+        ``recent_minutes``, or the whole last session (policy)."""
+        policy = self.policy
+        newest = self._index.by_time(newest_first=True)
+        if policy.recent_session:
+            out: list[int] = []
+            last = None
+            for g in newest:
+                row = self._index.row(g)
+                if last is None:
+                    last = row[F_SESSION]
+                elif row[F_SESSION] != last:
+                    break
+                out.append(g)
+            return out
+        if policy.recent_minutes is not None:
+            out, since = [], None
+            for g in newest:
+                ts = self._index.row(g)[F_TS]
+                since = ts - policy.recent_minutes * 60 if since is None else since
+                if ts < since:
+                    break
+                out.append(g)
+            return out
+        return list(islice(newest, policy.recent))
+
+    def _rank(
+        self, query: str, k: int, *, session: str | None, now: float
+    ) -> tuple[list[tuple[int, float]], bool]:
+        """Level 3: rows ranked for ``query`` by the fused score, scaled so the best is 1.
+
+        Returns ``(ranked, degraded)``; ``degraded`` when the store has an embedder that is
+        not loaded yet (the ranking then has no vector component).
+        """
+        if not query.strip() or not len(self._index):
+            return [], False
+        policy = self.policy
+        rankings: list[tuple[float, np.ndarray]] = []
+        degraded = False
+        embedder = self._embedder
+        if embedder is not None and self._index.dim:
+            if getattr(embedder, "ready", True):
+                vector = _query_vector(embedder, query)
+                rows, _ = self._vector_candidates(vector, k)
+                rankings.append((policy.vector_weight, rows))
+            else:
+                degraded = True
+        keyword_rows = self._keyword_candidates(query, k)
+        if keyword_rows is not None:
+            rankings.append((policy.keyword_weight, keyword_rows))
+        if not rankings:
+            return [], degraded
+        return self._fuse(rankings, session, now), degraded
+
+    def _fuse(
+        self, rankings: list[tuple[float, np.ndarray]], session: str | None, now: float
+    ) -> list[tuple[int, float]]:
+        policy = self.policy
+        total_weight = sum(w for w, _ in rankings) or 1.0
+        fused: dict[int, float] = {}
+        for weight, rows in rankings:
+            for rank, g in enumerate(rows.tolist(), 1):
+                fused[g] = fused.get(g, 0.0) + weight * (policy.rrf_k + 1) / (policy.rrf_k + rank) / total_weight
+        wanted_session = session_hash(session) if session else 0
+        recency_scale = 1.0 / (policy.recency_half_life_days * DAY)
+        for g in fused:
+            row = self._index.row(g)
+            bonus = policy.importance_weight * row[F_IMPORTANCE]
+            bonus += policy.recency_weight * 2.0 ** (-max(0.0, now - row[F_TS]) * recency_scale)
+            if wanted_session and row[F_SESSION] == wanted_session:
+                bonus += policy.session_weight
+            fused[g] += bonus
+        best = max(fused.values())
+        ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
+        return [(g, score / best) for g, score in ranked]
+
+    def _vector_candidates(self, query: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of the ``k`` best int8 scores for a query vector (no rescoring)."""
+        index = self._index
+        q16 = to_float16([query], index.dim, "query")
+        q8, _ = quantize(q16)
+        rows, scores = [], []
+        for first, seg_rows, seg_vectors in index.segments():
+            if seg_vectors.shape[1] != index.dim:
+                continue
+            r, sc = _kernels.topk_int8(
+                seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
+                seg_rows["timestamp"], seg_rows["session"], q8[0], k, None, -math.inf,
+                math.inf, 0, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
+            )  # fmt: skip
+            rows.append(r + first)
+            scores.append(sc)
+        if not rows:
+            return np.zeros(0, np.int64), np.zeros(0)
+        r, sc = np.concatenate(rows), np.concatenate(scores)
+        best = np.lexsort((r, -sc))[:k]
+        return r[best], sc[best]
+
+    def _keyword_candidates(self, query: str, k: int) -> np.ndarray | None:
+        """Rows of the ``k`` best BM25 scores for ``query`` (None: no keyword index)."""
+        return None
+
+    def importance_scores(self, now: float | None = None) -> np.ndarray:
+        """Every row's current importance (float32; forgotten rows ``-inf``), computed by
+        the compiled kernel from base importance, decayed access count, recency and pins."""
+        with self._lock:
+            self._check()
+            return self._importance(time.time() if now is None else float(now))
+
+    def _importance(self, now: float) -> np.ndarray:
+        policy = self.policy
+        out = np.empty(len(self._index), dtype=np.float32)
+        for first, rows, _ in self._index.segments():
+            _kernels.importance(
+                rows["importance"], rows["flags"], rows["access_count"], rows["last_access"],
+                rows["timestamp"], out[first : first + len(rows)], now,
+                policy.access_half_life_days * DAY, policy.access_weight,
+                policy.recency_half_life_days * DAY, policy.recency_weight, policy.pin_bonus,
+                fmt.FLAG_PINNED, fmt.FLAG_FORGOTTEN,
+            )  # fmt: skip
+        return out
+
+    @property
+    def preload_progress(self) -> tuple[int, int]:
+        """Level 2: (memories preloaded, memories to preload) by the background thread."""
+        preload = self._preload
+        return (0, 0) if preload is None else (preload.done, preload.total)
+
+    def wait_preload(self, timeout: float | None = None) -> bool:
+        """Wait for the level-2 preload to finish; whether it has."""
+        preload = self._preload
+        return True if preload is None else preload.finished.wait(timeout)
+
     # --- durability and integrity -------------------------------------------------------
 
     def flush(self) -> None:
@@ -987,16 +1365,24 @@ class MemoryStore:
 
     def close(self) -> None:
         """Checkpoint the index, make everything durable and release the lock; idempotent."""
+        preload = self._preload
+        if preload is not None:
+            preload.stop()  # outside the lock: the preload thread takes it between chunks
         with self._lock:
             if self._closed or self._generation != _fork_generation:
                 self._closed = True
                 return
             try:
+                if self._preload is not None:
+                    self._preload.stop()
                 if self._commit is not None:
                     self._commit.stop()
                     self._commit = None
                 # Nothing new since the last checkpoint means nothing unsynced: it synced.
-                if not self.readonly and self._index.applied != self._index.covered:
+                # Access statistics alone are worth a checkpoint too (they live only there).
+                if not self.readonly and (
+                    self._index.applied != self._index.covered or self._index.stats_changed
+                ):
                     self._checkpoint()
             finally:
                 self._closed = True
@@ -1020,6 +1406,117 @@ class MemoryStore:
         state = "closed" if self._closed else f"{self._index.live} memories"
         mode = "readonly" if self.readonly else self.durability
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+def _resolve_embedder(embedder: Any) -> Any:
+    """The embedder a store uses: the default model unless one (or ``None``) is given."""
+    if embedder is not _DEFAULT:
+        return embedder
+    return None
+
+
+def _embedder_identity(embedder: Any) -> tuple[str, int] | None:
+    """(model name, dimension) when the embedder says them (``name`` and ``dim``)."""
+    name, dim = getattr(embedder, "name", None), getattr(embedder, "dim", None)
+    if isinstance(name, str) and isinstance(dim, int) and not isinstance(dim, bool) and dim > 0:
+        return name, dim
+    return None
+
+
+def _query_vector(embedder: Any, query: str) -> np.ndarray:
+    encode_query = getattr(embedder, "encode_query", None)
+    if encode_query is not None:
+        return np.asarray(encode_query(query))
+    return np.asarray(embedder.encode([query]))[0]
+
+
+class _ContentCache:
+    """Decoded memories by row, least recently used first out, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[int, tuple[Memory, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, g: int) -> Memory | None:
+        with self._lock:
+            hit = self._items.get(g)
+            if hit is None:
+                return None
+            self._items.move_to_end(g)
+            return hit[0]
+
+    def put(self, g: int, memory: Memory) -> None:
+        size = len(memory.text) + len(memory.summary or "") + 200
+        with self._lock:
+            old = self._items.pop(g, None)
+            if old is not None:
+                self.bytes -= old[1]
+            if size > self.max_bytes:
+                return
+            self._items[g] = (memory, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.bytes -= dropped
+
+    def discard(self, g: int) -> None:
+        with self._lock:
+            old = self._items.pop(g, None)
+            if old is not None:
+                self.bytes -= old[1]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class _Preload:
+    """Level 2: a background thread that reads the most important memories (their summaries
+    and texts) into the store's cache, a chunk at a time, taking the store's lock only per
+    chunk so callers never wait long; stopped by ``close()``."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self.done = 0
+        self.total = 0
+        self.finished = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fastmem-preload", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        store = self.store
+        try:
+            with store._lock:
+                if store._closed:
+                    return
+                for g in store._level1_rows():  # level 1 first: loaded whole
+                    store._cached_memory(g)
+                scores = store._importance(time.time())
+                k = min(store.policy.preload, int(np.count_nonzero(np.isfinite(scores))))
+                top = np.argpartition(-scores, k - 1)[:k] if k else np.zeros(0, np.int64)
+                top = top[np.lexsort((top, -scores[top]))].tolist()
+            self.total = len(top)
+            chunk = max(1, store.policy.preload_chunk)
+            for start in range(0, len(top), chunk):
+                if self._stopping.is_set():
+                    return
+                with store._lock:
+                    if store._closed:
+                        return
+                    for g in top[start : start + chunk]:
+                        store._cached_memory(g)
+                self.done = min(start + chunk, len(top))
+        except FastmemError:
+            pass  # a damaged record: the caller meets it when it reads that memory
+        finally:
+            self.finished.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 @contextmanager

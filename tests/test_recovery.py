@@ -265,7 +265,7 @@ def test_reader_sees_a_write_as_long_as_the_cut_tail(store_path: str) -> None:
             text = next(
                 "x" * n
                 for n in range(1, 100)
-                if len(fmt.encode_payload({"i": 1, "t": 3.0, "x": "x" * n})[0])
+                if len(fmt.encode_payload({"i": 1, "t": 3.0, "x": "x" * n, "k": [writer.tokens.count("x" * n), 0]})[0])
                 == torn - size - fmt.RECORD_HEADER_SIZE
             )
             mid = writer.add(text, timestamp=3.0)
@@ -580,6 +580,7 @@ CHILD = textwrap.dedent(
     warnings.simplefilter("ignore")  # the parent checks what recovery did
     path, run, durability = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     store = fastmem.open(path, durability=durability)
+    store.tokens.encoding  # loaded in the background; wait, so the kills land in writes
     ack("ready")
     rng = np.random.default_rng(run)
     mine, i = [], 0

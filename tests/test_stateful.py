@@ -117,7 +117,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="fastmem-stateful-")
         self.path = self.dir + "/agent"
-        self.store = fastmem.open(self.path)
+        self.store = fastmem.open(self.path, summarizer=None)
         self.reader: fastmem.MemoryStore | None = None
         self.model: dict[int, Expected] = {}
         self.forgotten: set[int] = set()
@@ -318,7 +318,7 @@ class MemoryStoreMachine(RuleBasedStateMachine):
             self.store.close()  # idempotent
         with pytest.raises(fastmem.StoreClosedError):
             len(self.store)
-        self.store = fastmem.open(self.path, durability=durability)
+        self.store = fastmem.open(self.path, durability=durability, summarizer=None)
 
     @rule()
     def second_writer_refused(self) -> None:

