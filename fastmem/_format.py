@@ -34,11 +34,10 @@ FORMAT_VERSION = 1
 # --- data file -------------------------------------------------------------------------
 
 DAT_MAGIC = b"FMEMDATA"
-# magic, version, header size, store uuid, dim (0 = not fixed yet), created (unix s), the
-# token encoding that counted the memories (ASCII, zero-padded; empty = cl100k_base), the
+# magic, version, header size, store uuid, dim (0 = not fixed yet), created (unix s),
+# next id floor, end of the compacted prefix (both 0 unless written by compaction), the
 # fingerprint of the embedder that wrote the vectors (zeros = not recorded), crc
-DAT_HEADER = struct.Struct("<8sHH16sId12s8sI")
-DEFAULT_ENCODING = "cl100k_base"
+DAT_HEADER = struct.Struct("<8sHH16sIdQQ4sI")
 DAT_HEADER_SIZE = DAT_HEADER.size  # 64
 
 RECORD_MAGIC = b"\x8fFMR"
@@ -132,25 +131,24 @@ class DatHeader(NamedTuple):
     uuid: bytes
     dim: int
     created: float
-    encoding: str = DEFAULT_ENCODING
-    embedder: bytes = bytes(8)
+    next_id: int = 0
+    compacted_end: int = 0
+    embedder: bytes = bytes(4)
 
 
 def embedder_fingerprint(name: str, dim: int) -> bytes:
-    """8 bytes that differ between embedders (model name and dimension)."""
-    return hashlib.blake2b(f"{name}\0{dim}".encode(), digest_size=8).digest()
+    """4 bytes that differ between embedders (model name and dimension)."""
+    return hashlib.blake2b(f"{name}\0{dim}".encode(), digest_size=4).digest()
 
 
 def pack_dat_header(
-    uuid: bytes, dim: int, created: float, encoding: str = DEFAULT_ENCODING,
-    embedder: bytes = bytes(8),
+    uuid: bytes, dim: int, created: float, next_id: int = 0, compacted_end: int = 0,
+    embedder: bytes = bytes(4),
 ) -> bytes:  # fmt: skip
-    name = b"" if encoding == DEFAULT_ENCODING else encoding.encode("ascii")
-    if len(name) > 12 or len(embedder) != 8:
-        raise ValueError("encoding names are at most 12 ASCII characters")
     body = DAT_HEADER.pack(
-        DAT_MAGIC, FORMAT_VERSION, DAT_HEADER_SIZE, uuid, dim, created, name, embedder, 0
-    )
+        DAT_MAGIC, FORMAT_VERSION, DAT_HEADER_SIZE, uuid, dim, created, next_id, compacted_end,
+        embedder, 0,
+    )  # fmt: skip
     return body[:-4] + struct.pack("<I", crc32(body[:-4]))
 
 
@@ -159,7 +157,9 @@ def unpack_dat_header(buf: Any, path: str) -> DatHeader:
         raise CorruptionError(
             f"{path} is not a fastmem data file (bad magic or too short)", path=path, offset=0
         )
-    magic, version, size, uuid, dim, created, name, embedder, crc = DAT_HEADER.unpack_from(buf, 0)
+    magic, version, size, uuid, dim, created, next_id, compacted_end, embedder, crc = (
+        DAT_HEADER.unpack_from(buf, 0)
+    )
     if crc != crc32(bytes(buf[: DAT_HEADER_SIZE - 4])):  # damage first: a flipped version is damage
         raise CorruptionError(f"{path}: the file header is damaged", path=path, offset=0)
     if version != FORMAT_VERSION:
@@ -167,10 +167,9 @@ def unpack_dat_header(buf: Any, path: str) -> DatHeader:
             f"{path} has format version {version}; this fastmem reads version "
             f"{FORMAT_VERSION}: install a fastmem release that reads it"
         )
-    name = name.rstrip(b"\0")
-    if size != DAT_HEADER_SIZE or dim > MAX_DIM or not name.isascii():
+    if size != DAT_HEADER_SIZE or dim > MAX_DIM:
         raise CorruptionError(f"{path}: the file header is damaged", path=path, offset=0)
-    return DatHeader(uuid, dim, created, name.decode() or DEFAULT_ENCODING, embedder)
+    return DatHeader(uuid, dim, created, next_id, compacted_end, embedder)
 
 
 # --- records ---------------------------------------------------------------------------

@@ -67,6 +67,7 @@ DURABILITY = ("always", "batch", "none")
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
 SUMMARY_TOKENS = 64  # a summary's bound, whoever writes it
+STORED_ENCODING = "cl100k_base"  # the token counts kept in the index; others count on demand
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 _ADD_KEYS = frozenset(
     ("text", "type", "timestamp", "session", "importance", "pinned", "metadata", "summary",
@@ -133,7 +134,6 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     readonly: bool = False,
     durability: str = "batch",
     timeout: float = 0.0,
-    encoding: str | None = None,
     summarizer: Any = _DEFAULT,
     policy: ContextPolicy | None = None,
 ) -> MemoryStore:
@@ -151,8 +151,6 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
             Under every mode, a memory whose ``add`` returned survives the process being
             killed; the modes differ on power loss.
         timeout: seconds to wait for another writer to close the store.
-        encoding: the tiktoken encoding that counts a new store's tokens (``cl100k_base``
-            when left out); an existing store keeps the one it was created with.
         summarizer: writes each new memory's summary when none is given (default:
             :class:`fastmem.summarize.KeySentences`, 64 tokens); ``None`` for none.
         policy: how contexts are built and memories ranked (:class:`ContextPolicy`).
@@ -165,7 +163,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     """
     return MemoryStore(
         path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
-        timeout=timeout, encoding=encoding, summarizer=summarizer, policy=policy,
+        timeout=timeout, summarizer=summarizer, policy=policy,
     )  # fmt: skip
 
 
@@ -287,7 +285,6 @@ class MemoryStore:
         readonly: bool = False,
         durability: str = "batch",
         timeout: float = 0.0,
-        encoding: str | None = None,
         summarizer: Any = _DEFAULT,
         policy: ContextPolicy | None = None,
     ) -> None:
@@ -310,10 +307,6 @@ class MemoryStore:
             getattr(embedder, "encode", None)
         ):
             raise InvalidTypeError("embedder must have an encode(list[str]) method, or be None")
-        if encoding is not None and (
-            not isinstance(encoding, str) or not encoding.isascii() or not 0 < len(encoding) <= 12
-        ):
-            raise InvalidInputError(f"encoding must be a tiktoken encoding name, got {encoding!r}")
         if summarizer is not _DEFAULT and summarizer is not None and not callable(
             getattr(summarizer, "summarize", None)
         ):
@@ -328,7 +321,6 @@ class MemoryStore:
         self._embedder = _resolve_embedder(embedder)
         self.policy = policy or ContextPolicy()
         self._summarizer_arg = summarizer
-        self._encoding_arg = encoding
         self._cache = _ContentCache(self.policy.cache_bytes)
         self._preload: _Preload | None = None
         self._counters: dict[str, TokenCounter] = {}
@@ -385,7 +377,7 @@ class MemoryStore:
         header = fmt.unpack_dat_header(self._dat, self.dat_path)
         self._uuid = header.uuid
         self._check_embedder(header)
-        self.tokens = TokenCounter(header.encoding)
+        self.tokens = TokenCounter(STORED_ENCODING)
         if self._summarizer_arg is _DEFAULT:
             self._summarizer: Any = KeySentences(SUMMARY_TOKENS, self.tokens.count)
         else:
@@ -449,29 +441,20 @@ class MemoryStore:
                 f"{self.dat_path} is not a fastmem data file", path=self.dat_path, offset=0
             )
         os.ftruncate(self._fd, 0)  # a creation that was interrupted: start it again
-        encoding = self._encoding_arg or fmt.DEFAULT_ENCODING
-        fingerprint = bytes(8)
+        fingerprint = bytes(4)
         identity = _embedder_identity(self._embedder)
         if identity is not None:
             dim = dim or identity[1]
             if dim != identity[1]:
                 raise DimensionMismatchError(f"dim={dim}, but the embedder makes {identity[1]}")
             fingerprint = fmt.embedder_fingerprint(*identity)
-        try:
-            header = fmt.pack_dat_header(os.urandom(16), dim, time.time(), encoding, fingerprint)
-        except ValueError as exc:
-            raise InvalidInputError(str(exc)) from None
+        header = fmt.pack_dat_header(os.urandom(16), dim, time.time(), embedder=fingerprint)
         os.write(self._fd, header)
         os.fsync(self._fd)
         _fsync_dir(self.dat_path)
 
     def _check_embedder(self, header: fmt.DatHeader) -> None:
         """Refuse an embedder whose vectors would not compare with the stored ones."""
-        if self._encoding_arg is not None and self._encoding_arg != header.encoding:
-            raise InvalidInputError(
-                f"{self.path} counts tokens with {header.encoding!r}, not "
-                f"{self._encoding_arg!r}; context(encoding=...) can count with another"
-            )
         identity = _embedder_identity(self._embedder)
         if identity is None:
             return
@@ -481,7 +464,7 @@ class MemoryStore:
                 f"{self.path} holds {header.dim}-dimensional vectors; the embedder {name!r} "
                 f"makes {dim}: open it with the embedder that wrote it, or embedder=None"
             )
-        if header.embedder != bytes(8) and header.embedder != fmt.embedder_fingerprint(name, dim):
+        if header.embedder != bytes(4) and header.embedder != fmt.embedder_fingerprint(name, dim):
             raise EmbedderMismatchError(
                 f"{self.path} was written by another embedder than {name!r} ({dim} dims): "
                 f"its vectors would not compare; open it with the embedder that wrote it, "
@@ -1037,7 +1020,7 @@ class MemoryStore:
         query over everything (level 3); removes duplicates; orders them for a model to
         read (pinned first, then by time under one header per session and day); uses a
         memory's summary where its full text would not fit or matter. ``tokens`` is the
-        exact count of ``text`` in ``encoding`` (the store's by default) and never exceeds
+        exact count of ``text`` in ``encoding`` (``cl100k_base``, whose counts the index keeps, by default) and never exceeds
         ``budget``. Every memory used counts as an access (importance statistics).
 
         Args:

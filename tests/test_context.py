@@ -201,8 +201,6 @@ def test_the_store_refuses_another_embedder(store_path):
         fastmem.open(store_path, embedder=Other())
     with pytest.raises(fastmem.DimensionMismatchError):
         fastmem.open(store_path, embedder=Wider())
-    with pytest.raises(fastmem.InvalidInputError):
-        fastmem.open(store_path, encoding="o200k_base")
     with fastmem.open(store_path, embedder=None) as store:  # keyword-only use is fine
         assert len(store) == 1
     with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
