@@ -20,9 +20,13 @@ to_half = _kernels_py.to_half
 quantize_half = _kernels_py.quantize_half
 check_record = _kernels_py.check_record
 pack_payloads = _kernels_py.pack_payloads
+tokenize_batch = _kernels_py.tokenize_batch
+bm25_topk = _kernels_py.bm25_topk
+merge_postings = _kernels_py.merge_postings
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "pack_payloads",
-          "topk_int8", "to_half", "quantize_half")  # fmt: skip
+          "topk_int8", "to_half", "quantize_half", "tokenize_batch", "bm25_topk",
+          "merge_postings")  # fmt: skip
 
 
 def use(backend: str) -> str:
@@ -35,7 +39,7 @@ def use(backend: str) -> str:
     BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import records, topk, vectors
+            from ._ext import keyword, records, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -45,7 +49,7 @@ def use(backend: str) -> str:
                 ) from exc
         else:
             BACKEND = "cython"
-            compiled = {**vars(records), **vars(topk), **vars(vectors)}
+            compiled = {**vars(records), **vars(topk), **vars(vectors), **vars(keyword)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND
