@@ -382,7 +382,7 @@ def merge_postings(
     nt = len(b_terms)
     if len(b_offsets) != nt + 1 or len(b_tf) != len(b_rows) or not len(t_rows) == len(t_tf) == len(t_terms):
         raise ValueError("postings arrays have inconsistent lengths")
-    counts = np.diff(b_offsets.astype(np.int64))
+    counts = np.diff(b_offsets.astype(np.int64)).astype(np.int64)
     if b_offsets[0] != 0 or b_offsets[-1] != len(b_rows):
         raise ValueError("the posting offsets do not span the postings")
     if (counts < 0).any() or (b_terms[1:] <= b_terms[:-1]).any():

@@ -34,13 +34,37 @@ def test_v1_store_reads_as_expected(v1_copy):
         with fastmem.open(v1_copy, readonly=True) as store:
             assert store.verify().ok and len(store) == 5 and "m1" not in store
             assert [h.id for h in store.search(build_v1.items()[0]["embedding"], 2)][0] == "m0"
+            # The committed index predates the keyword section: its postings are built
+            # from the data file in the background, and the search waits for them.
+            assert fmt.unpack_idx_header((FIXTURES / "v1" / "store.idx").read_bytes(), "").keyword_version == 0
+            assert [h.id for h in store.search("LISBON", mode="keyword")] == ["m0"]
+            assert [h.id for h in store.search("flights", mode="keyword")] == ["m2"]  # m1 is forgotten
 
 
 def test_v1_store_is_written_byte_for_byte(tmp_path):
     with pytest.warns(fastmem.RecoveryWarning):  # the pre-made header has no index yet
         build_v1.build(str(tmp_path / "store"))
-    for name in ("store.dat", "store.idx"):
-        assert (tmp_path / name).read_bytes() == (FIXTURES / "v1" / name).read_bytes(), name
+    assert (tmp_path / "store.dat").read_bytes() == (FIXTURES / "v1" / "store.dat").read_bytes()
+    # The index now ends with the keyword section, announced by three header fields that
+    # were zero padding: without them, it is the committed index byte for byte.
+    old = (FIXTURES / "v1" / "store.idx").read_bytes()
+    new = (tmp_path / "store.idx").read_bytes()
+    h = fmt.unpack_idx_header(new, "new")
+    assert h.keyword_version == fmt.KEYWORD_VERSION and h.keyword_terms > 0
+    assert fmt.header_layout(h).keyword.terms >= len(old) == fmt.header_layout(h).hot + h.hot_len
+    without = h._replace(keyword_version=0, keyword_terms=0, keyword_postings=0, keyword_live_tokens=0)
+    assert fmt.pack_idx_header(without) == old[: fmt.IDX_HEADER_SIZE]
+    assert new[fmt.IDX_HEADER_SIZE : len(old)] == old[fmt.IDX_HEADER_SIZE :]
+
+
+def test_v1_index_gets_its_keyword_section_at_the_next_checkpoint(v1_copy):
+    with fastmem.open(v1_copy) as store:
+        store.checkpoint()
+    raw = Path(v1_copy + ".idx").read_bytes()
+    assert fmt.unpack_idx_header(raw, "idx").keyword_version == fmt.KEYWORD_VERSION
+    with fastmem.open(v1_copy, readonly=True) as store:
+        assert store._index.keyword.base is not None  # mapped, not rebuilt
+        assert [h.id for h in store.search("lisbon may", mode="keyword")] == ["m0"]
 
 
 def test_v1_store_opens_for_writing(v1_copy):

@@ -24,7 +24,8 @@ def _run(*args):
 def test_stubs_match_the_compiled_modules():
     pytest.importorskip("fastmem._ext.records")
     out = _run("mypy.stubtest", "--mypy-config-file", "pyproject.toml",
-               "fastmem._ext.records", "fastmem._ext.topk", "fastmem._ext.vectors")  # fmt: skip
+               "fastmem._ext.records", "fastmem._ext.topk", "fastmem._ext.vectors",
+               "fastmem._ext.keyword")  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
 
 
