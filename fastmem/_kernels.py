@@ -23,10 +23,11 @@ pack_payloads = _kernels_py.pack_payloads
 tokenize_batch = _kernels_py.tokenize_batch
 bm25_topk = _kernels_py.bm25_topk
 merge_postings = _kernels_py.merge_postings
+sort_postings = _kernels_py.sort_postings
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "pack_payloads",
           "topk_int8", "to_half", "quantize_half", "tokenize_batch", "bm25_topk",
-          "merge_postings")  # fmt: skip
+          "merge_postings", "sort_postings")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -247,22 +247,23 @@ def fnv1a64(token: bytes) -> int:
     return h
 
 
-def tokenize_batch(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """The terms of lowercased UTF-8 texts (rules: ``fastmem._keyword``).
+def tokenize_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The terms of texts (rules: ``fastmem._keyword``).
 
-    A token is a maximal run of bytes in ``[0-9a-z]`` or ``>= 0x80``; its term is
+    A token is a maximal run of bytes in ``[0-9a-z]`` or ``>= 0x80`` of
+    ``text.lower().encode()`` (UTF-8); its term is
     ``fnv1a64(token)``. Returns ``(terms u64, docs u32, tf u16, doc_len u32)``: one entry per
     distinct term of each text, by text then ascending term, ``tf`` its count (capped at
     65535), and ``doc_len[i]`` the number of tokens of text ``i``.
     """
-    if not isinstance(texts, list) or any(type(t) is not bytes for t in texts):
-        raise TypeError("tokenize_batch takes a list of bytes")
+    if not isinstance(texts, list) or any(type(t) is not str for t in texts):
+        raise TypeError("tokenize_batch takes a list of str")
     terms: list[int] = []
     docs: list[int] = []
     tfs: list[int] = []
     lens = []
     for i, text in enumerate(texts):
-        tokens = _TOKEN.findall(text)
+        tokens = _TOKEN.findall(text.lower().encode())
         lens.append(len(tokens))
         for term, count in sorted(Counter(fnv1a64(t) for t in tokens).items()):
             terms.append(term)
@@ -397,3 +398,19 @@ def merge_postings(
     terms, starts = np.unique(every, return_index=True)
     offsets = np.append(starts, len(every)).astype(np.uint64)
     return terms.astype(np.uint64), offsets, rows, tf
+
+
+def sort_postings(
+    terms: np.ndarray, rows: np.ndarray, tf: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Postings sorted by term, stably (rows keep their order within a term): copies
+    ``(terms u64, rows u32, tf u16)``.
+
+    Raises:
+        ValueError: the arrays differ in length.
+    """
+    if not len(terms) == len(rows) == len(tf):
+        raise ValueError("postings arrays have inconsistent lengths")
+    order = np.argsort(terms, kind="stable")
+    return (terms[order].astype(np.uint64), rows[order].astype(np.uint32),
+            tf[order].astype(np.uint16))  # fmt: skip

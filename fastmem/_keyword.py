@@ -41,8 +41,13 @@ from .errors import CorruptIndexError, CorruptionError
 
 K1 = 1.2
 B = 0.75
-_PENDING_POSTINGS = 1 << 16  # new postings waiting to be sorted into a run
-_PENDING_BATCHES = 256
+# New postings wait, unsorted, until a search needs them or there are this many; then
+# they are sorted into a run. Runs below SMALL_RUN postings are merged as in a binary
+# counter (single adds make many tiny runs); bigger ones stay apart until the checkpoint
+# sorts the whole tail once, so add_many never re-sorts what it already sorted.
+_PENDING_POSTINGS = 1 << 20
+_PENDING_BATCHES = 1024
+_SMALL_RUN = 1 << 20
 _U64 = np.zeros(0, dtype=np.uint64)
 _U32 = np.zeros(0, dtype=np.uint32)
 _U16 = np.zeros(0, dtype=np.uint16)
@@ -50,7 +55,7 @@ _U16 = np.zeros(0, dtype=np.uint16)
 
 def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(terms, docs, tf, doc_len)`` of ``texts`` (see the module docstring)."""
-    return _kernels.tokenize_batch([t.lower().encode() for t in texts])
+    return _kernels.tokenize_batch(texts)
 
 
 def query_terms(text: str) -> np.ndarray:
@@ -65,8 +70,7 @@ def _empty_section(n_rows: int = 0) -> fmt.KeywordSection:
 
 def _sorted_run(terms: np.ndarray, rows: np.ndarray, tf: np.ndarray) -> tuple[np.ndarray, ...]:
     """Postings sorted by term; rows stay ascending within a term (the sort is stable)."""
-    order = np.argsort(terms, kind="stable")
-    return terms[order], rows[order], tf[order]
+    return _kernels.sort_postings(terms, rows, tf)
 
 
 class KeywordIndex:
@@ -163,8 +167,9 @@ class KeywordIndex:
         return self.base
 
     @property
-    def ready(self) -> bool:
-        return self.base is not None
+    def built_unsaved(self) -> bool:
+        """Postings built in the background are ready, and no checkpoint holds them yet."""
+        return self._builder is not None and self.base is not None
 
     # --- changes -----------------------------------------------------------------------
 
@@ -202,26 +207,28 @@ class KeywordIndex:
                 lens[i] |= np.uint32(fmt.DOC_DEAD)
 
     def _consolidate(self) -> None:
-        """Sort the pending postings into a run, merging runs so that there are few
-        (each at most half the size of the one before it, as in a binary counter)."""
+        """Sort the pending postings into a run; small runs are merged as in a binary
+        counter (each at most half the size of the one before it), so there are few."""
         if not self._pending:
             return
         parts = self._pending
         run = _sorted_run(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
         self._pending, self._pending_postings = [], 0
-        while self._runs and len(self._runs[-1][0]) <= 2 * len(run[0]):
+        while (
+            self._runs
+            and len(self._runs[-1][0]) < _SMALL_RUN
+            and len(self._runs[-1][0]) <= 2 * len(run[0])
+        ):
             older = self._runs.pop()
-            # Stable: the older run's rows stay first within a term (timsort sees two runs).
+            # Stable: the older run's rows stay first within a term.
             run = _sorted_run(*(np.concatenate([a, b]) for a, b in zip(older, run)))
         self._runs.append(run)
 
     def tail_postings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every posting added since the checkpoint, as one run sorted by term."""
         self._consolidate()
-        while len(self._runs) > 1:
-            newer = self._runs.pop()
-            older = self._runs.pop()
-            self._runs.append(_sorted_run(*(np.concatenate([a, b]) for a, b in zip(older, newer))))
+        if len(self._runs) > 1:  # runs hold consecutive rows: concatenated, rows ascend
+            self._runs = [_sorted_run(*(np.concatenate(parts) for parts in zip(*self._runs)))]
         return self._runs[0] if self._runs else (_U64, _U32, _U16)  # type: ignore[return-value]
 
     def section(self) -> fmt.KeywordSection:

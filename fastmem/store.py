@@ -1040,7 +1040,11 @@ class MemoryStore:
                     self._commit.stop()
                     self._commit = None
                 # Nothing new since the last checkpoint means nothing unsynced: it synced.
-                if not self.readonly and self._index.applied != self._index.covered:
+                # Keyword postings built for an index that lacked them are saved too
+                # (when their build has finished: close never waits for it).
+                if not self.readonly and (
+                    self._index.applied != self._index.covered or self._index.keyword.built_unsaved
+                ):
                     self._checkpoint()
             finally:
                 self._closed = True

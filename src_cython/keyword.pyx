@@ -6,7 +6,7 @@ the contracts (the tokenization rules are documented in fastmem/_keyword.py).
 """
 import numpy as np
 
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.math cimport log
 from libc.stdlib cimport free, malloc, qsort
 
@@ -21,6 +21,11 @@ cdef inline bint _word_byte(u8 c) noexcept nogil:
     return (48 <= c <= 57) or (97 <= c <= 122) or c >= 128
 
 
+cdef inline u8 _fold(u8 c) noexcept nogil:
+    # ASCII lowercase: what str.lower() does to ASCII text (non-ASCII text is lowered first).
+    return c + 32 if 65 <= c <= 90 else c
+
+
 cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
     cdef u64 x = (<const u64*>a)[0]
     cdef u64 y = (<const u64*>b)[0]
@@ -28,15 +33,20 @@ cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
 
 
 def tokenize_batch(list texts):
-    """(terms u64, docs u32, tf u16, doc_len u32) of lowercased UTF-8 texts."""
+    """(terms u64, docs u32, tf u16, doc_len u32) of the texts' lowercase forms."""
     cdef Py_ssize_t n = len(texts), i, j, length, cap = 0, longest = 0, count, out = 0, run
     cdef const u8* p
+    cdef u8 ch
     cdef u64 h
     cdef u64* buf
+    cdef list utf8 = []  # for each text, its lowercase form (ASCII folded below, in C)
     for obj in texts:
-        if type(obj) is not bytes:
-            raise TypeError("tokenize_batch takes a list of bytes")
-        length = PyBytes_GET_SIZE(obj)
+        if type(obj) is not str:
+            raise TypeError("tokenize_batch takes a list of str")
+        if not (<str>obj).isascii():
+            obj = (<str>obj).lower()  # Unicode case rules: Python's
+        utf8.append(obj)
+        PyUnicode_AsUTF8AndSize(obj, &length)  # ASCII strings: their own buffer, no copy
         cap += (length + 1) // 2  # at most one token per two bytes (a byte and a separator)
         if length > longest:
             longest = length
@@ -53,16 +63,17 @@ def tokenize_batch(list texts):
         raise MemoryError()
     try:
         for i in range(n):
-            obj = texts[i]
-            p = <const u8*>PyBytes_AS_STRING(obj)
-            length = PyBytes_GET_SIZE(obj)
+            p = <const u8*>PyUnicode_AsUTF8AndSize(utf8[i], &length)
             count = 0
             j = 0
             while j < length:
-                if _word_byte(p[j]):
+                if _word_byte(_fold(p[j])):
                     h = FNV_OFFSET
-                    while j < length and _word_byte(p[j]):
-                        h = (h ^ p[j]) * FNV_PRIME
+                    while j < length:
+                        ch = _fold(p[j])
+                        if not _word_byte(ch):
+                            break
+                        h = (h ^ ch) * FNV_PRIME
                         j += 1
                     buf[count] = h
                     count += 1
@@ -311,3 +322,67 @@ def merge_postings(
             out_t += 1
             o_off[out_t] = out_p
     return terms[:out_t], offsets[: out_t + 1], rows, tfs
+
+
+def sort_postings(const u64[:] terms, const u32[:] rows, const u16[:] tf):
+    """Compiled twin of fastmem._kernels_py.sort_postings (LSD radix sort: stable)."""
+    cdef Py_ssize_t n = terms.shape[0], i, d, pos, c
+    cdef int pass_
+    cdef u64 key
+    cdef Py_ssize_t[8][256] counts
+    cdef bint in_tmp = False
+    if rows.shape[0] != n or tf.shape[0] != n:
+        raise ValueError("postings arrays have inconsistent lengths")
+    out_t = np.empty(n, dtype=np.uint64)
+    out_r = np.empty(n, dtype=np.uint32)
+    out_f = np.empty(n, dtype=np.uint16)
+    tmp_t = np.empty(n, dtype=np.uint64)
+    tmp_r = np.empty(n, dtype=np.uint32)
+    tmp_f = np.empty(n, dtype=np.uint16)
+    cdef u64[::1] v_ot = out_t, v_tt = tmp_t
+    cdef u32[::1] v_or = out_r, v_tr = tmp_r
+    cdef u16[::1] v_of = out_f, v_tf = tmp_f
+    if n == 0:
+        return out_t, out_r, out_f
+    cdef u64* at = &v_ot[0]
+    cdef u64* bt = &v_tt[0]
+    cdef u32* ar = &v_or[0]
+    cdef u32* br = &v_tr[0]
+    cdef u16* af = &v_of[0]
+    cdef u16* bf = &v_tf[0]
+    cdef u64* st
+    cdef u32* sr
+    cdef u16* sf
+    with nogil:
+        for pass_ in range(8):
+            for d in range(256):
+                counts[pass_][d] = 0
+        for i in range(n):
+            key = terms[i]
+            at[i] = key
+            ar[i] = rows[i]
+            af[i] = tf[i]
+            for pass_ in range(8):
+                counts[pass_][(key >> (8 * pass_)) & 255] += 1
+        for pass_ in range(8):
+            if counts[pass_][(at[0] >> (8 * pass_)) & 255] == n:
+                continue  # every key has the same byte here: the pass would move nothing
+            pos = 0
+            for d in range(256):
+                c = counts[pass_][d]
+                counts[pass_][d] = pos
+                pos += c
+            for i in range(n):  # stable scatter from a* into b*, then swap the roles
+                d = (at[i] >> (8 * pass_)) & 255
+                pos = counts[pass_][d]
+                counts[pass_][d] = pos + 1
+                bt[pos] = at[i]
+                br[pos] = ar[i]
+                bf[pos] = af[i]
+            st = at; at = bt; bt = st
+            sr = ar; ar = br; br = sr
+            sf = af; af = bf; bf = sf
+            in_tmp = not in_tmp
+    if in_tmp:
+        return tmp_t, tmp_r, tmp_f
+    return out_t, out_r, out_f

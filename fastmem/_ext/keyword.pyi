@@ -3,7 +3,7 @@ import numpy as np
 import numpy.typing as npt
 
 def tokenize_batch(
-    texts: list[bytes],
+    texts: list[str],
 ) -> tuple[
     npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16], npt.NDArray[np.uint32]
 ]: ...
@@ -37,3 +37,6 @@ def merge_postings(
 ) -> tuple[
     npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16]
 ]: ...
+def sort_postings(
+    terms: npt.NDArray[np.uint64], rows: npt.NDArray[np.uint32], tf: npt.NDArray[np.uint16]
+) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16]]: ...
