@@ -186,6 +186,22 @@ class Workload:
         return q, sources
 
 
+KEYWORD_KINDS = ("frequent", "rare")
+FREQUENT_RANKS = (0, 10)  # words ranked 1-10: each in ~17% to ~86% of the memories
+RARE_RANKS = (2_000, VOCAB_SIZE)  # each in ~0.01% to ~0.05% of the memories
+
+
+def keyword_queries(kind: str, count: int = 20, seed: int = 13) -> list[str]:
+    """``count`` two-word keyword queries of ``kind``: "frequent" (both words among the 10
+    most frequent, the worst case for an inverted index: long postings lists) or "rare"
+    (both words ranked 2,000 or lower). Fixed seed, two distinct words each."""
+    words = vocabulary()[0]
+    lo, hi = FREQUENT_RANKS if kind == "frequent" else RARE_RANKS
+    rng = np.random.default_rng(np.random.SeedSequence([SEED, seed, KEYWORD_KINDS.index(kind)]))
+    return [" ".join(words[i] for i in rng.choice(np.arange(lo, hi), 2, replace=False))
+            for _ in range(count)]  # fmt: skip
+
+
 def random_rows(n: int, count: int, seed: int = 11) -> np.ndarray:
     """``count`` row numbers drawn uniformly (with repeats) from ``range(n)``, fixed seed."""
     return np.random.default_rng(np.random.SeedSequence([SEED, seed, n])).integers(0, n, count)
@@ -230,7 +246,7 @@ def _layout_digest() -> str:
 
     package = Path(fastmem.__file__).parent
     digest = hashlib.sha256()
-    for name in ("_format.py", "_index.py", "store.py"):
+    for name in ("_format.py", "_index.py", "_keyword.py", "store.py"):
         if (package / name).exists():
             digest.update((package / name).read_bytes())
     return digest.hexdigest()[:16]

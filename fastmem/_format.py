@@ -8,9 +8,10 @@ A store is two files (``docs/FORMAT.md`` describes them for people):
     from this file alone.
 
 ``<name>.idx``
-    A 4096-byte header, then four sections: the rows (``INDEX_DTYPE``), the time order of
-    the rows, the int8 embedding matrix, and the table of user-defined type names. It is
-    written whole to a temporary name and renamed over the old one (a checkpoint).
+    A 4096-byte header, then sections: the rows (``INDEX_DTYPE``), the time order of
+    the rows, the int8 embedding matrix, the table of user-defined type names, the hot
+    section and the keyword section (BM25 postings). It is written whole to a temporary
+    name and renamed over the old one (a checkpoint).
 
 Every integer and float is little-endian. No other module packs or parses these bytes.
 """
@@ -76,8 +77,12 @@ IDX_MAGIC = b"FMEMINDX"
 IDX_HEADER_SIZE = 4096
 # magic, version, header size, store uuid, rows, live rows, dim, row size, covered .dat
 # offset, offset of the record that ends there, its crc, type table bytes, next id,
-# hot section bytes, checkpoint time; the header's crc sits in its last 4 bytes.
-IDX_HEADER = struct.Struct("<8sII16sQQIIQQIIQId")
+# hot section bytes, checkpoint time, keyword section version (0 = no section: files
+# written before it existed have zeros there), its term count, posting count and the
+# tokens of the live rows; the header's crc sits in its last 4 bytes.
+IDX_HEADER = struct.Struct("<8sII16sQQIIQQIIQIdIQQQ")
+KEYWORD_VERSION = 1  # the layout of the keyword section described in docs/FORMAT.md
+DOC_DEAD = 0x80000000  # top bit of a keyword doc_len entry: the row is forgotten
 HOT_MEMORIES = 128  # newest live memories copied whole into the index's hot section
 IDX_HEADER_CRC_AT = IDX_HEADER_SIZE - 4
 SECTION_ALIGN = 64
@@ -296,10 +301,25 @@ class IdxHeader(NamedTuple):
     next_id: int
     checkpoint_time: float
     hot_len: int = 0
+    keyword_version: int = 0  # 0: the file has no keyword section
+    keyword_terms: int = 0
+    keyword_postings: int = 0
+    keyword_live_tokens: int = 0  # sum of the live rows' token counts (BM25's average length)
 
 
 def _align(n: int) -> int:
     return (n + SECTION_ALIGN - 1) // SECTION_ALIGN * SECTION_ALIGN
+
+
+class KeywordLayout(NamedTuple):
+    """Byte offsets of the keyword section's arrays (see ``docs/FORMAT.md``)."""
+
+    terms: int  # T x u64: the distinct term hashes, ascending
+    offsets: int  # (T + 1) x u64: term i's postings are [offsets[i], offsets[i + 1])
+    rows: int  # P x u32: the rows holding each term, ascending within a term
+    tf: int  # P x u16: how often the term occurs in that row (capped at 65535)
+    doc_len: int  # n x u32: tokens in each row's text; DOC_DEAD set when forgotten
+    end: int
 
 
 class IdxLayout(NamedTuple):
@@ -309,23 +329,90 @@ class IdxLayout(NamedTuple):
     types: int
     hot: int
     size: int  # whole file
+    keyword: KeywordLayout | None = None
 
 
-def idx_layout(rows: int, dim: int, types_len: int, hot_len: int = 0) -> IdxLayout:
-    """Byte offsets of the index sections: each starts on a 64-byte boundary."""
+def idx_layout(
+    rows: int, dim: int, types_len: int, hot_len: int = 0, keyword: tuple[int, int] | None = None
+) -> IdxLayout:
+    """Byte offsets of the index sections: each starts on a 64-byte boundary.
+
+    ``keyword`` is ``(terms, postings)`` of the keyword section, ``None`` when absent.
+    """
     at_rows = IDX_HEADER_SIZE
     at_order = _align(at_rows + rows * INDEX_DTYPE.itemsize)
     at_vectors = _align(at_order + rows * 4)
     at_types = _align(at_vectors + rows * dim)
     at_hot = _align(at_types + types_len) if hot_len else at_types + types_len
-    return IdxLayout(at_rows, at_order, at_vectors, at_types, at_hot, at_hot + hot_len)
+    end = at_hot + hot_len
+    if keyword is None:
+        return IdxLayout(at_rows, at_order, at_vectors, at_types, at_hot, end)
+    terms, postings = keyword
+    at_terms = _align(end)
+    at_offsets = _align(at_terms + 8 * terms)
+    at_posting_rows = _align(at_offsets + 8 * (terms + 1))
+    at_tf = _align(at_posting_rows + 4 * postings)
+    at_doc_len = _align(at_tf + 2 * postings)
+    kw = KeywordLayout(at_terms, at_offsets, at_posting_rows, at_tf, at_doc_len, at_doc_len + 4 * rows)
+    return IdxLayout(at_rows, at_order, at_vectors, at_types, at_hot, kw.end, kw)
+
+
+def header_layout(h: IdxHeader) -> IdxLayout:
+    """The layout an index header describes."""
+    keyword = (h.keyword_terms, h.keyword_postings) if h.keyword_version else None
+    return idx_layout(h.rows, h.dim, h.types_len, h.hot_len, keyword)
+
+
+class KeywordSection(NamedTuple):
+    """The persisted postings (CSR over term hashes) and per-row token counts."""
+
+    terms: np.ndarray  # <u8
+    offsets: np.ndarray  # <u8
+    rows: np.ndarray  # <u4
+    tf: np.ndarray  # <u2
+    doc_len: np.ndarray  # <u4
+
+
+def keyword_views(buf: Any, h: IdxHeader, layout: IdxLayout) -> KeywordSection:
+    """The keyword section's arrays as views of ``buf`` (nothing is read yet).
+
+    The kernels bound-check rows and offsets as they use them (``CorruptIndexError``
+    there); checking 20 M postings here would cost every open that searches."""
+    kw = layout.keyword
+    assert kw is not None
+    t, p = h.keyword_terms, h.keyword_postings
+    return KeywordSection(
+        np.frombuffer(buf, "<u8", t, kw.terms),
+        np.frombuffer(buf, "<u8", t + 1, kw.offsets),
+        np.frombuffer(buf, "<u4", p, kw.rows),
+        np.frombuffer(buf, "<u2", p, kw.tf),
+        np.frombuffer(buf, "<u4", h.rows, kw.doc_len),
+    )
+
+
+def write_keyword_section(f: Any, layout: IdxLayout, section: KeywordSection) -> None:
+    """Write the keyword section at the current position of ``f`` (at the layout's end of
+    the previous section)."""
+    kw = layout.keyword
+    assert kw is not None
+    for at, arr, dtype in (
+        (kw.terms, section.terms, "<u8"),
+        (kw.offsets, section.offsets, "<u8"),
+        (kw.rows, section.rows, "<u4"),
+        (kw.tf, section.tf, "<u2"),
+        (kw.doc_len, section.doc_len, "<u4"),
+    ):
+        f.write(bytes(at - f.tell()))
+        if arr.size:
+            f.write(np.ascontiguousarray(arr, dtype=dtype).data.cast("B"))
 
 
 def pack_idx_header(h: IdxHeader) -> bytes:
     fixed = IDX_HEADER.pack(
         IDX_MAGIC, FORMAT_VERSION, IDX_HEADER_SIZE, h.uuid, h.rows, h.live, h.dim,
         INDEX_DTYPE.itemsize, h.covered, h.last_offset, h.last_crc, h.types_len, h.next_id,
-        h.hot_len, h.checkpoint_time,
+        h.hot_len, h.checkpoint_time, h.keyword_version, h.keyword_terms, h.keyword_postings,
+        h.keyword_live_tokens,
     )  # fmt: skip
     body = fixed + bytes(IDX_HEADER_CRC_AT - len(fixed))
     return body + struct.pack("<I", crc32(body))
@@ -336,7 +423,8 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
     if len(buf) < IDX_HEADER_SIZE or bytes(buf[:8]) != IDX_MAGIC:
         raise CorruptIndexError(f"{path} is not a fastmem index", path=path, offset=0)
     (_, version, size, uuid, rows, live, dim, row_size, covered, last_offset, last_crc,
-     types_len, next_id, hot_len, when) = IDX_HEADER.unpack_from(buf, 0)  # fmt: skip
+     types_len, next_id, hot_len, when, kw_version, kw_terms, kw_postings, kw_tokens,
+     ) = IDX_HEADER.unpack_from(buf, 0)  # fmt: skip
     if version != FORMAT_VERSION:
         raise FormatVersionError(
             f"{path} has index format version {version}; this fastmem reads {FORMAT_VERSION}"
@@ -349,10 +437,14 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
         or dim > MAX_DIM
         or live > rows
         or rows >= 1 << 32
+        or kw_version not in (0, KEYWORD_VERSION)
+        or kw_terms > kw_postings
+        or kw_postings >= 1 << 48
     ):
         raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
     return IdxHeader(
-        uuid, rows, live, dim, covered, last_offset, last_crc, types_len, next_id, when, hot_len
+        uuid, rows, live, dim, covered, last_offset, last_crc, types_len, next_id, when, hot_len,
+        kw_version, kw_terms, kw_postings, kw_tokens,
     )
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
+from ._keyword import KeywordIndex
 from ._vectors import quantize
 from .errors import CorruptIndexError, CorruptRecordError
 
@@ -116,6 +117,7 @@ class MemoryIndex:
         self._base_last_id = -1
         self.hot: fmt.HotSection | None = None  # valid while nothing is applied after it
         self.tail = _Tail(dim)
+        self.keyword = KeywordIndex()
         self._tail_order: np.ndarray | None = None
         self.user_types: list[str] = []
         self.type_codes = dict(_BUILTIN_CODES)
@@ -147,7 +149,7 @@ class MemoryIndex:
         finally:
             os.close(fd)
         h = fmt.unpack_idx_header(mm, path)
-        layout = fmt.idx_layout(h.rows, h.dim, h.types_len, h.hot_len)
+        layout = fmt.header_layout(h)
         if layout.size != size:
             raise CorruptIndexError(f"{path} has {size} bytes, its header says {layout.size}")
         if h.uuid != uuid:
@@ -168,12 +170,20 @@ class MemoryIndex:
         index._base_spec = (mm, layout, h.dim)
         for name in fmt.unpack_types(mm[layout.types : layout.types + h.types_len], path):
             index._add_type(name)
-        index.hot = fmt.unpack_hot(memoryview(mm)[layout.hot : layout.size], path)
+        index.hot = fmt.unpack_hot(memoryview(mm)[layout.hot : layout.hot + h.hot_len], path)
         index._base_bytes = memoryview(mm)[layout.rows : layout.rows + h.rows * fmt.INDEX_DTYPE.itemsize]
         if h.rows:
             index._base_last_id = fmt.INDEX_ROW.unpack_from(index._base_bytes, (h.rows - 1) * fmt.INDEX_DTYPE.itemsize)[F_ID]
             if index._base_last_id >= h.next_id:
                 raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
+        if h.keyword_version:
+            index.keyword = KeywordIndex.from_section(
+                fmt.keyword_views(mm, h, layout), h.keyword_live_tokens
+            )
+        elif h.rows:  # written before indexes had postings: tokenize the base meanwhile
+            index.keyword = KeywordIndex.build_in_background(
+                np.frombuffer(mm, fmt.INDEX_DTYPE, h.rows, layout.rows), dat, path
+            )
         index.live, index.next_id = h.live, h.next_id
         index.covered = index.applied = h.covered
         index.last_offset, index.last_crc = h.last_offset, h.last_crc
@@ -224,12 +234,15 @@ class MemoryIndex:
             if len(hot_rows) == fmt.HOT_MEMORIES:
                 break
         hot = fmt.pack_hot(hot_rows, hot_records)
-        layout = fmt.idx_layout(n, self.dim, len(types), len(hot))
+        keyword = self.keyword.section()
+        layout = fmt.idx_layout(n, self.dim, len(types), len(hot), (len(keyword.terms), len(keyword.rows)))
         ts = self.column("timestamp")
         order = np.argsort(ts, kind="stable").astype("<u4")  # rows are in id order
         header = fmt.pack_idx_header(
             fmt.IdxHeader(self.uuid, n, self.live, self.dim, self.applied, self.last_offset,
-                          self.last_crc, len(types), self.next_id, time.time(), len(hot))
+                          self.last_crc, len(types), self.next_id, time.time(), len(hot),
+                          fmt.KEYWORD_VERSION, len(keyword.terms), len(keyword.rows),
+                          self.keyword.live_tokens)
         )  # fmt: skip
         tmp = path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -250,6 +263,7 @@ class MemoryIndex:
                 f.write(types)
                 f.write(bytes(layout.hot - f.tell()))
                 f.write(hot)
+                fmt.write_keyword_section(f, layout, keyword)
             if sync:
                 os.fsync(fd)
         finally:
@@ -317,6 +331,7 @@ class MemoryIndex:
     def forget(self, g: int, flags: int) -> None:
         """Mark row ``g`` (whose flags are ``flags``) forgotten."""
         self.set_field(g, "flags", flags | fmt.FLAG_FORGOTTEN)
+        self.keyword.forget(g)  # after the flags: a background keyword build reads them
         self.live -= 1
 
     def find(self, mid: int) -> int:
@@ -409,9 +424,10 @@ class MemoryIndex:
             self.dim = dim
             self.tail.set_dim(dim)
 
-    def append(self, rows: np.ndarray, vectors16: np.ndarray | None) -> None:
-        """Add rows (``INDEX_DTYPE``, ids above every existing one) and their float16 vectors
-        (rows without ``FLAG_HAS_VECTOR`` get zeros)."""
+    def append(self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str]) -> None:
+        """Add rows (``INDEX_DTYPE``, ids above every existing one), their float16 vectors
+        (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search)."""
+        self.keyword.add(len(self), texts, (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0)
         if vectors16 is not None and self.dim:
             has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0
             if has.all():
@@ -457,6 +473,7 @@ class _Replayer:
         self.rows: list[list[Any]] = []
         self.pending: dict[int, int] = {}  # id -> position in self.rows
         self.vec_rows: list[int] = []
+        self.texts: list[str] = []  # of the rows in self.rows
         self.sessions: dict[str | None, int] = {None: 0}  # names repeat: hash each once
 
     def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
@@ -497,8 +514,8 @@ class _Replayer:
                 start = self.rows[pos][F_OFFSET] + head
                 raw[pos * width : (pos + 1) * width] = dat[start : start + width]
             vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)
-        index.append(rows, vectors)
-        self.rows, self.pending, self.vec_rows = [], {}, []
+        index.append(rows, vectors, self.texts)
+        self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
 
     def _memory(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
         index = self.index
@@ -525,6 +542,7 @@ class _Replayer:
         tokens = p.get("k") or (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
         code = index.type_code(type_name, create=True)
         self.pending[mid] = len(self.rows)
+        self.texts.append(text)
         hashed = self.sessions.get(session)
         if hashed is None:
             hashed = self.sessions[session] = session_hash(session)

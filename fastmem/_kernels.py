@@ -21,9 +21,14 @@ quantize_half = _kernels_py.quantize_half
 check_record = _kernels_py.check_record
 pack_payloads = _kernels_py.pack_payloads
 importance = _kernels_py.importance
+tokenize_batch = _kernels_py.tokenize_batch
+bm25_topk = _kernels_py.bm25_topk
+merge_postings = _kernels_py.merge_postings
+sort_postings = _kernels_py.sort_postings
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "pack_payloads",
-          "topk_int8", "to_half", "quantize_half", "importance")  # fmt: skip
+          "topk_int8", "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk",
+          "merge_postings", "sort_postings")  # fmt: skip
 
 
 def use(backend: str) -> str:
@@ -36,7 +41,7 @@ def use(backend: str) -> str:
     BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import records, scoring, topk, vectors
+            from ._ext import keyword, records, scoring, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -46,7 +51,7 @@ def use(backend: str) -> str:
                 ) from exc
         else:
             BACKEND = "cython"
-            compiled = {**vars(records), **vars(scoring), **vars(topk), **vars(vectors)}
+            compiled = {**vars(records), **vars(scoring), **vars(topk), **vars(vectors), **vars(keyword)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND

@@ -688,6 +688,7 @@ class MemoryStore:
         first_id = index.next_id
         n_types = len(index.user_types)
         payloads = [item[0] for item in prepared]
+        texts = [payload["x"] for payload in payloads]
         for j, payload in enumerate(payloads):
             payload["i"] = first_id + j
         token_counts = [p.get("k", _UNKNOWN_TOKENS) for p in payloads]
@@ -730,7 +731,7 @@ class MemoryStore:
             raise
         rows["length"] = lengths
         rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
-        index.append(rows, vectors16)
+        index.append(rows, vectors16, texts)
         index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
         self._valid_end = self._dat_end
         if index.tail.n >= CHECKPOINT_TAIL_ROWS:
@@ -930,15 +931,20 @@ class MemoryStore:
         since: float | None = None,
         until: float | None = None,
         session: str | None = None,
+        mode: str = "vector",
     ) -> list[Hit]:
-        """The ``k`` live memories whose vectors are most similar (cosine) to ``query``.
+        """The ``k`` live memories whose vectors are most similar (cosine) to ``query``,
+        or, with ``mode="keyword"``, that best match the words of ``query`` (BM25).
 
         Args:
-            query: a vector of the store's dimension.
+            query: a vector of the store's dimension; text for ``mode="keyword"``.
             k: how many hits, 1 to 10,000.
             types: keep only these types.
             since, until: keep only timestamps in ``[since, until]``.
             session: keep only this session.
+            mode: ``"vector"`` or ``"keyword"`` (Okapi BM25 over the memories' text; the
+                tokenization rules are in ``fastmem._keyword``; a query without any word
+                finds nothing).
 
         Returns:
             Hits best first (ties: the older id first); scores are exact cosines against
@@ -951,6 +957,10 @@ class MemoryStore:
         session = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
             raise InvalidTypeError("types must be a list of type names")
+        if mode not in ("vector", "keyword"):
+            raise InvalidInputError(f"mode must be 'vector' or 'keyword', got {mode!r}")
+        if mode == "keyword":
+            return self._keyword_search(query, k, types, lo, hi, session)
         if np.ndim(query) != 1:
             raise InvalidInputError("query must be one flat vector")
         with self._lock:
@@ -1002,6 +1012,40 @@ class MemoryStore:
                 hits.append(Hit(memory.id, -neg, memory))
                 if len(hits) == k:
                     break
+            return hits
+
+    def _keyword_search(
+        self, query: Any, k: int, types: Iterable[str] | None, lo: float, hi: float,
+        session: str | None,
+    ) -> list[Hit]:
+        """``search(mode="keyword")``: BM25 hits, best first (ties: the older id first)."""
+        if not isinstance(query, str):
+            raise InvalidTypeError(f"a keyword query is a string, not {type(query).__name__}")
+        _check_utf8(query, "query")
+        if len(query) > fmt.MAX_TEXT_BYTES:
+            raise InvalidInputError(f"query is over {fmt.MAX_TEXT_BYTES} characters")
+        names = None if types is None else list(types)
+        for name in names or ():
+            _check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
+        with self._lock:
+            self._check()
+            index = self._index
+            allowed = None
+            if names is not None:
+                allowed = np.zeros(65536, dtype=np.uint8)
+                for name in names:
+                    code = index.type_code(name, create=False)
+                    if code >= 0:
+                        allowed[code] = 1
+            rows, scores = index.keyword.search(
+                index, query, k, allowed, lo, hi, session_hash(session)
+            )
+            hits = []
+            for g, score in zip(rows.tolist(), scores.tolist()):
+                memory = self._memory(g)
+                if session is not None and memory.session != session:
+                    continue  # a 64-bit hash collision
+                hits.append(Hit(memory.id, score, memory))
             return hits
 
     # --- context: the three levels ------------------------------------------------------
@@ -1362,9 +1406,12 @@ class MemoryStore:
                     self._commit.stop()
                     self._commit = None
                 # Nothing new since the last checkpoint means nothing unsynced: it synced.
-                # Access statistics alone are worth a checkpoint too (they live only there).
+                # Access statistics alone are worth a checkpoint too (they live only there), and
+                # keyword postings built for an index that lacked them (when their build has
+                # finished: close never waits for it).
                 if not self.readonly and (
                     self._index.applied != self._index.covered or self._index.stats_changed
+                    or self._index.keyword.built_unsaved
                 ):
                     self._checkpoint()
             finally:

@@ -39,6 +39,11 @@ def test_v1_store_reads_as_expected(v1_copy):
         with fastmem.open(v1_copy, readonly=True) as store:
             assert store.verify().ok and len(store) == 5 and "m1" not in store
             assert [h.id for h in store.search(build_v1.items()[0]["embedding"], 2)][0] == "m0"
+            # The committed index predates the keyword section: its postings are built
+            # from the data file in the background, and the search waits for them.
+            assert fmt.unpack_idx_header((FIXTURES / "v1" / "store.idx").read_bytes(), "").keyword_version == 0
+            assert [h.id for h in store.search("LISBON", mode="keyword")] == ["m0"]
+            assert [h.id for h in store.search("flights", mode="keyword")] == ["m2"]  # m1 is forgotten
 
 
 def test_the_writer_output_is_pinned_byte_for_byte(tmp_path):
@@ -48,6 +53,16 @@ def test_the_writer_output_is_pinned_byte_for_byte(tmp_path):
         assert (tmp_path / name).read_bytes() == (FIXTURES / "current" / name).read_bytes(), name
     want = json.loads((FIXTURES / "current" / "expected.json").read_text())
     assert build_v1.expected(str(tmp_path / "store")) == want
+
+
+def test_v1_index_gets_its_keyword_section_at_the_next_checkpoint(v1_copy):
+    with fastmem.open(v1_copy) as store:
+        store.checkpoint()
+    raw = Path(v1_copy + ".idx").read_bytes()
+    assert fmt.unpack_idx_header(raw, "idx").keyword_version == fmt.KEYWORD_VERSION
+    with fastmem.open(v1_copy, readonly=True) as store:
+        assert store._index.keyword.base is not None  # mapped, not rebuilt
+        assert [h.id for h in store.search("lisbon may", mode="keyword")] == ["m0"]
 
 
 def test_v1_store_opens_for_writing(v1_copy):

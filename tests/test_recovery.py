@@ -30,10 +30,11 @@ import fastmem
 from fastmem import _format as fmt
 
 DIM = 8
-# The checkpoint time is the header's last field before the padding: it is the only
-# byte range (besides the header CRC) that differs between two writes of the same index.
-assert fmt.IDX_HEADER.format.endswith("d")
-CHECKPOINT_TIME = slice(struct.calcsize(fmt.IDX_HEADER.format[:-1]), fmt.IDX_HEADER.size)
+# The checkpoint time is the header's only float64 field: it is the only byte range
+# (besides the header CRC) that differs between two writes of the same index.
+assert fmt.IDX_HEADER.format.count("d") == 1
+_TIME_AT = struct.calcsize(fmt.IDX_HEADER.format[: fmt.IDX_HEADER.format.index("d")])
+CHECKPOINT_TIME = slice(_TIME_AT, _TIME_AT + 8)
 HEADER_CRC = slice(fmt.IDX_HEADER_CRC_AT, fmt.IDX_HEADER_SIZE)
 
 

@@ -1,0 +1,307 @@
+"""Keyword search: BM25 over the memories' text, from postings kept in the index file.
+
+Tokenization (the same for memories and queries):
+
+1. ``text.lower()`` (Python's Unicode lowercasing), encoded as UTF-8;
+2. a token is a maximal run of ASCII digits and letters ``[0-9a-z]`` or of bytes
+   ``>= 0x80`` (so words in any non-ASCII script survive whole, together with any
+   non-ASCII punctuation touching them: ``"naïve"`` is one token, ``"it's"`` two);
+   every other ASCII byte separates tokens;
+3. a term is the 64-bit FNV-1a hash of the token's bytes. There is no stemming and no
+   stop-word list: BM25's idf already makes words that occur everywhere count for little,
+   and a query made only of such words still finds something.
+
+A memory's token count (its BM25 document length) counts every token, repeats included;
+a repeated query word counts once.
+
+Scoring is Okapi BM25 with ``k1 = 1.2``, ``b = 0.75`` and Lucene's non-negative idf
+``ln(1 + (N - df + 0.5) / (df + 0.5))``, where ``N`` is the number of live memories,
+``df`` the live memories holding the term and the average length is over live memories
+(``fastmem._kernels_py.bm25_topk`` has the formula).
+
+Where the postings live: the last checkpoint's postings are a section of the ``.idx``
+file (term hashes, offsets, rows, term frequencies, token counts; ``docs/FORMAT.md``),
+mapped lazily like the other sections. Memories added since (by ``add`` or replayed from
+``.dat`` at open) are tokenized as they are applied, into in-memory runs; the next
+checkpoint merges them into the section. An index written before the section existed is
+given its postings by a background thread started at open (opening does not wait; a
+keyword search waits for it), and the next checkpoint persists them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _format as fmt
+from . import _kernels
+from .errors import CorruptIndexError, CorruptionError
+
+K1 = 1.2
+B = 0.75
+# New postings wait, unsorted, until a search needs them or there are this many; then
+# they are sorted into a run. Runs below SMALL_RUN postings are merged as in a binary
+# counter (single adds make many tiny runs); bigger ones stay apart until the checkpoint
+# sorts the whole tail once, so add_many never re-sorts what it already sorted.
+_PENDING_POSTINGS = 1 << 20
+_PENDING_BATCHES = 1024
+_SMALL_RUN = 1 << 20
+_U64 = np.zeros(0, dtype=np.uint64)
+_U32 = np.zeros(0, dtype=np.uint32)
+_U16 = np.zeros(0, dtype=np.uint16)
+
+
+def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(terms, docs, tf, doc_len)`` of ``texts`` (see the module docstring)."""
+    return _kernels.tokenize_batch(texts)
+
+
+def query_terms(text: str) -> np.ndarray:
+    """The distinct terms of a query, ascending."""
+    return tokenize([text])[0]
+
+
+def _empty_section(n_rows: int = 0) -> fmt.KeywordSection:
+    return fmt.KeywordSection(_U64, np.zeros(1, dtype=np.uint64), _U32, _U16,
+                              np.zeros(n_rows, dtype=np.uint32))  # fmt: skip
+
+
+def _sorted_run(terms: np.ndarray, rows: np.ndarray, tf: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Postings sorted by term; rows stay ascending within a term (the sort is stable)."""
+    return _kernels.sort_postings(terms, rows, tf)
+
+
+class KeywordIndex:
+    """Postings of a ``MemoryIndex``: the checkpoint's section plus in-memory runs."""
+
+    def __init__(self) -> None:
+        self.n_base = 0
+        self.base: fmt.KeywordSection | None = _empty_section()
+        self.live_tokens = 0  # token count of the live rows
+        self._builder: threading.Thread | None = None
+        self._build_error: BaseException | None = None
+        self.tail_len = _U32.copy()  # doc_len of the rows after the base (DOC_DEAD = forgotten)
+        self.tail_n = 0
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._pending_postings = 0
+        self._runs: list[tuple[np.ndarray, ...]] = []  # sorted by term; older rows first
+        self._scratch = np.zeros(0, dtype=np.float64)
+        # Orders the builder's last step against forget/add in the store's thread.
+        self._lock = threading.Lock()
+
+    # --- loading -----------------------------------------------------------------------
+
+    @classmethod
+    def from_section(cls, section: fmt.KeywordSection, live_tokens: int) -> KeywordIndex:
+        kw = cls()
+        kw.n_base = len(section.doc_len)
+        kw.base = section
+        kw.live_tokens = live_tokens
+        return kw
+
+    @classmethod
+    def build_in_background(
+        cls, base_rows: np.ndarray, dat: Any, path: str
+    ) -> KeywordIndex:
+        """Postings for a base written without them, tokenized from its records by a
+        thread; ``wait()`` joins it."""
+        kw = cls()
+        kw.n_base = len(base_rows)
+        kw.base = None
+        kw._builder = threading.Thread(
+            target=kw._build, args=(base_rows, dat, path), name="fastmem-keyword", daemon=True
+        )
+        kw._builder.start()
+        return kw
+
+    def _build(self, base_rows: np.ndarray, dat: Any, path: str) -> None:
+        try:
+            n = len(base_rows)
+            offsets = base_rows["offset"].tolist()
+            lengths = base_rows["length"].tolist()
+            runs, doc_len = [], np.zeros(n, dtype=np.uint32)
+            step = 8192
+            for first in range(0, n, step):
+                texts = []
+                for off, length in zip(offsets[first : first + step], lengths[first : first + step]):
+                    try:
+                        text = fmt.read_record(dat, off, off + length, path)[1].get("x")
+                    except CorruptionError:
+                        text = None  # verify() reports the record; it has no words here
+                    texts.append(text if isinstance(text, str) else "")
+                terms, docs, tf, lens = tokenize(texts)
+                runs.append((terms, docs + np.uint32(first), tf))
+                doc_len[first : first + len(lens)] = lens
+            terms = np.concatenate([r[0] for r in runs]) if runs else _U64
+            rows = np.concatenate([r[1] for r in runs]) if runs else _U32
+            tf = np.concatenate([r[2] for r in runs]) if runs else _U16
+            terms, rows, tf = _sorted_run(terms, rows, tf)
+            empty = _empty_section()
+            t, o, r, f = _kernels.merge_postings(
+                empty.terms, empty.offsets, empty.rows, empty.tf, terms, rows, tf
+            )
+            with self._lock:  # a forget sets the flags first, then takes this lock
+                dead = (base_rows["flags"] & fmt.FLAG_FORGOTTEN) != 0
+                live_tokens = int(doc_len[~dead].sum(dtype=np.uint64))
+                doc_len[dead] |= np.uint32(fmt.DOC_DEAD)
+                self.live_tokens += live_tokens  # rows added meanwhile counted theirs
+                self.base = fmt.KeywordSection(t, o, r, f, doc_len)
+        except BaseException as exc:  # reported by the search that waits for it
+            self._build_error = exc
+
+    def wait(self) -> fmt.KeywordSection:
+        """The base postings, once the background build (if any) has finished.
+
+        Raises:
+            CorruptIndexError: the build failed.
+        """
+        if self._builder is not None:
+            self._builder.join()
+        if self.base is None:
+            raise CorruptIndexError(
+                f"building the keyword postings failed ({self._build_error!r}); "
+                f"delete the .idx file to rebuild the index"
+            )
+        return self.base
+
+    @property
+    def built_unsaved(self) -> bool:
+        """Postings built in the background are ready, and no checkpoint holds them yet."""
+        return self._builder is not None and self.base is not None
+
+    # --- changes -----------------------------------------------------------------------
+
+    def add(self, first_row: int, texts: list[str], forgotten: np.ndarray) -> None:
+        """Tokenize the texts of rows ``first_row, first_row + 1, ...`` (the next rows)."""
+        assert first_row == self.n_base + self.tail_n
+        terms, docs, tf, lens = tokenize(texts)
+        end = self.tail_n + len(texts)
+        if end > len(self.tail_len):
+            grown = np.zeros(max(end, 2 * len(self.tail_len), 64), dtype=np.uint32)
+            grown[: self.tail_n] = self.tail_len[: self.tail_n]
+            self.tail_len = grown
+        with self._lock:
+            self.live_tokens += int(lens[~forgotten].sum(dtype=np.uint64))
+        lens[forgotten] |= np.uint32(fmt.DOC_DEAD)
+        self.tail_len[self.tail_n : end] = lens
+        self.tail_n = end
+        if len(terms):
+            self._pending.append((terms, docs + np.uint32(first_row), tf))
+            self._pending_postings += len(terms)
+            if self._pending_postings >= _PENDING_POSTINGS or len(self._pending) >= _PENDING_BATCHES:
+                self._consolidate()
+
+    def forget(self, g: int) -> None:
+        """Row ``g`` is forgotten: it no longer counts for N, df or the average length."""
+        with self._lock:
+            if g >= self.n_base:
+                lens, i = self.tail_len, g - self.n_base
+            elif self.base is not None:
+                lens, i = self.base.doc_len, g
+            else:  # the builder reads the flags last, and the caller has set them
+                return
+            if not lens[i] & fmt.DOC_DEAD:
+                self.live_tokens -= int(lens[i])
+                lens[i] |= np.uint32(fmt.DOC_DEAD)
+
+    def _consolidate(self) -> None:
+        """Sort the pending postings into a run; small runs are merged as in a binary
+        counter (each at most half the size of the one before it), so there are few."""
+        if not self._pending:
+            return
+        parts = self._pending
+        run = _sorted_run(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+        self._pending, self._pending_postings = [], 0
+        while (
+            self._runs
+            and len(self._runs[-1][0]) < _SMALL_RUN
+            and len(self._runs[-1][0]) <= 2 * len(run[0])
+        ):
+            older = self._runs.pop()
+            # Stable: the older run's rows stay first within a term.
+            run = _sorted_run(*(np.concatenate([a, b]) for a, b in zip(older, run)))
+        self._runs.append(run)
+
+    def tail_postings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every posting added since the checkpoint, as one run sorted by term."""
+        self._consolidate()
+        if len(self._runs) > 1:  # runs hold consecutive rows: concatenated, rows ascend
+            self._runs = [_sorted_run(*(np.concatenate(parts) for parts in zip(*self._runs)))]
+        return self._runs[0] if self._runs else (_U64, _U32, _U16)  # type: ignore[return-value]
+
+    def section(self) -> fmt.KeywordSection:
+        """The base and the tail merged, for a checkpoint (waits for a background build)."""
+        base = self.wait()
+        t_terms, t_rows, t_tf = self.tail_postings()
+        try:
+            terms, offsets, rows, tf = _kernels.merge_postings(
+                base.terms, base.offsets, base.rows, base.tf, t_terms, t_rows, t_tf
+            )
+        except ValueError as exc:
+            raise CorruptIndexError(f"the keyword postings are damaged ({exc})") from None
+        doc_len = np.concatenate([base.doc_len, self.tail_len[: self.tail_n]])
+        return fmt.KeywordSection(terms, offsets, rows, tf, doc_len)
+
+    # --- search ------------------------------------------------------------------------
+
+    def search(
+        self,
+        index: Any,
+        text: str,
+        k: int,
+        type_allowed: np.ndarray | None,
+        since: float,
+        until: float,
+        session: int,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 top-``k`` global rows of ``index`` for ``text`` and their scores, best first
+        (ties: the lower row), among live rows passing the filters (as vector search's).
+
+        Raises:
+            CorruptIndexError: the postings are damaged.
+        """
+        base = self.wait()
+        terms = query_terms(text)
+        n = self.n_base + self.tail_n
+        if not len(terms) or not index.live or not n:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        t_terms, t_rows, t_tf = self.tail_postings()
+        bt = base.terms
+        b_lo = np.searchsorted(bt, terms, "left")
+        b_hi = np.searchsorted(bt, terms, "right")  # 0 or 1 entries: terms are distinct
+        b_start = np.where(b_hi > b_lo, base.offsets[np.minimum(b_lo, len(bt))], 0).astype(np.int64)
+        b_end = np.where(b_hi > b_lo, base.offsets[np.minimum(b_lo + 1, len(bt))], 0).astype(np.int64)
+        t_lo = np.searchsorted(t_terms, terms, "left").astype(np.int64)
+        t_hi = np.searchsorted(t_terms, terms, "right").astype(np.int64)
+        if not (t_hi > t_lo).any():  # nothing new matches: the mapped postings as they are
+            post_rows, post_tf = base.rows, base.tf
+            ranges = np.stack([b_start, b_end], axis=1)
+        else:
+            rows_parts, tf_parts, ranges_l, at = [], [], [], 0
+            for j in range(len(terms)):
+                a, e, c, d = int(b_start[j]), int(b_end[j]), int(t_lo[j]), int(t_hi[j])
+                rows_parts += [base.rows[a:e], t_rows[c:d]]
+                tf_parts += [base.tf[a:e], t_tf[c:d]]
+                ranges_l.append((at, at + (e - a) + (d - c)))
+                at += (e - a) + (d - c)
+            post_rows = np.concatenate(rows_parts).astype(np.uint32, copy=False)
+            post_tf = np.concatenate(tf_parts).astype(np.uint16, copy=False)
+            ranges = np.array(ranges_l, dtype=np.int64).reshape(-1, 2)
+        if len(self._scratch) < n:
+            self._scratch = np.zeros(max(n, 2 * len(self._scratch)), dtype=np.float64)
+        base_rows, tail_rows = index.base_rows, index.tail.rows[: index.tail.n]
+        cols = ("type", "timestamp", "session")
+        avgdl = self.live_tokens / index.live if self.live_tokens > 0 else 1.0
+        try:
+            return _kernels.bm25_topk(
+                post_rows, post_tf, np.ascontiguousarray(ranges), base.doc_len,
+                self.tail_len[: self.tail_n], tuple(base_rows[c] for c in cols),
+                tuple(tail_rows[c] for c in cols), k, type_allowed, since, until, session,
+                float(index.live), avgdl, K1, B, self._scratch,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise CorruptIndexError(
+                f"the keyword postings are damaged ({exc}); delete the .idx file to rebuild it"
+            ) from None

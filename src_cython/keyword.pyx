@@ -1,0 +1,388 @@
+# cython: language_level=3
+"""Compiled keyword search: tokenizer, BM25 top-k over postings, postings merge.
+
+Twins of fastmem._kernels_py.tokenize_batch, bm25_topk and merge_postings; see there for
+the contracts (the tokenization rules are documented in fastmem/_keyword.py).
+"""
+import numpy as np
+
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from libc.math cimport log
+from libc.stdlib cimport free, malloc, qsort
+
+from _types cimport u8, u16, u32, i64, u64, f64
+
+cdef u64 FNV_OFFSET = 0xCBF29CE484222325ULL
+cdef u64 FNV_PRIME = 0x100000001B3ULL
+
+
+cdef inline bint _word_byte(u8 c) noexcept nogil:
+    # ASCII digits and lowercase letters, and every byte of a non-ASCII UTF-8 character.
+    return (48 <= c <= 57) or (97 <= c <= 122) or c >= 128
+
+
+cdef inline u8 _fold(u8 c) noexcept nogil:
+    # ASCII lowercase: what str.lower() does to ASCII text (non-ASCII text is lowered first).
+    return c + 32 if 65 <= c <= 90 else c
+
+
+cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
+    cdef u64 x = (<const u64*>a)[0]
+    cdef u64 y = (<const u64*>b)[0]
+    return (x > y) - (x < y)
+
+
+def tokenize_batch(list texts):
+    """(terms u64, docs u32, tf u16, doc_len u32) of the texts' lowercase forms."""
+    cdef Py_ssize_t n = len(texts), i, j, length, cap = 0, longest = 0, count, out = 0, run
+    cdef const u8* p
+    cdef u8 ch
+    cdef u64 h
+    cdef u64* buf
+    cdef list utf8 = []  # for each text, its lowercase form (ASCII folded below, in C)
+    for obj in texts:
+        if type(obj) is not str:
+            raise TypeError("tokenize_batch takes a list of str")
+        if not (<str>obj).isascii():
+            obj = (<str>obj).lower()  # Unicode case rules: Python's
+        utf8.append(obj)
+        PyUnicode_AsUTF8AndSize(obj, &length)  # ASCII strings: their own buffer, no copy
+        cap += (length + 1) // 2  # at most one token per two bytes (a byte and a separator)
+        if length > longest:
+            longest = length
+    terms = np.empty(cap, dtype=np.uint64)
+    docs = np.empty(cap, dtype=np.uint32)
+    tfs = np.empty(cap, dtype=np.uint16)
+    lens = np.empty(n, dtype=np.uint32)
+    cdef u64[::1] t_out = terms
+    cdef u32[::1] d_out = docs
+    cdef u16[::1] f_out = tfs
+    cdef u32[::1] l_out = lens
+    buf = <u64*>malloc(((longest + 1) // 2 + 1) * sizeof(u64))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            p = <const u8*>PyUnicode_AsUTF8AndSize(utf8[i], &length)
+            count = 0
+            j = 0
+            while j < length:
+                if _word_byte(_fold(p[j])):
+                    h = FNV_OFFSET
+                    while j < length:
+                        ch = _fold(p[j])
+                        if not _word_byte(ch):
+                            break
+                        h = (h ^ ch) * FNV_PRIME
+                        j += 1
+                    buf[count] = h
+                    count += 1
+                else:
+                    j += 1
+            l_out[i] = <u32>count
+            qsort(buf, count, sizeof(u64), _cmp_u64)
+            j = 0
+            while j < count:
+                run = j + 1
+                while run < count and buf[run] == buf[j]:
+                    run += 1
+                t_out[out] = buf[j]
+                d_out[out] = <u32>i
+                f_out[out] = <u16>(run - j if run - j < 65535 else 65535)
+                out += 1
+                j = run
+    finally:
+        free(buf)
+    return terms[:out], docs[:out], tfs[:out], lens
+
+
+cdef inline bint _worse(f64 sa, i64 ra, f64 sb, i64 rb) noexcept nogil:
+    # (sa, ra) ranks below (sb, rb): lower score, or the same score and a higher row.
+    return sa < sb or (sa == sb and ra > rb)
+
+
+cdef inline void _sift_down(f64* hs, i64* hr, Py_ssize_t size, Py_ssize_t i) noexcept nogil:
+    # Min-heap on rank: the root is the worst of the kept rows.
+    cdef Py_ssize_t child
+    cdef f64 s
+    cdef i64 r
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            return
+        if child + 1 < size and _worse(hs[child + 1], hr[child + 1], hs[child], hr[child]):
+            child += 1
+        if not _worse(hs[child], hr[child], hs[i], hr[i]):
+            return
+        s = hs[i]; hs[i] = hs[child]; hs[child] = s
+        r = hr[i]; hr[i] = hr[child]; hr[child] = r
+        i = child
+
+
+cdef inline void _sift_up(f64* hs, i64* hr, Py_ssize_t i) noexcept nogil:
+    cdef Py_ssize_t parent
+    cdef f64 s
+    cdef i64 r
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _worse(hs[i], hr[i], hs[parent], hr[parent]):
+            return
+        s = hs[i]; hs[i] = hs[parent]; hs[parent] = s
+        r = hr[i]; hr[i] = hr[parent]; hr[parent] = r
+        i = parent
+
+
+cdef u32 DEAD = 0x80000000u  # doc_len's top bit: the row is forgotten
+cdef u32 LEN_MASK = 0x7FFFFFFFu
+
+
+def bm25_topk(
+    const u32[:] post_rows,
+    const u16[:] post_tf,
+    const i64[:, ::1] ranges,
+    const u32[:] base_len,
+    const u32[:] tail_len,
+    tuple base_cols,
+    tuple tail_cols,
+    Py_ssize_t k,
+    const u8[:] type_allowed,
+    f64 since,
+    f64 until,
+    u64 session,
+    f64 n_live,
+    f64 avgdl,
+    f64 k1,
+    f64 b,
+    f64[::1] scratch,
+):
+    """Compiled twin of fastmem._kernels_py.bm25_topk."""
+    cdef const u16[:] btype = base_cols[0]
+    cdef const f64[:] bstamp = base_cols[1]
+    cdef const u64[:] bsess = base_cols[2]
+    cdef const u16[:] ttype = tail_cols[0]
+    cdef const f64[:] tstamp = tail_cols[1]
+    cdef const u64[:] tsess = tail_cols[2]
+    cdef Py_ssize_t n_base = base_len.shape[0], n_tail = tail_len.shape[0]
+    cdef Py_ssize_t n = n_base + n_tail
+    cdef Py_ssize_t q = ranges.shape[0], j, a, e, x, size = 0, touched_n = 0, total = 0, i
+    cdef Py_ssize_t n_post = post_rows.shape[0]
+    cdef i64 r
+    cdef u32 dl_raw
+    cdef f64 idf, df, s, tf, norm
+    cdef u16 code
+    cdef f64 stamp
+    cdef u64 sess
+    cdef bint filter_types = type_allowed is not None
+    cdef bint check_since = not (since == -float("inf"))
+    cdef bint check_until = not (until == float("inf"))
+    if btype.shape[0] != n_base or bstamp.shape[0] != n_base or bsess.shape[0] != n_base \
+            or ttype.shape[0] != n_tail or tstamp.shape[0] != n_tail or tsess.shape[0] != n_tail:
+        raise ValueError("the row columns have different lengths")
+    if scratch.shape[0] < n:
+        raise ValueError("scratch is shorter than the rows")
+    if post_tf.shape[0] != n_post or ranges.shape[1] != 2:
+        raise ValueError("postings and their term frequencies differ in length")
+    if filter_types and type_allowed.shape[0] < 65536:
+        raise ValueError("type_allowed must have 65536 entries")
+    for j in range(q):
+        a, e = ranges[j, 0], ranges[j, 1]
+        if a < 0 or e < a or e > n_post:
+            raise ValueError("a posting range is out of bounds")
+        total += e - a
+        for x in range(a, e):
+            if post_rows[x] >= n:
+                raise ValueError("a posting points past the rows")
+    if total == 0 or k <= 0 or n_live <= 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    cdef i64* touched = <i64*>malloc(min(total, n) * sizeof(i64))
+    cdef f64* hs = <f64*>malloc(min(k, n) * sizeof(f64))
+    cdef i64* hr = <i64*>malloc(min(k, n) * sizeof(i64))
+    if touched == NULL or hs == NULL or hr == NULL:
+        free(touched); free(hs); free(hr)
+        raise MemoryError()
+    try:
+        with nogil:
+            for j in range(q):
+                a, e = ranges[j, 0], ranges[j, 1]
+                df = 0
+                for x in range(a, e):
+                    r = post_rows[x]
+                    dl_raw = base_len[r] if r < n_base else tail_len[r - n_base]
+                    if post_tf[x] and not (dl_raw & DEAD):
+                        df += 1
+                if df == 0:
+                    continue
+                idf = log(1.0 + (n_live - df + 0.5) / (df + 0.5))
+                for x in range(a, e):
+                    r = post_rows[x]
+                    dl_raw = base_len[r] if r < n_base else tail_len[r - n_base]
+                    if post_tf[x] == 0 or (dl_raw & DEAD):
+                        continue
+                    tf = post_tf[x]
+                    norm = k1 * (1.0 - b + b * <f64>(dl_raw & LEN_MASK) / avgdl)
+                    s = idf * (tf * (k1 + 1.0)) / (tf + norm)
+                    if scratch[r] == 0.0:
+                        touched[touched_n] = r
+                        touched_n += 1
+                    scratch[r] += s
+            for i in range(touched_n):
+                r = touched[i]
+                s = scratch[r]
+                if s == 0.0:
+                    continue  # a row listed twice under one term (a damaged file): taken
+                scratch[r] = 0.0
+                if filter_types:
+                    code = btype[r] if r < n_base else ttype[r - n_base]
+                    if not type_allowed[code]:
+                        continue
+                if check_since or check_until:
+                    stamp = bstamp[r] if r < n_base else tstamp[r - n_base]
+                    if (check_since and not stamp >= since) or (check_until and not stamp <= until):
+                        continue
+                if session:
+                    sess = bsess[r] if r < n_base else tsess[r - n_base]
+                    if sess != session:
+                        continue
+                if size < k:
+                    hs[size] = s
+                    hr[size] = r
+                    size += 1
+                    _sift_up(hs, hr, size - 1)
+                elif _worse(hs[0], hr[0], s, r):
+                    hs[0] = s
+                    hr[0] = r
+                    _sift_down(hs, hr, size, 0)
+        out_rows = np.empty(size, dtype=np.int64)
+        out_scores = np.empty(size, dtype=np.float64)
+        for i in range(size - 1, -1, -1):  # pop the worst into the back: best first
+            out_rows[i] = hr[0]
+            out_scores[i] = hs[0]
+            hs[0] = hs[i]
+            hr[0] = hr[i]
+            _sift_down(hs, hr, i, 0)
+        return out_rows, out_scores
+    finally:
+        for i in range(touched_n):  # leave scratch zeroed even after an error
+            scratch[touched[i]] = 0.0
+        free(touched); free(hs); free(hr)
+
+
+def merge_postings(
+    const u64[:] b_terms,
+    const u64[:] b_offsets,
+    const u32[:] b_rows,
+    const u16[:] b_tf,
+    const u64[:] t_terms,
+    const u32[:] t_rows,
+    const u16[:] t_tf,
+):
+    """Compiled twin of fastmem._kernels_py.merge_postings."""
+    cdef Py_ssize_t nt = b_terms.shape[0], m = t_terms.shape[0], p = b_rows.shape[0]
+    cdef Py_ssize_t i = 0, j = 0, out_t = 0, out_p = 0, x, a, e
+    cdef u64 term
+    if b_offsets.shape[0] != nt + 1 or b_tf.shape[0] != p or t_rows.shape[0] != m \
+            or t_tf.shape[0] != m:
+        raise ValueError("postings arrays have inconsistent lengths")
+    if b_offsets[0] != 0 or b_offsets[nt] != <u64>p:
+        raise ValueError("the posting offsets do not span the postings")
+    for x in range(nt):
+        if b_offsets[x] > b_offsets[x + 1] or (x and b_terms[x - 1] >= b_terms[x]):
+            raise ValueError("the posting offsets or terms are out of order")
+    for x in range(1, m):
+        if t_terms[x - 1] > t_terms[x]:
+            raise ValueError("the new postings are not sorted by term")
+    terms = np.empty(nt + m, dtype=np.uint64)
+    offsets = np.empty(nt + m + 1, dtype=np.uint64)
+    rows = np.empty(p + m, dtype=np.uint32)
+    tfs = np.empty(p + m, dtype=np.uint16)
+    cdef u64[::1] o_terms = terms
+    cdef u64[::1] o_off = offsets
+    cdef u32[::1] o_rows = rows
+    cdef u16[::1] o_tf = tfs
+    with nogil:
+        o_off[0] = 0
+        while i < nt or j < m:
+            if j >= m or (i < nt and b_terms[i] <= t_terms[j]):
+                term = b_terms[i]
+            else:
+                term = t_terms[j]
+            if i < nt and b_terms[i] == term:
+                a, e = b_offsets[i], b_offsets[i + 1]
+                for x in range(a, e):
+                    o_rows[out_p] = b_rows[x]
+                    o_tf[out_p] = b_tf[x]
+                    out_p += 1
+                i += 1
+            while j < m and t_terms[j] == term:
+                o_rows[out_p] = t_rows[j]
+                o_tf[out_p] = t_tf[j]
+                out_p += 1
+                j += 1
+            o_terms[out_t] = term
+            out_t += 1
+            o_off[out_t] = out_p
+    return terms[:out_t], offsets[: out_t + 1], rows, tfs
+
+
+def sort_postings(const u64[:] terms, const u32[:] rows, const u16[:] tf):
+    """Compiled twin of fastmem._kernels_py.sort_postings (LSD radix sort: stable)."""
+    cdef Py_ssize_t n = terms.shape[0], i, d, pos, c
+    cdef int pass_
+    cdef u64 key
+    cdef Py_ssize_t[8][256] counts
+    cdef bint in_tmp = False
+    if rows.shape[0] != n or tf.shape[0] != n:
+        raise ValueError("postings arrays have inconsistent lengths")
+    out_t = np.empty(n, dtype=np.uint64)
+    out_r = np.empty(n, dtype=np.uint32)
+    out_f = np.empty(n, dtype=np.uint16)
+    tmp_t = np.empty(n, dtype=np.uint64)
+    tmp_r = np.empty(n, dtype=np.uint32)
+    tmp_f = np.empty(n, dtype=np.uint16)
+    cdef u64[::1] v_ot = out_t, v_tt = tmp_t
+    cdef u32[::1] v_or = out_r, v_tr = tmp_r
+    cdef u16[::1] v_of = out_f, v_tf = tmp_f
+    if n == 0:
+        return out_t, out_r, out_f
+    cdef u64* at = &v_ot[0]
+    cdef u64* bt = &v_tt[0]
+    cdef u32* ar = &v_or[0]
+    cdef u32* br = &v_tr[0]
+    cdef u16* af = &v_of[0]
+    cdef u16* bf = &v_tf[0]
+    cdef u64* st
+    cdef u32* sr
+    cdef u16* sf
+    with nogil:
+        for pass_ in range(8):
+            for d in range(256):
+                counts[pass_][d] = 0
+        for i in range(n):
+            key = terms[i]
+            at[i] = key
+            ar[i] = rows[i]
+            af[i] = tf[i]
+            for pass_ in range(8):
+                counts[pass_][(key >> (8 * pass_)) & 255] += 1
+        for pass_ in range(8):
+            if counts[pass_][(at[0] >> (8 * pass_)) & 255] == n:
+                continue  # every key has the same byte here: the pass would move nothing
+            pos = 0
+            for d in range(256):
+                c = counts[pass_][d]
+                counts[pass_][d] = pos
+                pos += c
+            for i in range(n):  # stable scatter from a* into b*, then swap the roles
+                d = (at[i] >> (8 * pass_)) & 255
+                pos = counts[pass_][d]
+                counts[pass_][d] = pos + 1
+                bt[pos] = at[i]
+                br[pos] = ar[i]
+                bf[pos] = af[i]
+            st = at; at = bt; bt = st
+            sr = ar; ar = br; br = sr
+            sf = af; af = bf; bf = sf
+            in_tmp = not in_tmp
+    if in_tmp:
+        return tmp_t, tmp_r, tmp_f
+    return out_t, out_r, out_f
