@@ -312,10 +312,30 @@ class MemoryIndex:
         for field, value in changes.items():
             self.set_field(g, names[field], value)
 
-    def vector(self, g: int) -> np.ndarray:
-        """Row ``g``'s int8 vector (a view)."""
+    def unit_vectors(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The int8 vectors of ``rows`` (sorted or not) dequantized and normalised, as float32
+        ``(len(rows), dim)``, and which rows have a vector (the others are zeros)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.zeros((len(rows), self.dim), dtype=np.float32)
+        has = np.zeros(len(rows), dtype=bool)
+        if not self.dim or not len(rows):
+            return out, has
         nb = self.n_base
-        return self.base_vectors[g] if g < nb else self.tail.vectors[g - nb]
+        for in_seg, seg_rows, seg_vectors, first in (
+            (rows < nb, self.base_rows, self.base_vectors, 0),
+            (rows >= nb, self.tail.rows, self.tail.vectors, nb),
+        ):
+            if not in_seg.any() or seg_vectors.shape[1] != self.dim:
+                continue
+            local = rows[in_seg] - first
+            flags = seg_rows["flags"][local]
+            out[in_seg] = seg_vectors[local].astype(np.float32) * seg_rows["scale"][local, None]
+            has[in_seg] = (flags & fmt.FLAG_HAS_VECTOR) != 0
+        norms = np.linalg.norm(out, axis=1)
+        has &= norms > 0
+        out[has] /= norms[has, None]
+        out[~has] = 0.0
+        return out, has
 
     def touch(self, rows: list[int], now: float) -> None:
         """Count an access to each row: statistics kept in the index only (a crash before

@@ -33,27 +33,31 @@ class ContextPolicy:
     relevance (0 to 1, relative to the best hit) reaches ``full_text_score``, its summary
     otherwise. Pinned memories may take ``pinned_share`` of the budget.
 
-    Ranking fuses the vector and keyword rankings by reciprocal rank (``rrf_k``) with their
-    weights, and adds importance, recency and same-session bonuses with theirs.
+    Ranking takes the ``candidates`` best memories by vector and by keyword (BM25) and the
+    memories next to them in their sessions, adds the two scores as z-scores with their
+    weights, smooths each with its neighbours' (``neighbour_weight``), lets a memory rank
+    just below (``neighbour_gap``) a neighbour that matches strongly, and adds importance,
+    recency and same-session bonuses with their weights.
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """
 
-    recent: int = 6
+    recent: int = 4
     recent_minutes: float | None = None
     recent_session: bool = False
-    recent_share: float = 0.12
+    recent_share: float = 0.08
     pinned_share: float = 0.3
     preload: int = 1000
     preload_chunk: int = 128
-    candidates: int = 256
+    candidates: int = 64
     full_text_score: float = 0.35
     vector_weight: float = 1.0
-    keyword_weight: float = 1.0
-    importance_weight: float = 0.002
-    recency_weight: float = 0.001
-    session_weight: float = 0.002
-    rrf_k: int = 60
+    keyword_weight: float = 0.3
+    neighbour_weight: float = 0.3
+    neighbour_gap: float = 1.0
+    importance_weight: float = 0.1
+    recency_weight: float = 0.05
+    session_weight: float = 0.1
     near_duplicate: float = 0.97
     access_half_life_days: float = 30.0
     access_weight: float = 0.3
@@ -65,7 +69,7 @@ class ContextPolicy:
     cache_bytes: int = 16 << 20
 
     def __post_init__(self) -> None:
-        for name in ("recent", "preload", "preload_chunk", "candidates", "rrf_k", "cache_bytes"):
+        for name in ("recent", "preload", "preload_chunk", "candidates", "cache_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be an int >= 0, got {value!r}")
@@ -73,8 +77,9 @@ class ContextPolicy:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")
-        for name in ("vector_weight", "keyword_weight", "importance_weight", "recency_weight",
-                     "session_weight", "access_weight", "pin_bonus"):  # fmt: skip
+        for name in ("vector_weight", "keyword_weight", "neighbour_weight", "neighbour_gap",
+                     "importance_weight", "recency_weight", "session_weight", "access_weight",
+                     "pin_bonus"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1e6:
                 raise InvalidInputError(f"ContextPolicy.{name} must be >= 0, got {value!r}")
@@ -141,7 +146,6 @@ class Candidate:
 
 
 PINNED_HEADER = "## Pinned"
-INTRO = "Memories from earlier sessions (oldest first):"
 
 
 def group_header(session: str | None, timestamp: float) -> str:
@@ -159,7 +163,6 @@ def render(items: list[ContextItem]) -> str:
         lines.append(PINNED_HEADER)
         lines.extend(_line(i) for i in pinned)
     if rest:
-        lines.append(INTRO)
         header = None
         for item in rest:
             h = group_header(item.session, item.timestamp)
@@ -191,7 +194,7 @@ def pack(
     """
     order = sorted(range(len(candidates)), key=lambda i: -candidates[i].priority)
     chosen: dict[int, ContextItem] = {}
-    used = _fixed_cost(count)
+    used = 0
     headers: set[str] = set()
     header_cost: dict[str, int] = {}
     for i in order:
@@ -220,10 +223,6 @@ def pack(
             return text, tokens, items
         # The estimate was short (tokens merge differently across lines): drop the least.
         kept.pop()
-
-
-def _fixed_cost(count: Callable[[str], int]) -> int:
-    return count(INTRO) + 1
 
 
 def _as_summary(item: ContextItem, summary: str) -> ContextItem:

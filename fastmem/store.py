@@ -1102,7 +1102,7 @@ class MemoryStore:
                 scores[g] = relevance
                 if g not in levels:
                     levels[g] = (3, relevance)
-            candidates = self._candidates(levels, scores, counter, stored_counts)
+            candidates = self._candidates(levels, scores, counter, stored_counts, budget)
             text, tokens, items = pack(candidates, budget, counter.count)
             if not self.readonly:
                 used = [self._index.find(_parse_id(item.id)) for item in items]
@@ -1122,28 +1122,33 @@ class MemoryStore:
 
     def _candidates(
         self, levels: dict[int, tuple[int, float]], scores: dict[int, float],
-        counter: TokenCounter, stored_counts: bool,
+        counter: TokenCounter, stored_counts: bool, budget: int,
     ) -> list[Candidate]:  # fmt: skip
-        """Context candidates for rows, near-duplicates left out (the better one stays)."""
+        """Context candidates for rows, best first, near-duplicates left out (the better one
+        stays); enough of them to fill the budget twice over, no more are read."""
         policy = self.policy
         order = sorted(levels, key=lambda g: -levels[g][1])
-        kept_vectors: list[np.ndarray] = []
+        vectors, has_vector = self._index.unit_vectors(np.array(order, dtype=np.int64))
+        kept = np.zeros((len(order), vectors.shape[1]), dtype=np.float32)
+        n_kept = 0
         seen_texts: set[str] = set()
-        out = []
-        for g in order:
+        out: list[Candidate] = []
+        total = 0
+        for j, g in enumerate(order):
+            if total > 2 * budget:
+                break
             level, priority = levels[g]
             row = self._index.row(g)
             memory = self._cached_memory(g)
             key = " ".join(memory.text.casefold().split())
             if key in seen_texts:
                 continue
-            vector = self._unit_vector(g, row)
-            if vector is not None and level == 3 and kept_vectors:
-                if float(np.max(np.stack(kept_vectors) @ vector)) >= policy.near_duplicate:
+            if has_vector[j]:
+                if level == 3 and n_kept and float((kept[:n_kept] @ vectors[j]).max()) >= policy.near_duplicate:
                     continue
+                kept[n_kept] = vectors[j]
+                n_kept += 1
             seen_texts.add(key)
-            if vector is not None:
-                kept_vectors.append(vector)
             if stored_counts and row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS:
                 text_tokens, summary_tokens = row[F_TEXT_TOKENS], row[F_SUMMARY_TOKENS]
             else:
@@ -1158,17 +1163,11 @@ class MemoryStore:
                 item = ContextItem(memory.id, level, score, memory.summary or "", True,
                                    memory.timestamp, memory.session, memory.type)  # fmt: skip
                 out.append(Candidate(item, summary_tokens, priority))
+                total += summary_tokens
             else:
                 out.append(Candidate(item, text_tokens, priority, summary))
+                total += text_tokens
         return out
-
-    def _unit_vector(self, g: int, row: tuple[Any, ...]) -> np.ndarray | None:
-        """Row ``g``'s int8 vector as an approximately unit float32 vector."""
-        if not row[F_FLAGS] & fmt.FLAG_HAS_VECTOR or not self._index.dim:
-            return None
-        vector = self._index.vector(g).astype(np.float32) * np.float32(row[F_SCALE])
-        norm = float(np.linalg.norm(vector))
-        return vector / norm if norm else None
 
     def _cached_memory(self, g: int) -> Memory:
         memory = self._cache.get(g)
@@ -1220,52 +1219,109 @@ class MemoryStore:
     def _rank(
         self, query: str, k: int, *, session: str | None, now: float
     ) -> tuple[list[tuple[int, float]], bool]:
-        """Level 3: rows ranked for ``query`` by the fused score, scaled so the best is 1.
+        """Level 3: rows ranked for ``query``, best first, with relevance from 0 to 1.
+
+        The ``k`` best rows by vector and the ``k`` best by keyword, and the memories next
+        to them in their sessions, are scored by both (z-scores over these candidates,
+        weighted); each score is then smoothed with its neighbours' (an answer often sits
+        next to the turn that matches the question) and importance, recency and the
+        current session add small bonuses.
 
         Returns ``(ranked, degraded)``; ``degraded`` when the store has an embedder that is
         not loaded yet (the ranking then has no vector component).
         """
-        if not query.strip() or not len(self._index):
+        index = self._index
+        if not query.strip() or not index.live:
             return [], False
         policy = self.policy
-        rankings: list[tuple[float, np.ndarray]] = []
         degraded = False
+        vector = None
+        parts = []
         embedder = self._embedder
-        if embedder is not None and self._index.dim:
+        if embedder is not None and index.dim:
             if getattr(embedder, "ready", True):
                 vector = _query_vector(embedder, query)
-                rows, _ = self._vector_candidates(vector, k)
-                rankings.append((policy.vector_weight, rows))
+                parts.append(self._vector_candidates(vector, k)[0])
             else:
                 degraded = True
-        keyword_rows = self._keyword_candidates(query, k)
-        if keyword_rows is not None:
-            rankings.append((policy.keyword_weight, keyword_rows))
-        if not rankings:
+        words = _content_words(query)
+        kw_rows, kw_scores = index.keyword.search(index, words, k, None, -math.inf, math.inf, 0)
+        parts.append(kw_rows)
+        found = np.unique(np.concatenate(parts)).astype(np.int64)
+        if not len(found):
             return [], degraded
-        return self._fuse(rankings, session, now), degraded
+        cand, prev, nxt = self._with_neighbours(found)
+        score = np.zeros(len(cand))
+        if vector is not None:
+            score += policy.vector_weight * _z(self._cosines(cand, vector))
+        keyword = np.zeros(len(cand))
+        at = np.searchsorted(cand, kw_rows)
+        keyword[at] = kw_scores
+        score += policy.keyword_weight * _z(keyword)
+        # Neighbours: smooth, then let a strong match lift the memory next to it.
+        lam = policy.neighbour_weight
+        floor = float(score.min())
+        before = np.where(prev >= 0, score[np.maximum(prev, 0)], floor)
+        after = np.where(nxt >= 0, score[np.maximum(nxt, 0)], floor)
+        smooth = score + lam * (before + after)
+        before = np.where(prev >= 0, smooth[np.maximum(prev, 0)], -np.inf)
+        after = np.where(nxt >= 0, smooth[np.maximum(nxt, 0)], -np.inf)
+        fused = np.maximum(smooth, np.maximum(before, after) - policy.neighbour_gap)
+        fused += self._bonuses(cand, session, now)
+        order = np.lexsort((cand, -fused))
+        lo, hi = float(fused.min()), float(fused.max())
+        relevance = (fused - lo) / (hi - lo) if hi > lo else np.ones(len(fused))
+        return [(int(cand[i]), float(relevance[i])) for i in order], degraded
 
-    def _fuse(
-        self, rankings: list[tuple[float, np.ndarray]], session: str | None, now: float
-    ) -> list[tuple[int, float]]:
+    def _with_neighbours(self, found: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``found`` plus the live memory before and after each in the same session (rows
+        are in the order memories were added), sorted; and for each, the position of its
+        neighbour before and after in the result (-1: none)."""
+        index = self._index
+        n = len(index)
+        near = np.concatenate([found - 1, found, found + 1])
+        near = np.unique(near[(near >= 0) & (near < n)])
+        info = {g: index.row(g) for g in near.tolist()}
+        cand = np.array(
+            [g for g, row in info.items() if not row[F_FLAGS] & fmt.FLAG_FORGOTTEN], dtype=np.int64
+        )
+        where = {g: i for i, g in enumerate(cand.tolist())}
+        prev = np.full(len(cand), -1, dtype=np.int64)
+        nxt = np.full(len(cand), -1, dtype=np.int64)
+        for i, g in enumerate(cand.tolist()):
+            session = info[g][F_SESSION]
+            j = where.get(g - 1)
+            if j is not None and info[g - 1][F_SESSION] == session:
+                prev[i] = j
+            j = where.get(g + 1)
+            if j is not None and info[g + 1][F_SESSION] == session:
+                nxt[i] = j
+        return cand, prev, nxt
+
+    def _cosines(self, rows: np.ndarray, query: Any) -> np.ndarray:
+        """Approximate cosines (int8 vectors) of ``rows`` with a query vector; rows without a
+        vector get the lowest."""
+        q = np.asarray(query, dtype=np.float32)
+        q = q / (np.linalg.norm(q) or 1.0)
+        vectors, has = self._index.unit_vectors(rows)
+        out = vectors @ q
+        if has.any() and not has.all():
+            out[~has] = out[has].min()
+        return out
+
+    def _bonuses(self, rows: np.ndarray, session: str | None, now: float) -> np.ndarray:
         policy = self.policy
-        total_weight = sum(w for w, _ in rankings) or 1.0
-        fused: dict[int, float] = {}
-        for weight, rows in rankings:
-            for rank, g in enumerate(rows.tolist(), 1):
-                fused[g] = fused.get(g, 0.0) + weight * (policy.rrf_k + 1) / (policy.rrf_k + rank) / total_weight
-        wanted_session = session_hash(session) if session else 0
-        recency_scale = 1.0 / (policy.recency_half_life_days * DAY)
-        for g in fused:
+        wanted = session_hash(session) if session else 0
+        scale = 1.0 / (policy.recency_half_life_days * DAY)
+        out = np.zeros(len(rows))
+        for i, g in enumerate(rows.tolist()):
             row = self._index.row(g)
             bonus = policy.importance_weight * row[F_IMPORTANCE]
-            bonus += policy.recency_weight * 2.0 ** (-max(0.0, now - row[F_TS]) * recency_scale)
-            if wanted_session and row[F_SESSION] == wanted_session:
+            bonus += policy.recency_weight * 2.0 ** (-max(0.0, now - row[F_TS]) * scale)
+            if wanted and row[F_SESSION] == wanted:
                 bonus += policy.session_weight
-            fused[g] += bonus
-        best = max(fused.values())
-        ranked = sorted(fused.items(), key=lambda item: (-item[1], item[0]))
-        return [(g, score / best) for g, score in ranked]
+            out[i] = bonus
+        return out
 
     def _vector_candidates(self, query: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the ``k`` best int8 scores for a query vector (no rescoring)."""
@@ -1288,10 +1344,6 @@ class MemoryStore:
         r, sc = np.concatenate(rows), np.concatenate(scores)
         best = np.lexsort((r, -sc))[:k]
         return r[best], sc[best]
-
-    def _keyword_candidates(self, query: str, k: int) -> np.ndarray | None:
-        """Rows of the ``k`` best BM25 scores for ``query`` (None: no keyword index)."""
-        return None
 
     def importance_scores(self, now: float | None = None) -> np.ndarray:
         """Every row's current importance (float32; forgotten rows ``-inf``), computed by
@@ -1451,6 +1503,27 @@ def _embedder_identity(embedder: Any) -> tuple[str, int] | None:
     if isinstance(name, str) and isinstance(dim, int) and not isinstance(dim, bool) and dim > 0:
         return name, dim
     return None
+
+
+_STOP_WORDS = frozenset(
+    "a an and are as at be but by can could did do does for from had has have he her him his "
+    "how i if in into is it its me my no not of on or our she should so than that the their "
+    "them then there these they this those to was we were what when where which who whom why "
+    "will with would you your".split()
+)
+
+
+def _content_words(query: str) -> str:
+    """The query without question and function words, for BM25 (all of it if nothing is
+    left): they match everywhere and push the content words' matches down."""
+    words = [w for w in query.split() if w.strip("?!.,;:'\"()").lower() not in _STOP_WORDS]
+    return " ".join(words) if words else query
+
+
+def _z(x: np.ndarray) -> np.ndarray:
+    """Standard scores: comparable across the vector and keyword scales."""
+    std = float(x.std())
+    return (x - x.mean()) / std if std > 0 else np.zeros(len(x))
 
 
 def _query_vector(embedder: Any, query: str) -> np.ndarray:

@@ -1,0 +1,214 @@
+"""LoCoMo retrieval: recall of evidence turns within a 1,300-token context.
+
+    python benchmarks/locomo.py [--data ../shared/data/locomo-dev.json] [--budget 1300]
+                                [--baselines] [--out benchmarks/RESULTS-locomo.md]
+
+The measure of ``shared/data/README.md``: each conversation goes into a fresh store, one
+memory per turn (text ``"<speaker>: <text>"``, the session's date as timestamp, the session
+as session, the ``dia_id`` in metadata). For every question of categories 1-4 with evidence,
+``store.context(question, budget)`` is built; an evidence turn counts as recalled when its
+whole text is in the context's text. Reports mean recall overall and per category, the
+largest context (tokens, exact cl100k_base; never above the budget) and context latency.
+
+``--baselines`` also measures, on the same turns and tokenizer, the plain baselines of the
+data README packed greedily in rank order (whole turns, one per line): recency, MiniLM
+cosine, BM25 (rank-bm25) and their reciprocal-rank fusion.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+import fastmem
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_DATA = HERE.parent.parent / "shared" / "data" / "locomo-dev.json"
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+
+
+def session_keys(conversation: dict) -> list[str]:
+    keys = [k for k in conversation if re.fullmatch(r"session_\d+", k)]
+    return sorted(keys, key=lambda k: int(k.split("_")[1]))
+
+
+def session_time(text: str) -> float:
+    """'1:56 pm on 8 May, 2023' -> Unix seconds (UTC)."""
+    when = datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y")
+    return when.replace(tzinfo=timezone.utc).timestamp()
+
+
+def turns_of(sample: dict) -> list[dict]:
+    conv = sample["conversation"]
+    out = []
+    for key in session_keys(conv):
+        start = session_time(conv[f"{key}_date_time"])
+        for i, turn in enumerate(conv[key]):
+            out.append({
+                "text": f"{turn['speaker']}: {turn['text']}",
+                "timestamp": start + 60.0 * i,  # a minute per turn keeps them in order
+                "session": key.replace("_", " "),
+                "metadata": {"dia_id": turn["dia_id"]},
+            })  # fmt: skip
+    return out
+
+
+def evidence_ids(qa: dict, known: set[str]) -> list[str]:
+    """The question's evidence ids that exist ("D8:6; D9:17" and "D:11:26" included)."""
+    out = set()
+    for entry in qa.get("evidence", []):
+        for part in re.split(r"[;,\s]+", entry):
+            m = re.fullmatch(r"D:?(\d+):(\d+)", part.strip())
+            if m and f"D{m.group(1)}:{m.group(2)}" in known:
+                out.add(f"D{m.group(1)}:{m.group(2)}")
+    return sorted(out)
+
+
+def questions(sample: dict, known: set[str]) -> list[tuple[str, int, list[str]]]:
+    out = []
+    for qa in sample["qa"]:
+        if qa.get("category") in CATEGORIES:
+            ids = evidence_ids(qa, known)
+            if ids:
+                out.append((qa["question"], qa["category"], ids))
+    return out
+
+
+def run_fastmem(data: list[dict], budget: int, embedder: object) -> dict:
+    recalls: dict[int, list[float]] = {c: [] for c in CATEGORIES}
+    latencies, max_tokens, over = [], 0, 0
+    for sample in data:
+        turns = turns_of(sample)
+        text_of = {t["metadata"]["dia_id"]: t["text"] for t in turns}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "conv")
+            kwargs = {} if embedder == "default" else {"embedder": embedder}
+            with fastmem.open(path, durability="none", **kwargs) as store:
+                store.add_many(turns)
+            with fastmem.open(path, **kwargs) as store:  # as after a restart
+                _wait_ready(store)
+                for question, category, ids in questions(sample, set(text_of)):
+                    started = time.perf_counter()
+                    ctx = store.context(question, budget=budget)
+                    latencies.append(time.perf_counter() - started)
+                    max_tokens = max(max_tokens, ctx.tokens)
+                    over += ctx.tokens > budget
+                    recalls[category].append(
+                        sum(text_of[i] in ctx.text for i in ids) / len(ids)
+                    )
+    every = [r for rs in recalls.values() for r in rs]
+    return {
+        "recall": statistics.fmean(every),
+        "by_category": {CATEGORIES[c]: statistics.fmean(r) for c, r in recalls.items() if r},
+        "questions": len(every),
+        "max_tokens": max_tokens,
+        "over_budget": over,
+        "p50_ms": 1e3 * statistics.median(latencies),
+        "p95_ms": 1e3 * float(np.percentile(latencies, 95)),
+    }
+
+
+def _wait_ready(store: fastmem.MemoryStore) -> None:
+    wait = getattr(store._embedder, "wait", None)
+    if wait is not None:
+        wait()
+
+
+def run_baselines(data: list[dict], budget: int, embedder: object) -> dict[str, dict]:
+    from rank_bm25 import BM25Okapi
+
+    from fastmem.tokens import TokenCounter
+
+    count = TokenCounter().count
+    token = re.compile(r"[0-9a-z\x80-\uffff]+")
+    names = ("recency", "cosine", "bm25", "rrf")
+    recalls: dict[str, dict[int, list[float]]] = {n: {c: [] for c in CATEGORIES} for n in names}
+    for sample in data:
+        turns = turns_of(sample)
+        texts = [t["text"] for t in turns]
+        where = {t["metadata"]["dia_id"]: i for i, t in enumerate(turns)}
+        cost = [count(t) + 1 for t in texts]
+        vectors = np.asarray(embedder.encode(texts))  # type: ignore[attr-defined]
+        bm25 = BM25Okapi([token.findall(t.lower()) for t in texts])
+        for question, category, ids in questions(sample, set(where)):
+            q = np.asarray(embedder.encode([question]))[0]  # type: ignore[attr-defined]
+            cos = list(np.argsort(-(vectors @ q), kind="stable"))
+            kw = list(np.argsort(-bm25.get_scores(token.findall(question.lower())), kind="stable"))
+            fused: dict[int, float] = {}
+            for ranking in (cos, kw):
+                for rank, i in enumerate(ranking, 1):
+                    fused[i] = fused.get(i, 0.0) + 1.0 / (60 + rank)
+            orders = {
+                "recency": list(range(len(texts) - 1, -1, -1)),
+                "cosine": cos,
+                "bm25": kw,
+                "rrf": sorted(fused, key=lambda i: -fused[i]),
+            }
+            for name, order in orders.items():
+                used, chosen = 0, set()
+                for i in order:
+                    if used + cost[i] <= budget:
+                        chosen.add(int(i))
+                        used += cost[i]
+                recalls[name][category].append(sum(where[e] in chosen for e in ids) / len(ids))
+    return {
+        name: {
+            "recall": statistics.fmean([r for rs in by.values() for r in rs]),
+            "by_category": {CATEGORIES[c]: statistics.fmean(r) for c, r in by.items() if r},
+        }
+        for name, by in recalls.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--data", default=str(DEFAULT_DATA))
+    parser.add_argument("--budget", type=int, default=1300)
+    parser.add_argument("--baselines", action="store_true")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    data = json.loads(Path(args.data).read_text())
+    embedder = fastmem.embed.default_embedder() if hasattr(fastmem, "embed") else "default"
+    result = {"fastmem": run_fastmem(data, args.budget, "default")}
+    if args.baselines:
+        from fastmem.embed import default_embedder
+
+        embedder = default_embedder()
+        result.update(run_baselines(data, args.budget, embedder))
+    lines = [
+        f"LoCoMo evidence recall within {args.budget} tokens — {len(data)} conversations of "
+        f"{Path(args.data).name}, {result['fastmem']['questions']} questions",
+        "",
+        "| method | recall | " + " | ".join(CATEGORIES.values()) + " |",
+        "|---|---:|" + "---:|" * len(CATEGORIES),
+    ]
+    for name, r in result.items():
+        cats = " | ".join(f"{r['by_category'].get(c, float('nan')):.3f}" for c in CATEGORIES.values())
+        lines.append(f"| {name} | {r['recall']:.3f} | {cats} |")
+    f = result["fastmem"]
+    lines += [
+        "",
+        f"fastmem contexts: largest {f['max_tokens']} tokens, {f['over_budget']} over budget; "
+        f"context() p50 {f['p50_ms']:.1f} ms, p95 {f['p95_ms']:.1f} ms (query embedding included).",
+    ]
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        Path(args.out).write_text(
+            f"{report}\n\nCommand: `python benchmarks/locomo.py --baselines --out {args.out}`\n"
+        )
+    json.dump(result, sys.stderr, indent=1)
+
+
+if __name__ == "__main__":
+    main()
