@@ -34,8 +34,8 @@ import numpy as np
 from . import _format as fmt
 from . import _kernels
 from ._index import (
-    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_SCALE, F_SESSION,
-    F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, Problem,
+    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_SESSION,
+    F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE, MemoryIndex, Problem,
     default_importance, session_hash, update_changes,
 )  # fmt: skip
 from ._vectors import quantize, to_float16
@@ -109,11 +109,14 @@ _new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
 
 @dataclass(frozen=True, slots=True)
 class Hit:
-    """A search result: the memory, and its cosine similarity to the query."""
+    """A search result: the memory and its score (see ``MemoryStore.search``); a hybrid
+    search also reports each component: the approximate cosine and the BM25 score."""
 
     id: str
     score: float
     memory: Memory
+    vector: float | None = None
+    keyword: float | None = None
 
 
 @dataclass(frozen=True)
@@ -931,24 +934,28 @@ class MemoryStore:
         since: float | None = None,
         until: float | None = None,
         session: str | None = None,
-        mode: str = "vector",
+        mode: str = "hybrid",
     ) -> list[Hit]:
-        """The ``k`` live memories whose vectors are most similar (cosine) to ``query``,
-        or, with ``mode="keyword"``, that best match the words of ``query`` (BM25).
+        """The ``k`` live memories that best match ``query``.
 
         Args:
-            query: a vector of the store's dimension; text for ``mode="keyword"``.
+            query: text, or a vector of the store's dimension (a vector is searched by
+                vector whatever the mode).
             k: how many hits, 1 to 10,000.
             types: keep only these types.
             since, until: keep only timestamps in ``[since, until]``.
             session: keep only this session.
-            mode: ``"vector"`` or ``"keyword"`` (Okapi BM25 over the memories' text; the
-                tokenization rules are in ``fastmem._keyword``; a query without any word
-                finds nothing).
+            mode: ``"hybrid"`` (text: vector and keyword rankings fused as ``context()``
+                ranks, with importance and recency bonuses; the policy's weights), ``"vector"``
+                (cosine; text is embedded by the store's embedder) or ``"keyword"`` (Okapi
+                BM25 over the memories' text; tokenization rules in ``fastmem._keyword``).
 
         Returns:
-            Hits best first (ties: the older id first); scores are exact cosines against
-            the stored float16 vectors. The int8 scan picks candidates; they are rescored.
+            Hits best first (ties: the older id first). Vector mode: ``score`` is the exact
+            cosine against the stored float16 vector (an int8 scan picks candidates, they
+            are rescored). Keyword mode: the BM25 score. Hybrid: the fused relevance (1 for
+            the best hit), with ``vector`` (approximate cosine) and ``keyword`` (BM25) set.
+            A hybrid search before the embedding model has loaded ranks by keywords alone.
         """
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 10_000:
             raise InvalidInputError(f"k must be an int from 1 to 10000, got {k!r}")
@@ -957,10 +964,14 @@ class MemoryStore:
         session = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
             raise InvalidTypeError("types must be a list of type names")
-        if mode not in ("vector", "keyword"):
-            raise InvalidInputError(f"mode must be 'vector' or 'keyword', got {mode!r}")
+        if mode not in ("hybrid", "vector", "keyword"):
+            raise InvalidInputError(f"mode must be 'hybrid', 'vector' or 'keyword', got {mode!r}")
         if mode == "keyword":
             return self._keyword_search(query, k, types, lo, hi, session)
+        if isinstance(query, str):
+            if mode == "hybrid":
+                return self._hybrid_search(query, k, types, lo, hi, session)
+            query = self._embed_query(query)
         if np.ndim(query) != 1:
             raise InvalidInputError("query must be one flat vector")
         with self._lock:
@@ -1014,6 +1025,53 @@ class MemoryStore:
                     break
             return hits
 
+    def _embed_query(self, text: str) -> np.ndarray:
+        _check_utf8(text, "query")
+        if self._embedder is None:
+            raise InvalidInputError(
+                "this store has no embedder: search text with mode='keyword' or 'hybrid', or "
+                "pass a vector"
+            )
+        wait = getattr(self._embedder, "wait", None)
+        if wait is not None:
+            wait()  # a vector search asked for explicitly waits for the model
+        return _query_vector(self._embedder, text)
+
+    def _hybrid_search(
+        self, query: str, k: int, types: Iterable[str] | None, lo: float, hi: float,
+        session: str | None,
+    ) -> list[Hit]:  # fmt: skip
+        _check_utf8(query, "query")
+        if len(query) > fmt.MAX_TEXT_BYTES:
+            raise InvalidInputError(f"query is over {fmt.MAX_TEXT_BYTES} characters")
+        names = None if types is None else list(types)
+        for name in names or ():
+            _check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
+        with self._lock:
+            self._check()
+            filters = _Filters(self._type_mask(names), lo, hi, session_hash(session))
+            ranked, _ = self._rank(query, max(k, self.policy.candidates), session=None,
+                                   now=time.time(), filters=filters)  # fmt: skip
+            hits = []
+            for g, relevance, cosine, keyword in ranked:
+                memory = self._memory(g)
+                if session is not None and memory.session != session:
+                    continue  # a 64-bit hash collision
+                hits.append(Hit(memory.id, relevance, memory, cosine, keyword))
+                if len(hits) == k:
+                    break
+            return hits
+
+    def _type_mask(self, names: list[str] | None) -> np.ndarray | None:
+        if names is None:
+            return None
+        allowed = np.zeros(65536, dtype=np.uint8)
+        for name in names:
+            code = self._index.type_code(name, create=False)
+            if code >= 0:
+                allowed[code] = 1
+        return allowed
+
     def _keyword_search(
         self, query: Any, k: int, types: Iterable[str] | None, lo: float, hi: float,
         session: str | None,
@@ -1030,13 +1088,7 @@ class MemoryStore:
         with self._lock:
             self._check()
             index = self._index
-            allowed = None
-            if names is not None:
-                allowed = np.zeros(65536, dtype=np.uint8)
-                for name in names:
-                    code = index.type_code(name, create=False)
-                    if code >= 0:
-                        allowed[code] = 1
+            allowed = self._type_mask(names)
             rows, scores = index.keyword.search(
                 index, query, k, allowed, lo, hi, session_hash(session)
             )
@@ -1098,7 +1150,7 @@ class MemoryStore:
                     spent[level] += cost
                     levels[g] = (level, 3.0 - level - i * 1e-6)
             scores = {}
-            for g, relevance in ranked:
+            for g, relevance, _, _ in ranked:
                 scores[g] = relevance
                 if g not in levels:
                     levels[g] = (3, relevance)
@@ -1217,8 +1269,9 @@ class MemoryStore:
         return list(islice(newest, policy.recent))
 
     def _rank(
-        self, query: str, k: int, *, session: str | None, now: float
-    ) -> tuple[list[tuple[int, float]], bool]:
+        self, query: str, k: int, *, session: str | None, now: float,
+        filters: _Filters | None = None,
+    ) -> tuple[list[tuple[int, float, float | None, float]], bool]:  # fmt: skip
         """Level 3: rows ranked for ``query``, best first, with relevance from 0 to 1.
 
         The ``k`` best rows by vector and the ``k`` best by keyword, and the memories next
@@ -1227,12 +1280,14 @@ class MemoryStore:
         next to the turn that matches the question) and importance, recency and the
         current session add small bonuses.
 
-        Returns ``(ranked, degraded)``; ``degraded`` when the store has an embedder that is
-        not loaded yet (the ranking then has no vector component).
+        Returns ``(ranked, degraded)``: ``ranked`` holds (row, relevance, cosine or None,
+        BM25 score); ``degraded`` when the store has an embedder that is not loaded yet (the
+        ranking then has no vector component).
         """
         index = self._index
         if not query.strip() or not index.live:
             return [], False
+        f = filters or _NO_FILTERS
         policy = self.policy
         degraded = False
         vector = None
@@ -1241,19 +1296,21 @@ class MemoryStore:
         if embedder is not None and index.dim:
             if getattr(embedder, "ready", True):
                 vector = _query_vector(embedder, query)
-                parts.append(self._vector_candidates(vector, k)[0])
+                parts.append(self._vector_candidates(vector, k, f)[0])
             else:
                 degraded = True
         words = _content_words(query)
-        kw_rows, kw_scores = index.keyword.search(index, words, k, None, -math.inf, math.inf, 0)
+        kw_rows, kw_scores = index.keyword.search(index, words, k, *f)
         parts.append(kw_rows)
         found = np.unique(np.concatenate(parts)).astype(np.int64)
         if not len(found):
             return [], degraded
-        cand, prev, nxt = self._with_neighbours(found)
+        cand, prev, nxt = self._with_neighbours(found, f)
         score = np.zeros(len(cand))
+        cosines = None
         if vector is not None:
-            score += policy.vector_weight * _z(self._cosines(cand, vector))
+            cosines = self._cosines(cand, vector)
+            score += policy.vector_weight * _z(cosines)
         keyword = np.zeros(len(cand))
         at = np.searchsorted(cand, kw_rows)
         keyword[at] = kw_scores
@@ -1271,20 +1328,24 @@ class MemoryStore:
         order = np.lexsort((cand, -fused))
         lo, hi = float(fused.min()), float(fused.max())
         relevance = (fused - lo) / (hi - lo) if hi > lo else np.ones(len(fused))
-        return [(int(cand[i]), float(relevance[i])) for i in order], degraded
+        return [
+            (int(cand[i]), float(relevance[i]), None if cosines is None else float(cosines[i]),
+             float(keyword[i]))
+            for i in order
+        ], degraded  # fmt: skip
 
-    def _with_neighbours(self, found: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _with_neighbours(
+        self, found: np.ndarray, f: _Filters
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``found`` plus the live memory before and after each in the same session (rows
-        are in the order memories were added), sorted; and for each, the position of its
-        neighbour before and after in the result (-1: none)."""
+        are in the order memories were added) that pass the filters, sorted; and for each,
+        the position of its neighbour before and after in the result (-1: none)."""
         index = self._index
         n = len(index)
         near = np.concatenate([found - 1, found, found + 1])
         near = np.unique(near[(near >= 0) & (near < n)])
         info = {g: index.row(g) for g in near.tolist()}
-        cand = np.array(
-            [g for g, row in info.items() if not row[F_FLAGS] & fmt.FLAG_FORGOTTEN], dtype=np.int64
-        )
+        cand = np.array([g for g, row in info.items() if f.passes(row)], dtype=np.int64)
         where = {g: i for i, g in enumerate(cand.tolist())}
         prev = np.full(len(cand), -1, dtype=np.int64)
         nxt = np.full(len(cand), -1, dtype=np.int64)
@@ -1323,7 +1384,9 @@ class MemoryStore:
             out[i] = bonus
         return out
 
-    def _vector_candidates(self, query: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _vector_candidates(
+        self, query: Any, k: int, f: _Filters
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Rows of the ``k`` best int8 scores for a query vector (no rescoring)."""
         index = self._index
         q16 = to_float16([query], index.dim, "query")
@@ -1334,8 +1397,8 @@ class MemoryStore:
                 continue
             r, sc = _kernels.topk_int8(
                 seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
-                seg_rows["timestamp"], seg_rows["session"], q8[0], k, None, -math.inf,
-                math.inf, 0, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
+                seg_rows["timestamp"], seg_rows["session"], q8[0], k, f.allowed, f.since,
+                f.until, f.session, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
             )  # fmt: skip
             rows.append(r + first)
             scores.append(sc)
@@ -1504,6 +1567,25 @@ def _embedder_identity(embedder: Any) -> tuple[str, int] | None:
         return name, dim
     return None
 
+
+class _Filters(NamedTuple):
+    """What a search keeps: as the kernels take it (type mask, time range, session hash)."""
+
+    allowed: np.ndarray | None
+    since: float
+    until: float
+    session: int
+
+    def passes(self, row: tuple[Any, ...]) -> bool:
+        return (
+            not row[F_FLAGS] & fmt.FLAG_FORGOTTEN
+            and self.since <= row[F_TS] <= self.until
+            and (not self.session or row[F_SESSION] == self.session)
+            and (self.allowed is None or bool(self.allowed[row[F_TYPE]]))
+        )
+
+
+_NO_FILTERS = _Filters(None, -math.inf, math.inf, 0)
 
 _STOP_WORDS = frozenset(
     "a an and are as at be but by can could did do does for from had has have he her him his "

@@ -259,3 +259,26 @@ def test_context_never_exceeds_its_budget(tmp_path_factory, memories, query, bud
         assert len({i.id for i in ctx.items}) == len(ctx.items)
         for item in ctx.items:
             assert item.text in ctx.text
+
+
+def test_hybrid_search_reports_each_component_and_honours_filters(store_path):
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        a = store.add("The flight to Lisbon leaves at 7am.", type="plan", session="s1", timestamp=1e9)
+        store.add("Lisbon is sunny in May.", session="s2", timestamp=1e9 + 1)
+        store.add("Groceries: milk, eggs, bread.", session="s1", timestamp=1e9 + 2)
+        hits = store.search("flight Lisbon", 3)
+        assert hits[0].id == a and hits[0].score == 1.0
+        assert hits[0].vector is not None and hits[0].keyword > 0
+        assert [h.id for h in store.search("Lisbon", 5, session="s2")] == ["m1"]
+        assert [h.id for h in store.search("Lisbon", 5, types=["plan"])] == [a]
+        late = store.search("Lisbon", 5, since=1e9 + 2)
+        assert late and all(h.memory.timestamp >= 1e9 + 2 for h in late)
+        by_vector = store.search("flight Lisbon", 1, mode="vector")
+        assert by_vector[0].id == a and by_vector[0].keyword is None
+        assert store.search("flight", 1, mode="keyword")[0].id == a
+        with pytest.raises(fastmem.InvalidInputError):
+            store.search("x", 1, mode="fuzzy")
+    with fastmem.open(store_path, embedder=None) as store:
+        with pytest.raises(fastmem.InvalidInputError):
+            store.search("flight", 1, mode="vector")
+        assert store.search("flight Lisbon", 1)[0].id == a  # keywords alone
