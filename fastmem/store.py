@@ -146,7 +146,9 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         path: the store's name; its two files are ``<path>.dat`` and ``<path>.idx``.
         dim: the embedding dimension (fixed by the first vector when left out).
         embedder: an object with ``encode(list[str]) -> array (n, dim)`` used when ``add``
-            gets no ``embedding``; ``None`` for none.
+            gets no ``embedding`` (see :class:`fastmem.embed.Embedder`); by default
+            all-MiniLM-L6-v2, loaded in the background (``pip install 'fastmem[embed]'``);
+            ``None`` for none (keyword search only).
         readonly: read without taking the writer lock; any number of readers may run
             beside one writer and see every memory it committed before their last call.
         durability: ``"always"`` (``add`` returns after fsync), ``"batch"`` (group commit:
@@ -163,6 +165,8 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         StoreNotFoundError: ``readonly=True`` and there is no store at ``path``.
         CorruptionError: the data file's header is damaged or it is not a fastmem file.
         DimensionMismatchError: ``dim`` differs from the store's.
+        EmbedderMismatchError: the store was written by another embedder.
+        EmbedderUnavailableError: the default embedder is not installed.
     """
     return MemoryStore(
         path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
@@ -1554,10 +1558,21 @@ class MemoryStore:
 
 
 def _resolve_embedder(embedder: Any) -> Any:
-    """The embedder a store uses: the default model unless one (or ``None``) is given."""
+    """The embedder a store uses: the default model unless one (or ``None``) is given.
+
+    ``FASTMEM_EMBEDDER=none`` in the environment makes the default ``None`` (a keyword-only
+    store): for tools and tests that never embed.
+    """
     if embedder is not _DEFAULT:
         return embedder
-    return None
+    choice = os.environ.get("FASTMEM_EMBEDDER", "default")
+    if choice == "none":
+        return None
+    if choice != "default":
+        raise InvalidInputError(f"FASTMEM_EMBEDDER must be 'default' or 'none', not {choice!r}")
+    from .embed import default_embedder  # the model loads in the background: open never waits
+
+    return default_embedder()
 
 
 def _embedder_identity(embedder: Any) -> tuple[str, int] | None:
