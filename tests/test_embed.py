@@ -22,6 +22,12 @@ from fastmem.errors import EmbedderMismatchError, EmbedderUnavailableError, Inva
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"
 
 
+@pytest.fixture(autouse=True)
+def backend() -> str:
+    """Once, with the default kernels: the model runs in numpy whatever the backend."""
+    return fastmem.BACKEND
+
+
 @pytest.fixture(scope="module")
 def model() -> embed.MiniLM:
     m = embed.default_embedder()
