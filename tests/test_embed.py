@@ -115,6 +115,20 @@ def test_weights_that_fail_their_checksum_are_refused(model, tmp_path):
         tampered.encode(["x"])
 
 
+def test_a_store_whose_model_failed_writes_nothing_it_cannot_embed(model, tmp_path):
+    weights = (model.path / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0"
+    broken = embed.MiniLM(copy_model(model, tmp_path / "m", weights))
+    path = str(tmp_path / "store")
+    with fastmem.open(path, embedder=broken) as store:
+        store.add("given a vector", embedding=np.ones(384, dtype=np.float32))
+        size = os.path.getsize(path + ".dat")
+        with pytest.raises(EmbedderUnavailableError):
+            store.add("needs the model")
+        assert os.path.getsize(path + ".dat") == size and len(store) == 1
+        context = store.context("vector", budget=100)  # keywords still answer
+        assert context.degraded and "given a vector" in context.text
+
+
 @pytest.mark.parametrize(
     "damage",
     [b"", b"\x01", struct.pack("<Q", 1 << 40), struct.pack("<Q", 5) + b"{bad}",
