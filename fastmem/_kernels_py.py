@@ -135,6 +135,25 @@ def topk_int8(
     return rows[best].astype(np.int64), scores[best]
 
 
+def dot_half(buf: Any, offsets: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``query . v`` for the little-endian float16 vector ``v`` of ``len(query)`` entries at
+    each byte offset of ``buf``, in float64: each product rounded, then summed in index
+    order (the exact cosine of a stored unit vector and a float64 unit query).
+
+    Raises:
+        ValueError: a vector lies outside ``buf``.
+    """
+    dim = len(query)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if len(offsets) and (int(offsets.min()) < 0 or int(offsets.max()) > len(raw) - 2 * dim):
+        raise ValueError("a vector lies outside the buffer")
+    if dim == 0 or not len(offsets):
+        return np.zeros(len(offsets), dtype=np.float64)
+    halves = raw[offsets[:, None] + np.arange(2 * dim)].view("<f2").astype(np.float64)
+    return np.add.accumulate(halves * np.asarray(query, dtype=np.float64), axis=1)[:, -1]
+
+
 def frame_records(
     kind: int,
     payloads: list[bytes],

@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 
 from . import _format as fmt
-from . import _kernels
+from . import _kernels, _vsearch
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_SESSION,
     F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE, MemoryIndex, Problem,
@@ -991,36 +991,16 @@ class MemoryStore:
                     code = index.type_code(name, create=False)
                     if code >= 0:
                         allowed[code] = 1
-            want = min(4 * k + 32, len(index))
-            wanted_session = session_hash(session)
-            rows, approx = [], []
-            for first, seg_rows, seg_vectors in index.segments():
-                if seg_vectors.shape[1] != index.dim:
-                    continue  # written before the store had vectors
-                r, s = _kernels.topk_int8(
-                    seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
-                    seg_rows["timestamp"], seg_rows["session"], q8[0], want, allowed, lo, hi,
-                    wanted_session, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
-                )  # fmt: skip
-                rows.append(r + first)
-                approx.append(s)
-            if not rows:
-                return []
-            cand = np.concatenate(rows)
-            cand_scores = np.concatenate(approx)
-            cand = cand[np.lexsort((cand, -cand_scores))[:want]]
-            exact = []
-            for g in cand.tolist():
-                row = index.row(g)
-                vec = fmt.record_vector(self._data(), row[F_OFFSET], index.dim)
-                exact.append((-float(vec.astype(np.float64) @ q), row[F_ID], g))
-            exact.sort()
+            want = _vsearch.candidate_count(k, len(index))
+            cand, _ = _vsearch.scan(index, q8[0], want, allowed, lo, hi, session_hash(session))
+            exact = _vsearch.rescore(index, self._data(), cand, q)
+            best = np.lexsort((cand, -exact))  # rows are in id order: ties to the older id
             hits = []
-            for neg, _, g in exact:
+            for g, score in zip(cand[best].tolist(), exact[best].tolist()):
                 memory = self._memory(g)
                 if session is not None and memory.session != session:
                     continue  # a 64-bit hash collision
-                hits.append(Hit(memory.id, -neg, memory))
+                hits.append(Hit(memory.id, score, memory))
                 if len(hits) == k:
                     break
             return hits
@@ -1391,22 +1371,7 @@ class MemoryStore:
         index = self._index
         q16 = to_float16([query], index.dim, "query")
         q8, _ = quantize(q16)
-        rows, scores = [], []
-        for first, seg_rows, seg_vectors in index.segments():
-            if seg_vectors.shape[1] != index.dim:
-                continue
-            r, sc = _kernels.topk_int8(
-                seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
-                seg_rows["timestamp"], seg_rows["session"], q8[0], k, f.allowed, f.since,
-                f.until, f.session, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
-            )  # fmt: skip
-            rows.append(r + first)
-            scores.append(sc)
-        if not rows:
-            return np.zeros(0, np.int64), np.zeros(0)
-        r, sc = np.concatenate(rows), np.concatenate(scores)
-        best = np.lexsort((r, -sc))[:k]
-        return r[best], sc[best]
+        return _vsearch.scan(index, q8[0], k, *f)
 
     def importance_scores(self, now: float | None = None) -> np.ndarray:
         """Every row's current importance (float32; forgotten rows ``-inf``), computed by
