@@ -115,7 +115,10 @@ class MemoryIndex:
         self._base_spec: tuple[mmap.mmap, fmt.IdxLayout, int] | None = None
         self._base_bytes = memoryview(b"")
         self._base_last_id = -1
-        self._base_scales: np.ndarray | None = None  # base_scales(), made on first use
+        # A contiguous copy of the base rows' scales, which never change: the vector scan
+        # reads one per row, and from the 80-byte rows they would cost a fifth more memory
+        # traffic than the vectors. Made by the first scan (fastmem._vsearch).
+        self.base_scales: np.ndarray | None = None
         self.hot: fmt.HotSection | None = None  # valid while nothing is applied after it
         self.tail = _Tail(dim)
         self.keyword = KeywordIndex()
@@ -215,14 +218,6 @@ class MemoryIndex:
     @property
     def base_vectors(self) -> np.ndarray:
         return self._views()[2]
-
-    def base_scales(self) -> np.ndarray:
-        """The base rows' int8 scales as a contiguous float32 copy, made on first use (the
-        base's scales never change). The vector scan reads one scale per row: read from
-        the 80-byte rows, they would cost a fifth more memory traffic than the vectors."""
-        if self._base_scales is None:
-            self._base_scales = np.ascontiguousarray(self.base_rows["scale"])
-        return self._base_scales
 
     def hot_rows(self) -> tuple[fmt.HotSection, int] | None:
         """The hot section and how many memories it holds, if it is still current."""

@@ -108,16 +108,23 @@ def topk_int8(
     session: int,
     require_flags: int,
     exclude_flags: int,
+    scales_out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Filtered top-k rows by ``scale[row] * (vectors[row] . query)`` (exact int32 dot).
 
     A row qualifies when it has every bit of ``require_flags`` and none of
     ``exclude_flags``, ``since <= timestamp <= until``, its session equals ``session``
     (0 = any) and ``type_allowed[type]`` is set (``None`` = any). Ties go to the lower row.
+    ``scales_out``, if given (float32, contiguous), receives a copy of every row's scale:
+    a first scan leaves the contiguous column the next scans read.
 
     Returns ``(rows, scores)``, best first, at most ``k`` of each.
     """
     n = vectors.shape[0]
+    if scales_out is not None:
+        if len(scales_out) < n:
+            raise ValueError("scales_out is shorter than the matrix")
+        scales_out[:n] = scales[:n]
     mask = (flags[:n] & require_flags) == require_flags
     mask &= (flags[:n] & exclude_flags) == 0
     if not (math.isinf(since) and since < 0):

@@ -41,13 +41,21 @@ def scan(
     for first, seg_rows, seg_vectors in index.segments():
         if seg_vectors.shape[1] != index.dim:
             continue  # written before the store had vectors
-        # The base's scales as a contiguous copy: the scan reads one per row.
-        scales = index.base_scales() if first < index.n_base else seg_rows["scale"]
+        # The scan reads one scale per row: from a contiguous copy of the base's, which
+        # the first scan makes as it goes (the base's scales never change).
+        scales, scales_out = seg_rows["scale"], None
+        if first < index.n_base:
+            if index.base_scales is None:
+                scales_out = np.empty(len(seg_rows), dtype=np.float32)
+            else:
+                scales = index.base_scales
         r, s = _kernels.topk_int8(
             seg_vectors, scales, seg_rows["flags"], seg_rows["type"], seg_rows["timestamp"],
             seg_rows["session"], q8, want, allowed, since, until, session,
-            fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
+            fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN, scales_out,
         )  # fmt: skip
+        if scales_out is not None:
+            index.base_scales = scales_out
         rows.append(r + first)
         scores.append(s)
     if not rows:
@@ -68,4 +76,4 @@ def rescore(index: MemoryIndex, data: Any, rows: np.ndarray, query: np.ndarray) 
     in_base = rows < nb
     offsets[in_base] = index.base_rows["offset"][rows[in_base]]
     offsets[~in_base] = index.tail.rows["offset"][rows[~in_base] - nb]
-    return _kernels.dot_half(data, offsets + fmt.RECORD_HEADER_SIZE, query)  # type: ignore[no-any-return]
+    return _kernels.dot_half(data, offsets + fmt.RECORD_HEADER_SIZE, query)

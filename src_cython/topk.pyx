@@ -140,6 +140,7 @@ cdef struct Scan:
     u16 require_flags
     u16 exclude_flags
     bint filters_first  # type, time or session filters: test them before the vector
+    f32* scales_out  # NULL, or where to copy every row's scale
 
 
 cdef inline bint _flags_ok(const Scan* s, Py_ssize_t row) noexcept nogil:
@@ -163,11 +164,14 @@ cdef Py_ssize_t _scan_chunk(const Scan* s, Py_ssize_t start, Py_ssize_t stop, Py
     """Rows [start, stop) into the heap (hs, hr) of capacity cap; returns its size."""
     cdef Py_ssize_t size = 0, row
     cdef f64 score
+    cdef f32 scale
     for row in range(start, stop):
+        scale = (<const f32*>(s.scales + row * s.scales_stride))[0]
+        if s.scales_out != NULL:
+            s.scales_out[row] = scale
         if s.filters_first and not _filters_ok(s, row):
             continue
-        score = <f64>s.dot(s.vectors + row * s.dim, s.query, s.dim, s.bias) \
-            * <f64>(<const f32*>(s.scales + row * s.scales_stride))[0]
+        score = <f64>s.dot(s.vectors + row * s.dim, s.query, s.dim, s.bias) * <f64>scale
         if size == cap and not _worse(hs[0], hr[0], score, row):
             continue  # the common case: not among the best so far
         if not s.filters_first and not _flags_ok(s, row):
@@ -191,6 +195,7 @@ def topk_int8(
     u64 session,
     u16 require_flags,
     u16 exclude_flags,
+    f32[::1] scales_out=None,
 ):
     """Filtered top-k by ``scale[row] * (vectors[row] . query)``; see the reference."""
     cdef Py_ssize_t n = vectors.shape[0], dim = vectors.shape[1]
@@ -201,6 +206,10 @@ def topk_int8(
         raise ValueError("a column is shorter than the matrix")
     if type_allowed is not None and type_allowed.shape[0] < 65536:
         raise ValueError("type_allowed must have 65536 entries")
+    if scales_out is not None and scales_out.shape[0] < n:
+        raise ValueError("scales_out is shorter than the matrix")
+    if n and scales_out is not None and k <= 0:
+        np.asarray(scales_out)[:n] = np.asarray(scales)[:n]
     if k <= 0 or n == 0:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float64)
     cdef Scan s
@@ -223,6 +232,7 @@ def topk_int8(
     s.require_flags, s.exclude_flags = require_flags, exclude_flags
     s.filters_first = type_allowed is not None or session != 0 or since > -np.inf \
         or until < np.inf
+    s.scales_out = &scales_out[0] if scales_out is not None else NULL
     cdef Py_ssize_t cap = min(k, n)
     cdef Py_ssize_t chunks = max(1, (n + CHUNK_ROWS - 1) // CHUNK_ROWS)
     cdef int threads = max(1, min(fm_max_threads(), chunks))
