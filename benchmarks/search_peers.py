@@ -251,7 +251,8 @@ def measure(n: int, folder: Path, slow_1m: bool, log: Callable[[str], None]) -> 
     qs = list(queries)
     truth = [exact_topk(X, q) for q in qs]
     out: dict[str, Any] = {"vector": {}, "keyword": {}, "first": {}}
-    with fastmem.open(path, readonly=True) as store:
+    # No level-2 preload thread: the timed queries have the machine to themselves.
+    with fastmem.open(path, readonly=True, policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
         for name, (fn, rows_of) in vector_systems(n, X, store, ids, folder, slow_1m, log).items():
             times, results = timed(fn, qs, VECTOR_PASSES)
             out["vector"][name] = summary(times, recall=recall([rows_of(r) for r in results], truth))
