@@ -33,8 +33,12 @@ cdef extern from "_dot.h" nogil:
     ctypedef i32 (*fm_dot_fn)(const i8* v, const i8* q, Py_ssize_t n, i32 bias)
     int fm_best_simd()
     fm_dot_fn fm_dot_for(int level)
+    ctypedef void (*fm_dots_fn)(const i8* v, Py_ssize_t dim, Py_ssize_t rows, const i8* q,
+                                i32 bias, i32* out)
+    fm_dots_fn fm_dots_for(int level)
     int fm_max_threads()
     int fm_have_openmp()
+    void fm_populate(const void* p, size_t length)
 
 SIMD_LEVELS = ("none", "avx2", "avx512vnni")
 OPENMP = bool(fm_have_openmp())
@@ -123,6 +127,7 @@ cdef struct Scan:
     const i8* query
     i32 bias
     fm_dot_fn dot
+    fm_dots_fn dots
     const char* scales
     Py_ssize_t scales_stride
     const char* flags
@@ -159,24 +164,42 @@ cdef inline bint _filters_ok(const Scan* s, Py_ssize_t row) noexcept nogil:
     return _flags_ok(s, row)
 
 
+DEF BLOCK = 64  # rows whose dot products one call computes (unfiltered scan)
+
+
 cdef Py_ssize_t _scan_chunk(const Scan* s, Py_ssize_t start, Py_ssize_t stop, Py_ssize_t cap,
                             f64* hs, i64* hr) noexcept nogil:
     """Rows [start, stop) into the heap (hs, hr) of capacity cap; returns its size."""
-    cdef Py_ssize_t size = 0, row
+    cdef Py_ssize_t size = 0, row, block, i
     cdef f64 score
     cdef f32 scale
-    for row in range(start, stop):
-        scale = (<const f32*>(s.scales + row * s.scales_stride))[0]
-        if s.scales_out != NULL:
-            s.scales_out[row] = scale
-        if s.filters_first and not _filters_ok(s, row):
-            continue
-        score = <f64>s.dot(s.vectors + row * s.dim, s.query, s.dim, s.bias) * <f64>scale
-        if size == cap and not _worse(hs[0], hr[0], score, row):
-            continue  # the common case: not among the best so far
-        if not s.filters_first and not _flags_ok(s, row):
-            continue
-        size = _push(hs, hr, size, cap, score, row)
+    cdef i32 dots[BLOCK]
+    if s.scales_out != NULL and stop > start:  # the first scan of a freshly mapped base
+        fm_populate(s.vectors + start * s.dim, (stop - start) * s.dim)
+        fm_populate(s.scales + start * s.scales_stride, (stop - start) * s.scales_stride)
+    if s.filters_first:  # row by row: an excluded row's vector is never read
+        for row in range(start, stop):
+            scale = (<const f32*>(s.scales + row * s.scales_stride))[0]
+            if s.scales_out != NULL:
+                s.scales_out[row] = scale
+            if not _filters_ok(s, row):
+                continue
+            score = <f64>s.dot(s.vectors + row * s.dim, s.query, s.dim, s.bias) * <f64>scale
+            size = _push(hs, hr, size, cap, score, row)
+        return size
+    for block in range(start, stop, BLOCK):
+        s.dots(s.vectors + block * s.dim, s.dim, min(BLOCK, stop - block), s.query, s.bias, dots)
+        for i in range(min(BLOCK, stop - block)):
+            row = block + i
+            scale = (<const f32*>(s.scales + row * s.scales_stride))[0]
+            if s.scales_out != NULL:
+                s.scales_out[row] = scale
+            score = <f64>dots[i] * <f64>scale
+            if size == cap and not _worse(hs[0], hr[0], score, row):
+                continue  # the common case: not among the best so far
+            if not _flags_ok(s, row):  # flags only now: rarely read
+                continue
+            size = _push(hs, hr, size, cap, score, row)
     return size
 
 
@@ -222,6 +245,7 @@ def topk_int8(
     s.query = &query[0] if dim else NULL
     s.bias = 128 * qsum
     s.dot = fm_dot_for(_level)
+    s.dots = fm_dots_for(_level)
     s.scales, s.scales_stride = <const char*>&scales[0], scales.strides[0]
     s.flags, s.flags_stride = <const char*>&flags[0], flags.strides[0]
     s.types, s.types_stride = <const char*>&types[0], types.strides[0]
