@@ -64,7 +64,7 @@ def extensions():
     if NATIVE:
         flags.append("-march=native")
     omp = openmp_flags()
-    threaded = {"topk"}  # the modules with prange loops
+    threaded = {"topk", "scoring"}  # the modules with prange loops
     exts = [
         Extension(
             f"fastmem._ext.{pyx.stem}",
