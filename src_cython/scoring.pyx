@@ -4,6 +4,8 @@ chunks shared by OpenMP threads on large stores.
 
 Twin of fastmem._kernels_py.importance; see there for the formula.
 """
+import os
+
 from cython.parallel import prange
 from libc.math cimport exp2, INFINITY
 
@@ -14,6 +16,19 @@ cdef extern from "_dot.h" nogil:
 
 # Rows per chunk when two or more threads share the pass (smaller stores: one thread).
 cdef Py_ssize_t CHUNK_ROWS = 65536
+
+# GNU OpenMP's thread pool does not survive fork(): a child that enters a parallel region
+# after its parent did waits forever for threads it does not have. Forked children scan on
+# one thread (the scan is bound by memory bandwidth: one thread loses little).
+cdef bint _forked = False
+
+
+def _after_fork_in_child():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 cdef struct Scoring:
@@ -100,7 +115,7 @@ def importance(
     p.inv_access, p.inv_recency = 1.0 / access_half_life, 1.0 / recency_half_life
     p.pinned_flag, p.exclude_flags = pinned_flag, exclude_flags
     cdef Py_ssize_t chunks = max(1, (n + CHUNK_ROWS - 1) // CHUNK_ROWS), c
-    cdef int threads = max(1, min(fm_max_threads(), chunks))
+    cdef int threads = 1 if _forked else max(1, min(fm_max_threads(), chunks))
     with nogil:
         if threads == 1:
             _score_rows(&p, 0, n)

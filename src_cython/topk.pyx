@@ -47,6 +47,19 @@ OPENMP = bool(fm_have_openmp())
 cdef Py_ssize_t CHUNK_ROWS = 16384
 
 cdef int _best = fm_best_simd()
+
+# GNU OpenMP's thread pool does not survive fork(): a child that enters a parallel region
+# after its parent did waits forever for threads it does not have. Forked children scan on
+# one thread (the scan is bound by memory bandwidth: one thread loses little).
+cdef bint _forked = False
+
+
+def _after_fork_in_child():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 cdef int _level = _best
 
 
@@ -259,7 +272,7 @@ def topk_int8(
     s.scales_out = &scales_out[0] if scales_out is not None else NULL
     cdef Py_ssize_t cap = min(k, n)
     cdef Py_ssize_t chunks = max(1, (n + CHUNK_ROWS - 1) // CHUNK_ROWS)
-    cdef int threads = max(1, min(fm_max_threads(), chunks))
+    cdef int threads = 1 if _forked else max(1, min(fm_max_threads(), chunks))
     cdef f64[::1] heap_scores = np.empty(chunks * cap, dtype=np.float64)
     cdef i64[::1] heap_rows = np.empty(chunks * cap, dtype=np.int64)
     cdef Py_ssize_t[::1] sizes = np.zeros(chunks, dtype=np.intp)

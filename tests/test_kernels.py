@@ -361,3 +361,38 @@ def test_pack_payloads_refuses_what_msgpack_refuses():
             with pytest.raises((TypeError, OverflowError)):
                 pack([bad])
     assert ext.pack_payloads([{1: {2.5: None}}]) == ref.pack_payloads([{1: {2.5: None}}])
+
+
+FORK_CHILD = """
+import math, os, sys
+import numpy as np
+from fastmem import _format as fmt
+from fastmem._ext import scoring, topk
+n = 200_000
+rng = np.random.default_rng(0)
+v = rng.integers(-127, 128, (n, 16), dtype=np.int8)
+rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+rows["scale"], rows["flags"] = 1, fmt.FLAG_HAS_VECTOR
+def run():
+    out = np.zeros(n, dtype=np.float32)
+    scoring.importance(rows["importance"], rows["flags"], rows["access_count"], rows["last_access"],
+                       rows["timestamp"], out, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2, 1)
+    return topk.topk_int8(v, rows["scale"], rows["flags"], rows["type"], rows["timestamp"],
+                          rows["session"], v[3].copy(), 10, None, -math.inf, math.inf, 0,
+                          fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)[0]
+first = run()  # the parent's OpenMP threads exist from here on
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if np.array_equal(run(), first) else 3)
+print(os.waitpid(pid, 0)[1])
+"""
+
+
+def test_threaded_kernels_work_in_a_forked_child():
+    """GNU OpenMP's pool does not survive fork: a forked child must not hang in a scan."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr
