@@ -171,7 +171,7 @@ def vector_systems(n: int, X: np.ndarray, store: Any, ids: list[str], folder: Pa
 
     flat = faiss.IndexFlatIP(X.shape[1])
     flat.add(X)
-    faiss_path = folder / f"faiss-flat-{n}.index"
+    faiss_path = folder / f"faiss-flat-w{workload.WORKLOAD_VERSION}-{n}.index"
     if not faiss_path.exists():
         faiss.write_index(flat, str(faiss_path))
     systems["faiss IndexFlatIP"] = (lambda q: flat.search(q[None, :], K)[1][0], list)
@@ -179,22 +179,34 @@ def vector_systems(n: int, X: np.ndarray, store: Any, ids: list[str], folder: Pa
     if n <= SLOW_PEER_LIMIT or slow_1m:
         import hnswlib
 
-        log(f"  building hnswlib at {n:,} ...")
-        t = time.perf_counter()
+        # Both graphs are built once and kept beside the cached stores (building them
+        # takes minutes at 100 k on this machine); a later run loads them.
         hnsw = hnswlib.Index(space="ip", dim=X.shape[1])
-        hnsw.init_index(max_elements=n, M=16, ef_construction=200)
-        hnsw.add_items(X, np.arange(n))
+        hnsw_path = folder / f"hnswlib-w{workload.WORKLOAD_VERSION}-{n}.bin"
+        if hnsw_path.exists():
+            hnsw.load_index(str(hnsw_path), max_elements=n)
+        else:
+            log(f"  building hnswlib at {n:,} ...")
+            t = time.perf_counter()
+            hnsw.init_index(max_elements=n, M=16, ef_construction=200)
+            hnsw.add_items(X, np.arange(n))
+            log(f"  built in {time.perf_counter() - t:.1f} s")
+            hnsw.save_index(str(hnsw_path))
         hnsw.set_ef(64)
-        log(f"  built in {time.perf_counter() - t:.1f} s")
         systems["hnswlib (approx.)"] = (lambda q: hnsw.knn_query(q, k=K)[0][0], list)
 
         from usearch.index import Index
 
-        log(f"  building usearch at {n:,} ...")
-        t = time.perf_counter()
         us = Index(ndim=X.shape[1], metric="ip", dtype="f32")
-        us.add(np.arange(n), X)
-        log(f"  built in {time.perf_counter() - t:.1f} s")
+        us_path = folder / f"usearch-w{workload.WORKLOAD_VERSION}-{n}.bin"
+        if us_path.exists():
+            us.load(str(us_path))
+        else:
+            log(f"  building usearch at {n:,} ...")
+            t = time.perf_counter()
+            us.add(np.arange(n), X)
+            log(f"  built in {time.perf_counter() - t:.1f} s")
+            us.save(str(us_path))
         systems["usearch (approx.)"] = (lambda q: us.search(q, K).keys, list)
     return systems
 
@@ -204,7 +216,7 @@ def keyword_systems(n: int, texts: list[str], store: Any, folder: Path,
     systems: dict[str, Callable[[str], Any]] = {
         "fastmem keyword": lambda q: store.search(q, K, mode="keyword"),
     }
-    db_path = folder / f"fts5-{n}.sqlite"
+    db_path = folder / f"fts5-w{workload.WORKLOAD_VERSION}-{n}.sqlite"
     if not db_path.exists():
         log(f"  building SQLite FTS5 at {n:,} ...")
         tmp = db_path.with_suffix(".tmp")
@@ -264,12 +276,12 @@ def measure(n: int, folder: Path, slow_1m: bool, log: Callable[[str], None]) -> 
                 times, _ = timed(fn, kq, KEYWORD_PASSES)
                 out["keyword"][(name, kind)] = summary(times)
                 log(f"  {name} {kind}: p50 {1e3 * out['keyword'][(name, kind)]['p50']:.2f} ms")
-    npy = folder / f"vectors-{n}.npy"
+    npy = folder / f"vectors-w{workload.WORKLOAD_VERSION}-{n}.npy"
     if not npy.exists():
         np.save(npy, X)
     q = qs[0]
     out["first"]["fastmem, no preload"] = first_query("fastmem", path, q, no_preload=True)
-    for system, p in (("fastmem", path), ("numpy", str(npy)), ("faiss", str(folder / f"faiss-flat-{n}.index"))):
+    for system, p in (("fastmem", path), ("numpy", str(npy)), ("faiss", str(folder / f"faiss-flat-w{workload.WORKLOAD_VERSION}-{n}.index"))):
         out["first"][system] = first_query(system, p, q)
     log("  first query: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in out["first"].items()))
     return out
