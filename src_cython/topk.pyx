@@ -272,7 +272,9 @@ def topk_int8(
         or until < np.inf
     s.scales_out = &scales_out[0] if scales_out is not None else NULL
     cdef Py_ssize_t cap = min(k, n)
-    cdef Py_ssize_t chunks = max(1, (n + CHUNK_ROWS - 1) // CHUNK_ROWS)
+    # Large k: larger chunks, so that the heaps to merge stay a small part of the rows.
+    cdef Py_ssize_t rows_per_chunk = max(CHUNK_ROWS, 8 * cap)
+    cdef Py_ssize_t chunks = max(1, (n + rows_per_chunk - 1) // rows_per_chunk)
     cdef int threads = 1 if _forked else max(1, min(fm_max_threads(), chunks))
     cdef f64[::1] heap_scores = np.empty(chunks * cap, dtype=np.float64)
     cdef i64[::1] heap_rows = np.empty(chunks * cap, dtype=np.int64)
@@ -281,14 +283,14 @@ def topk_int8(
     with nogil:
         if threads == 1:
             for c in range(chunks):
-                start = c * CHUNK_ROWS
-                stop = min(n, start + CHUNK_ROWS)
+                start = c * rows_per_chunk
+                stop = min(n, start + rows_per_chunk)
                 sizes[c] = _scan_chunk(&s, start, stop, cap, &heap_scores[c * cap],
                                        &heap_rows[c * cap])
         else:
             for c in prange(chunks, schedule="dynamic", num_threads=threads):
-                start = c * CHUNK_ROWS
-                stop = min(n, start + CHUNK_ROWS)
+                start = c * rows_per_chunk
+                stop = min(n, start + rows_per_chunk)
                 sizes[c] = _scan_chunk(&s, start, stop, cap, &heap_scores[c * cap],
                                        &heap_rows[c * cap])
     # Merge the chunks' heaps: the best `cap` of all by (score desc, row asc).
