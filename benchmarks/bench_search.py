@@ -16,7 +16,7 @@ Per size:
 * keyword top-10: the keyword benchmarks of bench_keyword.py (frequent and rare words,
   first query), collected here too so that this file covers every search kernel.
 
-side-by-side figures against numpy, faiss, hnswlib, usearch, SQLite FTS5 and rank-bm25 come
+Side-by-side figures against numpy, faiss, hnswlib, usearch, SQLite FTS5 and rank-bm25 come
 from search_peers.py.
 """
 
