@@ -16,6 +16,16 @@ cdef extern from "_dot.h" nogil:
 
 # Rows per chunk when two or more threads share the pass (smaller stores: one thread).
 cdef Py_ssize_t CHUNK_ROWS = 65536
+# Threads from this many rows: below, one thread is done before a busy machine would
+# schedule the second (see MIN_THREADED_BYTES in topk.pyx).
+cdef Py_ssize_t MIN_THREADED_ROWS = 262144
+
+
+def _set_min_threaded_rows(Py_ssize_t rows):
+    """For the tests: passes over at least ``rows`` rows use threads; returns the old value."""
+    global MIN_THREADED_ROWS
+    old, MIN_THREADED_ROWS = MIN_THREADED_ROWS, rows
+    return old
 
 # GNU OpenMP's thread pool does not survive fork(): a child that enters a parallel region
 # after its parent did waits forever for threads it does not have. Forked children scan on
@@ -115,7 +125,9 @@ def importance(
     p.inv_access, p.inv_recency = 1.0 / access_half_life, 1.0 / recency_half_life
     p.pinned_flag, p.exclude_flags = pinned_flag, exclude_flags
     cdef Py_ssize_t chunks = max(1, (n + CHUNK_ROWS - 1) // CHUNK_ROWS), c
-    cdef int threads = 1 if _forked else max(1, min(fm_max_threads(), chunks))
+    cdef int threads = 1
+    if not _forked and n >= MIN_THREADED_ROWS:
+        threads = max(1, min(fm_max_threads(), chunks))
     with nogil:
         if threads == 1:
             _score_rows(&p, 0, n)

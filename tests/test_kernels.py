@@ -195,9 +195,17 @@ def test_topk_every_simd_variant_matches_reference(simd, n, dim, k, with_filters
     ]
 
 
+@pytest.fixture
+def threaded():
+    """Threads for scans of any size (by default only large scans use them)."""
+    old = topk_ext._set_min_threaded_bytes(0)
+    yield
+    topk_ext._set_min_threaded_bytes(old)
+
+
 @pytest.mark.parametrize("dim", [1, 63, 130, 384])
 @pytest.mark.parametrize("filtered", [False, True])
-def test_topk_many_chunks_match_reference(simd, dim, filtered):
+def test_topk_many_chunks_match_reference(simd, threaded, dim, filtered):
     """Enough rows for several chunks and threads: the merged heaps are the reference's
     top-k, ties (duplicated rows) included; scales_out receives every row's scale."""
     rng = np.random.default_rng(dim)
@@ -373,6 +381,8 @@ rng = np.random.default_rng(0)
 v = rng.integers(-127, 128, (n, 16), dtype=np.int8)
 rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
 rows["scale"], rows["flags"] = 1, fmt.FLAG_HAS_VECTOR
+topk._set_min_threaded_bytes(0)
+scoring._set_min_threaded_rows(0)
 def run():
     out = np.zeros(n, dtype=np.float32)
     scoring.importance(rows["importance"], rows["flags"], rows["access_count"], rows["last_access"],

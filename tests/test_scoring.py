@@ -107,7 +107,11 @@ def test_importance_threads_match_one_thread_and_reference():
             rows["timestamp"])  # fmt: skip
     params = (86400.0 * 7, 0.5, 86400.0 * 30, 0.3, 1.0, PINNED, FORGOTTEN)
     whole = np.full(n, np.nan, dtype=np.float32)
-    scoring.importance(*cols, whole, now, *params)
+    old = scoring._set_min_threaded_rows(0)
+    try:
+        scoring.importance(*cols, whole, now, *params)
+    finally:
+        scoring._set_min_threaded_rows(old)
     pieces = np.full(n, np.nan, dtype=np.float32)
     for a in range(0, n, 1000):  # small calls: one thread each
         scoring.importance(*(c[a : a + 1000] for c in cols), pieces[a : a + 1000], now, *params)
