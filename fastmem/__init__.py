@@ -34,18 +34,22 @@ from .errors import (
     UnknownMemoryError,
 )
 from .context import Context, ContextItem, ContextPolicy
+from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
 from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKEND",
+    "BackupReport",
+    "CompactReport",
     "DURABILITY",
     "Context",
     "ContextItem",
     "ContextPolicy",
     "EmbedderMismatchError",
     "EncodingUnavailableError",
+    "EvictionPolicy",
     "CorruptIndexError",
     "CorruptionError",
     "CorruptRecordError",
@@ -60,6 +64,7 @@ __all__ = [
     "Problem",
     "ReadOnlyError",
     "RecoveryWarning",
+    "RepairReport",
     "Report",
     "StoreClosedError",
     "StoreForkedError",

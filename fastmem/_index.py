@@ -128,6 +128,14 @@ class MemoryIndex:
         self.last_offset = 0  # the last applied record: where it starts, and its crc
         self.last_crc = 0
         self.stats_changed = False  # access statistics changed since the checkpoint
+        # From the data file's header (compaction): records before ``compacted_end`` are
+        # memory records in (session, time, id) order; ids start again from ``id_floor``.
+        self.compacted_end = 0
+        self.id_floor = 0
+
+    def set_compaction(self, header: fmt.DatHeader) -> None:
+        """Take the data file header's compaction fields (see ``replay``)."""
+        self.compacted_end, self.id_floor = header.compacted_end, header.next_id
 
     # --- loading and saving ------------------------------------------------------------
 
@@ -472,24 +480,42 @@ class MemoryIndex:
         Returns the problems found, the end of the last valid record (a damaged tail after
         it is not applied) and how many valid records there were.
         """
-        if start >= end:  # the common case at open: the checkpoint covers everything
-            return [], start, 0
+        problems: list[Problem] = []
+        valid_end, count = start, 0
+        if start < min(self.compacted_end, end):
+            # The compacted prefix is in (session, time, id) order: its rows are sorted
+            # by id before they are appended; ids after it start from the floor.
+            prefix_end = min(self.compacted_end, end)
+            valid_end, count = self._replay(dat, start, prefix_end, path, problems, sort=True)
+            start = prefix_end
+        self.next_id = max(self.next_id, self.id_floor)  # ids of compacted-away memories
+        if start < end:
+            last_end, n = self._replay(dat, start, end, path, problems, sort=False)
+            valid_end, count = max(valid_end, last_end), count + n
+        return problems, valid_end, count
+
+    def _replay(
+        self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool
+    ) -> tuple[int, int]:
         offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(
             dat, start, end
         )
-        problems = [
+        problems += [
             Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
         ]
-        _Replayer(self, dat, path, problems).run(offsets, lengths, kinds, dims)
+        _Replayer(self, dat, path, problems, sort).run(offsets, lengths, kinds, dims)
         valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
-        return problems, max(valid_end, start), len(offsets)
+        return max(valid_end, start), len(offsets)
 
 
 class _Replayer:
     """Turns checked records into index rows, batching new rows for ``append``."""
 
-    def __init__(self, index: MemoryIndex, dat: Any, path: str, problems: list[Problem]):
+    def __init__(
+        self, index: MemoryIndex, dat: Any, path: str, problems: list[Problem], sort: bool = False
+    ) -> None:
         self.index, self.dat, self.path, self.problems = index, dat, path, problems
+        self.sort = sort  # records come in any id order: sort the rows once, at the end
         self.rows: list[list[Any]] = []
         self.pending: dict[int, int] = {}  # id -> position in self.rows
         self.vec_rows: list[int] = []
@@ -516,7 +542,7 @@ class _Replayer:
                 self.problems.append(Problem("dat", off, f"record fields are invalid ({exc!r})"))
             crc = int.from_bytes(self.dat[off + fmt.RECORD_CRC_AT : off + fmt.RECORD_CRC_AT + 4], "little")
             self.index.note_applied(off, length, crc)
-            if len(self.rows) >= 65536:
+            if len(self.rows) >= 65536 and not self.sort:
                 self._flush()
         self._flush()
 
@@ -524,6 +550,12 @@ class _Replayer:
         if not self.rows:
             return
         index = self.index
+        if self.sort:
+            order = sorted(range(len(self.rows)), key=lambda i: self.rows[i][F_ID])
+            position = {old: new for new, old in enumerate(order)}
+            self.rows = [self.rows[i] for i in order]
+            self.texts = [self.texts[i] for i in order]
+            self.vec_rows = sorted(position[i] for i in self.vec_rows)
         rows = np.array([tuple(r) for r in self.rows], dtype=fmt.INDEX_DTYPE)
         vectors = None
         if index.dim and self.vec_rows:
@@ -540,7 +572,9 @@ class _Replayer:
     def _memory(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
         index = self.index
         mid = p["i"]
-        if mid < index.next_id or mid in self.pending or (self.rows and mid <= self.rows[-1][F_ID]):
+        if mid < index.next_id or mid in self.pending or (
+            not self.sort and self.rows and mid <= self.rows[-1][F_ID]
+        ):
             raise ValueError(f"memory id {mid} is not above the ids before it")
         ts = float(p["t"])
         text = p["x"]

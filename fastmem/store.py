@@ -40,6 +40,8 @@ from ._index import (
 )  # fmt: skip
 from ._vectors import quantize, to_float16
 from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
+from . import _maintenance
+from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
 from .summarize import KeySentences
 from .tokens import TokenCounter
 from .errors import (
@@ -139,6 +141,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     timeout: float = 0.0,
     summarizer: Any = _DEFAULT,
     policy: ContextPolicy | None = None,
+    evict: EvictionPolicy | None = None,
 ) -> MemoryStore:
     """Open the store at ``path`` (``path.dat`` and ``path.idx``), creating it if needed.
 
@@ -157,6 +160,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         summarizer: writes each new memory's summary when none is given (default:
             :class:`fastmem.summarize.KeySentences`, 64 tokens); ``None`` for none.
         policy: how contexts are built and memories ranked (:class:`ContextPolicy`).
+        evict: an :class:`EvictionPolicy` that ``checkpoint()`` and ``close()`` apply.
 
     Raises:
         StoreLockedError: another process is writing to the store.
@@ -166,7 +170,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     """
     return MemoryStore(
         path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
-        timeout=timeout, summarizer=summarizer, policy=policy,
+        timeout=timeout, summarizer=summarizer, policy=policy, evict=evict,
     )  # fmt: skip
 
 
@@ -290,6 +294,7 @@ class MemoryStore:
         timeout: float = 0.0,
         summarizer: Any = _DEFAULT,
         policy: ContextPolicy | None = None,
+        evict: EvictionPolicy | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
@@ -316,6 +321,7 @@ class MemoryStore:
             raise InvalidTypeError("summarizer must have a summarize(list[str]) method, or be None")
         if policy is not None and not isinstance(policy, ContextPolicy):
             raise InvalidTypeError("policy must be a fastmem.ContextPolicy")
+        self._eviction = _maintenance.check_policy(evict)
 
         self.path = base
         self.dat_path, self.idx_path = base + ".dat", base + ".idx"
@@ -328,6 +334,8 @@ class MemoryStore:
         self._preload: _Preload | None = None
         self._counters: dict[str, TokenCounter] = {}
         self._lock = threading.RLock()
+        self._maintenance_lock = threading.Lock()  # one compaction or repair at a time
+        self._epoch = 0  # counts data file replacements: row numbers change with it
         self._generation = _fork_generation
         self._closed = True
         self._commit: _GroupCommit | None = None
@@ -359,6 +367,12 @@ class MemoryStore:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(fd).st_nlink == 0:
+                    # A compaction replaced the file while we waited: lock the new one.
+                    os.close(fd)
+                    fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+                    continue
+                _maintenance.recover(self.dat_path, self.idx_path)
                 return fd
             except BlockingIOError:
                 if time.monotonic() >= deadline:
@@ -392,9 +406,16 @@ class MemoryStore:
             index, reason = None, "it was missing"
         except (CorruptionError, FormatVersionError) as exc:
             index, reason = None, str(exc)
+        if index is None and self.readonly:
+            if os.fstat(self._fd).st_nlink == 0:  # replaced meanwhile: read the new one
+                _maintenance.follow(self)
+                return
+            index = _maintenance.pending_index(self, header, size)  # mid-swap
+            reason = reason if index is None else None
         started = time.perf_counter()
         if index is None:
             index = MemoryIndex(header.dim, header.uuid)
+        index.set_compaction(header)
         self._index = index
         problems, valid_end, _ = index.replay(self._dat, index.applied, size, self.dat_path)
         self._dat_end = size
@@ -500,10 +521,16 @@ class MemoryStore:
 
     def _refresh(self) -> None:
         """Readers: apply the records the writer has committed since the last call."""
-        size = os.fstat(self._fd).st_size
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0:  # a compaction or repair replaced the file: open the new one
+            _maintenance.follow(self)
+            return
+        size = st.st_size
         if size == self._dat_end and self._valid_end == size:
             return
         if size < self._valid_end:  # the writer cut a damaged tail: start again
+            self._cache = _ContentCache(self._cache.max_bytes)  # rows are numbered anew
+            self._epoch += 1
             self._load(None)
             return
         self._map_data(size)
@@ -904,11 +931,13 @@ class MemoryStore:
         """Live memories, oldest first (by timestamp, then id)."""
         with self._lock:
             self._check()
-            rows = list(self._index.by_time(newest_first=False))
-        for g in rows:
+            ids = self._index.column("id")
+            order = [int(ids[g]) for g in self._index.by_time(newest_first=False)]
+        for mid in order:  # by id: a compaction meanwhile numbers the rows anew
             with self._lock:
                 self._check()
-                if not self._index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+                g = self._index.find(mid)
+                if g >= 0 and not self._index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
                     yield self._memory(g)
 
     def __len__(self) -> int:
@@ -1452,7 +1481,68 @@ class MemoryStore:
         """Write the index file now (``close`` does it too), so the next open replays nothing."""
         with self._lock:
             self._check_writable()
+            self._evict_by_policy()
             self._checkpoint()
+
+    def _evict_by_policy(self) -> None:
+        policy = self._eviction
+        if policy is not None:
+            _maintenance.evict(self, policy.ttl, policy.min_importance, policy.max_count,
+                               policy.max_bytes, None)  # fmt: skip
+
+    # --- forgetting, compaction, repair, backup (fastmem._maintenance) --------------------
+
+    def evict(
+        self,
+        *,
+        ttl: Mapping[str, float] | None = None,
+        min_importance: float | None = None,
+        max_count: int | None = None,
+        max_bytes: int | None = None,
+        now: float | None = None,
+    ) -> list[str]:
+        """Forget the memories the policies select; returns their ids. Pinned memories
+        are never evicted. The policies (each optional, all applied) are those of
+        :class:`EvictionPolicy`: ``ttl`` seconds by type name, an importance-score floor,
+        a maximum count, a maximum of live record bytes (lowest scores go first).
+        The forgets are tombstones, as ``forget`` writes; ``compact()`` reclaims the space.
+        """
+        return _maintenance.evict(self, ttl, min_importance, max_count, max_bytes, now)
+
+    def compact(self) -> CompactReport:
+        """Rewrite the live memories into new files and swap them in atomically (a crash
+        leaves the old store or the new one); a session's memories end up side by side.
+
+        Ids stay the same and are never reused. Other threads wait only for the snapshot
+        and the swap; readers in other processes move to the new files on their next call.
+        Returns a :class:`CompactReport` (bytes before and after, time the lock was held).
+
+        Raises:
+            CorruptionError: the data file has damaged records: ``repair()`` it.
+        """
+        return _maintenance.compact(self)
+
+    def repair(self) -> RepairReport:
+        """Keep every intact record of a damaged data file: rewrite the store from them
+        (as ``compact`` does) and rebuild its index. What is cut away is kept in
+        ``<name>.dat.damaged-<time>`` (see ``docs/FORMAT.md``) and listed in the
+        :class:`RepairReport`."""
+        return _maintenance.repair(self)
+
+    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+        """Copy the store to ``dest`` (``dest.dat``, ``dest.idx``; new names) while
+        writes go on: the copy holds every memory committed before the call, opens
+        without recovery and ``verify()``s clean."""
+        return _maintenance.backup(self, dest)
+
+    def _stop_preload(self) -> None:
+        preload, self._preload = self._preload, None
+        if preload is not None:
+            preload.stop()
+
+    def _start_preload(self) -> None:
+        if self._preload is None and not self._closed and (self.policy.preload or self.policy.recent):
+            self._preload = _Preload(self)
 
     def _checkpoint(self) -> None:
         sync = self.durability != "none"
@@ -1475,7 +1565,9 @@ class MemoryStore:
         with self._lock:
             self._check()
             dat = self._data()
-            fresh = MemoryIndex(fmt.unpack_dat_header(dat, self.dat_path).dim, self._uuid)
+            header = fmt.unpack_dat_header(dat, self.dat_path)
+            fresh = MemoryIndex(header.dim, self._uuid)
+            fresh.set_compaction(header)
             problems, _, records = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
             problems += _compare(self._index, fresh)
             problems += self._check_hot(dat)
@@ -1517,6 +1609,8 @@ class MemoryStore:
             try:
                 if self._preload is not None:
                     self._preload.stop()
+                if not self.readonly:
+                    self._evict_by_policy()
                 if self._commit is not None:
                     self._commit.stop()
                     self._commit = None
@@ -1676,6 +1770,7 @@ class _Preload:
             with store._lock:
                 if store._closed:
                     return
+                epoch = store._epoch
                 for g in store._level1_rows():  # level 1 first: loaded whole
                     store._cached_memory(g)
                 scores = store._importance(time.time())
@@ -1688,7 +1783,7 @@ class _Preload:
                 if self._stopping.is_set():
                     return
                 with store._lock:
-                    if store._closed:
+                    if store._closed or store._epoch != epoch:  # rows were numbered anew
                         return
                     for g in top[start : start + chunk]:
                         store._cached_memory(g)
