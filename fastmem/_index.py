@@ -132,6 +132,7 @@ class MemoryIndex:
         # memory records in (session, time, id) order; ids start again from ``id_floor``.
         self.compacted_end = 0
         self.id_floor = 0
+        self.damaged: list[tuple[int, int]] = []  # (start, end) of the damaged regions replayed
 
     def set_compaction(self, header: fmt.DatHeader) -> None:
         """Take the data file header's compaction fields (see ``replay``)."""
@@ -503,6 +504,7 @@ class MemoryIndex:
         problems += [
             Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
         ]
+        self.damaged += [(int(s), int(e)) for s, e in zip(bad_starts, bad_ends)]
         _Replayer(self, dat, path, problems, sort).run(offsets, lengths, kinds, dims)
         valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
         return max(valid_end, start), len(offsets)

@@ -1569,8 +1569,13 @@ class MemoryStore:
             fresh = MemoryIndex(header.dim, self._uuid)
             fresh.set_compaction(header)
             problems, _, records = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
+            problems += _damaged_rows(self._index, fresh.damaged)
             problems += _compare(self._index, fresh)
-            problems += self._check_hot(dat)
+            problems += _compare_keyword(self._index, fresh)
+            try:
+                problems += self._check_hot(dat)
+            except CorruptionError as exc:  # a damaged time order: report it, like the rest
+                problems.append(Problem("idx", 0, str(exc)))
             size = self._dat_end
             if os.path.exists(self.idx_path):
                 size += os.path.getsize(self.idx_path)
@@ -1838,7 +1843,26 @@ def _torn(dat: Any, start: int, end: int) -> bool:
 
 
 _COMPARED = ("id", "timestamp", "session", "offset", "meta_offset", "length", "importance",
-             "scale", "text_tokens", "summary_tokens", "type", "flags")  # fmt: skip
+             "scale", "text_tokens", "summary_tokens", "type", "flags", "reserved")  # fmt: skip
+
+
+def _damaged_rows(index: MemoryIndex, regions: list[tuple[int, int]]) -> list[Problem]:
+    """The records the index points at that lie inside a damaged region, past its start (the
+    region's own problem names its start): one problem per damaged record, at its offset,
+    even when damaged records follow each other."""
+    if not regions or not len(index):
+        return []
+    starts = np.array([s for s, _ in regions], dtype=np.int64)
+    ends = np.array([e for _, e in regions], dtype=np.int64)
+    ids = index.column("id")
+    problems = []
+    for name, what in (("offset", "memory record"), ("meta_offset", "metadata update")):
+        at = index.column(name).astype(np.int64)
+        region = np.maximum(np.searchsorted(starts, at, side="right") - 1, 0)
+        inside = (at > starts[region]) & (at < ends[region])
+        for g in np.nonzero(inside)[0].tolist():
+            problems.append(Problem("dat", int(at[g]), f"the {what} of m{ids[g]} is damaged"))
+    return problems
 
 
 def _compare(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
@@ -1863,6 +1887,21 @@ def _compare(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
     for i in np.nonzero(live.base_order != expected_order)[0].tolist():
         problems.append(Problem("idx", i, f"entry {i} of the time order is wrong"))
     return problems
+
+
+def _compare_keyword(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
+    """Whether the index's keyword postings are those of the data file's texts."""
+    try:
+        mine = live.keyword.section()
+    except CorruptionError as exc:
+        return [Problem("idx", 0, str(exc))]
+    theirs = fresh.keyword.section()
+    for name, a, b in zip(mine._fields, mine, theirs):
+        if not np.array_equal(a, b):
+            return [Problem("idx", 0, f"the keyword section's {name} differ from the data file's texts")]
+    if live.keyword.live_tokens != fresh.keyword.live_tokens:
+        return [Problem("idx", 0, "the keyword section's token total differs from the data file's")]
+    return []
 
 
 def _segments_like(fresh: MemoryIndex, live: MemoryIndex) -> list[tuple[int, Any, np.ndarray]]:
