@@ -225,21 +225,32 @@ def evict(
 
 
 class _Snapshot:
-    """The live rows to write, as columns, in id order."""
+    """The live rows to write, as columns, in id order.
 
-    def __init__(self, index: MemoryIndex, rows: np.ndarray | None = None) -> None:
+    Taken in two steps: under the store's lock, what other threads may change in place
+    (flags, the metadata pointer) and the row count; then, without it, the fields that are
+    set once (or whose changes the records after the snapshot replay anyway: importance,
+    access statistics) from the index as it was."""
+
+    def __init__(self, index: MemoryIndex) -> None:
+        self.index, self.n = index, len(index)
         flags = index.column("flags")
-        keep = np.nonzero((flags & fmt.FLAG_FORGOTTEN) == 0)[0] if rows is None else rows
-        self.dropped = len(flags) - len(keep)
-        self.columns = {
-            name: index.column(name)[keep]
-            for name in ("id", "session", "timestamp", "offset", "length", "meta_offset",
-                         "flags", "importance", "access_count", "last_access")
-        }  # fmt: skip
+        self.keep = np.nonzero((flags & fmt.FLAG_FORGOTTEN) == 0)[0]
+        self.dropped = self.n - len(self.keep)
+        self.columns = {"flags": flags[self.keep], "meta_offset": index.column("meta_offset")[self.keep]}
         self.next_id = index.next_id
 
+    def fill(self) -> None:
+        """The other columns (outside the lock)."""
+        index, n_base = self.index, self.index.n_base
+        base, tail = index.base_rows, index.tail.rows[: self.n - n_base]
+        for name in ("id", "session", "timestamp", "offset", "length", "importance",
+                     "access_count", "last_access"):  # fmt: skip
+            self.columns[name] = np.concatenate([base[name], tail[name]])[self.keep]
+        del self.index
+
     def __len__(self) -> int:
-        return len(self.columns["id"])
+        return len(self.keep)
 
 
 def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta: Any, path: str) -> bytes:
@@ -314,6 +325,7 @@ def _write_all(fd: int, data: bytes) -> int:
 def _new_store(store: MemoryStore, dat: Any, dat_end: int, snap: _Snapshot) -> tuple[int, int]:
     """Write ``<name>.dat.compact`` (locked, fsynced) and ``<name>.idx.compact`` for the
     snapshot. Returns the new data file's descriptor (open, locked) and its size."""
+    snap.fill()
     header = fmt.unpack_dat_header(dat, store.dat_path)
     new_dat = store.dat_path + COMPACT_SUFFIX
     fd = os.open(new_dat, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -397,39 +409,76 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _commit(store: MemoryStore, fd: int, tail: bytes) -> None:
+def _commit(store: MemoryStore, fd: int, tail: bytes) -> _Retired:
     """Append ``tail`` to the new data file, rename both files into place, and continue on
-    them. The caller holds the store's lock."""
-    _write_all(fd, tail)
-    os.fsync(fd)
+    them. The caller holds the store's lock, and calls ``_after_commit`` once it has let
+    it go, with what this returns."""
+    if tail:
+        _write_all(fd, tail)
+        os.fdatasync(fd)  # the rest was synced when it was written
     os.replace(store.dat_path + COMPACT_SUFFIX, store.dat_path)  # the commit point
-    _fsync_dir(store.dat_path)
+    _fsync_dir(store.dat_path)  # before any write to the new file is acknowledged
+    try:  # the old index, to drop its pages from the cache later (see _Retired)
+        old_idx = os.open(store.idx_path, os.O_RDONLY)
+    except FileNotFoundError:
+        old_idx = -1
     os.replace(store.idx_path + COMPACT_SUFFIX, store.idx_path)
+    retired = switch_files(store, fd)
+    if old_idx >= 0:
+        retired.fds.append(old_idx)
+    return retired
+
+
+def _after_commit(store: MemoryStore, retired: _Retired) -> None:
+    """Outside the lock: make the index's rename durable (were it lost, the recovery rule
+    would rename it again) and let the old files go."""
     _fsync_dir(store.idx_path)
-    switch_files(store, fd)
+    retired.release(drop_cache=True)
 
 
-def switch_files(store: MemoryStore, fd: int) -> None:
+class _Retired:
+    """The old files' index, maps and descriptors after a swap.
+
+    Letting go of them costs time in proportion to their size when the last reference to
+    a replaced file goes (the kernel frees its cached pages), and unmapping holds the GIL.
+    So the writer lets go outside the store's lock, and first tells the kernel to drop the
+    old files' cached pages (a call that releases the GIL): a reader that lets go later
+    finds little left to free."""
+
+    def __init__(self, objects: list[Any], fds: list[int]) -> None:
+        self.objects, self.fds = objects, fds
+
+    def release(self, drop_cache: bool) -> None:
+        self.objects.clear()  # the maps are unmapped here: their last references
+        for fd in self.fds:
+            if drop_cache:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)  # a writer's old lock: on the old inode, no one else can want it now
+        self.fds = []
+
+
+def switch_files(store: MemoryStore, fd: int) -> _Retired:
     """Continue on the data file open as ``fd`` (the one now under the store's name): drop
-    the old maps, descriptors and cached memories (rows are numbered anew), reload."""
+    the cached memories (rows are numbered anew) and reload. Returns the old index, maps
+    and descriptors, for the caller to release (see ``_Retired``)."""
     if store._commit is not None:
         store._commit.stop()
         store._commit = None
-    old_fd, old_map_fd = store._fd, store._map_fd
+    retired = _Retired([store._index, store._dat, store._cache], [store._fd])
+    if store._map_fd >= 0:
+        retired.fds.append(store._map_fd)
     store._dat = None
     store._index = None  # type: ignore[assignment]
     store._fd, store._map_fd = fd, -1
-    if old_map_fd >= 0:
-        os.close(old_map_fd)
-    os.close(old_fd)  # a writer's old lock: on the old inode, no one else can want it now
     store._cache = type(store._cache)(store._cache.max_bytes)
     store._epoch += 1
     store._load(None)
+    return retired
 
 
 def follow(store: MemoryStore) -> None:
     """A reader whose data file was replaced (it is unlinked): continue on the new one."""
-    switch_files(store, os.open(store.dat_path, os.O_RDONLY))
+    switch_files(store, os.open(store.dat_path, os.O_RDONLY)).release(drop_cache=False)
 
 
 def pending_index(store: MemoryStore, header: fmt.DatHeader, size: int) -> MemoryIndex | None:
@@ -471,10 +520,12 @@ def compact(store: MemoryStore) -> CompactReport:
                 if store._valid_end != store._dat_end:
                     raise CorruptionError(f"{store.dat_path} was damaged during compaction")
                 tail = os.pread(store._fd, store._dat_end - dat_end, dat_end)
-                _commit(store, fd, tail)
+                retired = _commit(store, fd, tail)
                 fd = -1
-                lock_seconds = max(lock_seconds, time.perf_counter() - held)
                 memories = store._index.live
+            lock_seconds = max(lock_seconds, time.perf_counter() - held)
+            del dat  # the old map's last reference is the retired one
+            _after_commit(store, retired)
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -511,12 +562,14 @@ def repair(store: MemoryStore) -> RepairReport:
             snap = _Snapshot(index)
             fd, _ = _new_store(store, dat, end, snap)
             try:
-                _commit(store, fd, b"")
+                retired = _commit(store, fd, b"")
             except BaseException:
                 os.close(fd)
                 remove_compaction_files(store.dat_path, store.idx_path)
                 raise
             memories = store._index.live
+        del dat, index
+        _after_commit(store, retired)
         store._start_preload()
     cut = sorted(problems, key=lambda p: p.offset)
     return RepairReport(not regions and not problems, memories, records, cut,

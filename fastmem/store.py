@@ -394,11 +394,12 @@ class MemoryStore:
         header = fmt.unpack_dat_header(self._dat, self.dat_path)
         self._uuid = header.uuid
         self._check_embedder(header)
-        self.tokens = TokenCounter(STORED_ENCODING)
-        if self._summarizer_arg is _DEFAULT:
-            self._summarizer: Any = KeySentences(SUMMARY_TOKENS, self.tokens.count)
-        else:
-            self._summarizer = self._summarizer_arg
+        if not hasattr(self, "tokens"):  # not again when a compaction's files are loaded
+            self.tokens = TokenCounter(STORED_ENCODING)
+            if self._summarizer_arg is _DEFAULT:
+                self._summarizer: Any = KeySentences(SUMMARY_TOKENS, self.tokens.count)
+            else:
+                self._summarizer = self._summarizer_arg
         try:
             index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, self._dat, size)
             reason = None
