@@ -77,7 +77,7 @@ def writer(path: str, seed: int, ack_path: str) -> None:
             meta = {"seed": seed, "i": i}
             session = f"s{rng.randint(0, 4)}"
             ack("adding", digest(text))
-            mid = store.add(text, metadata=meta, session=session, timestamp=1e9 + seed * 1e4 + i,
+            mid = store.add(text, metadata=meta, session=session, timestamp=1e9 + (seed % 10**6) * 1e3 + i,
                             embedding=[rng.random() + 0.01 for _ in range(4)])  # fmt: skip
             live.append(mid)
             ack("add", mid, digest(text), meta, session)
