@@ -464,7 +464,7 @@ def switch_files(store: MemoryStore, fd: int) -> _Retired:
     if store._commit is not None:
         store._commit.stop()
         store._commit = None
-    retired = _Retired([store._index, store._dat, store._cache], [store._fd])
+    retired = _Retired([getattr(store, "_index", None), store._dat, store._cache], [store._fd])
     if store._map_fd >= 0:
         retired.fds.append(store._map_fd)
     store._dat = None
