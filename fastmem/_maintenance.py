@@ -256,15 +256,21 @@ class _Snapshot:
 def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta: Any, path: str) -> bytes:
     """The memory record at ``offset``, byte for byte when its row says what it says; else a
     new memory record with the row's importance and pin and the current metadata."""
-    head, payload = fmt.read_record(dat, offset, offset + length, path)
-    if head.kind != fmt.KIND_MEMORY or payload.get("i") != row["id"]:
+    info = _kernels.check_record(dat, offset, offset + length)
+    if info is None:
+        fmt.read_record(dat, offset, offset + length, path)  # raises the precise error
+        raise CorruptRecordError(f"{path}: bad record at {offset}", path=path, offset=offset)
+    kind, dim, plen, rlen = info
+    start = offset + fmt.RECORD_HEADER_SIZE + 2 * dim
+    payload = fmt.decode_payload(dat[start : start + plen], plen, rlen, offset, path)
+    if kind != fmt.KIND_MEMORY or payload.get("i") != row["id"]:
         raise CorruptRecordError(f"{path}: the record at offset {offset} is not memory m{row['id']}",
                                  path=path, offset=offset)  # fmt: skip
     want = dict(payload)
-    importance = float(str(np.float32(row["importance"])))  # 0.3, not 0.30000001
+    importance = np.float32(row["importance"])
     type_default = default_importance(payload.get("y", "conversation"))
-    if float(np.float32(payload.get("p", type_default))) != importance:
-        want["p"] = importance
+    if np.float32(payload.get("p", type_default)) != importance:
+        want["p"] = float(str(importance))  # 0.3, not 0.30000001
     pinned = bool(row["flags"] & fmt.FLAG_PINNED)
     if bool(payload.get("n", False)) != pinned:
         if pinned:
@@ -280,8 +286,8 @@ def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta
         return bytes(dat[offset : offset + length])
     stored, raw_len = fmt.encode_payload(want)
     vectors = has = None
-    if head.dim:
-        vectors = fmt.record_vector(dat, offset, head.dim).view(np.uint16).reshape(1, head.dim)
+    if dim:
+        vectors = fmt.record_vector(dat, offset, dim).view(np.uint16).reshape(1, dim)
         has = np.ones(1, dtype=np.uint8)
     data, _, _ = _kernels.frame_records(fmt.KIND_MEMORY, [stored], np.array([raw_len], np.uint32), vectors, has)
     return data

@@ -119,10 +119,26 @@ def test_compacted_sessions_are_contiguous(store_path: str) -> None:
     assert len(records) == len(expected)
 
 
+def _memory_records(path: str) -> dict[int, bytes]:
+    dat = Path(path + ".dat").read_bytes()
+    out = {}
+    for off, n in zip(*_kernels.scan_records(dat, fmt.DAT_HEADER_SIZE, len(dat))[:2]):
+        head, payload = fmt.read_record(dat, int(off), len(dat))
+        if head.kind == fmt.KIND_MEMORY:
+            out[payload["i"]] = dat[int(off) : int(off + n)]
+    return out
+
+
 def test_compaction_folds_updates_into_the_memory_record(store_path: str) -> None:
     ids = _build(store_path)
+    original = _memory_records(store_path)
     with _open_quietly(store_path) as s:
         s.compact()
+    compacted = _memory_records(store_path)
+    changed = {1, 2, 5}  # importance, metadata or pin changed (6 was pinned and unpinned)
+    for mid, record in compacted.items():
+        assert (record == original[mid]) == (mid not in changed), mid  # the rest byte for byte
+    with _open_quietly(store_path) as s:
         m1, m2 = s.get(ids[1]), s.get(ids[2])
     assert (m1.importance, m1.metadata) == (0.11, {"changed": [1, 2]})
     assert (m2.importance, m2.metadata) == (0.9, {"again": True})
