@@ -16,6 +16,7 @@ import math
 import mmap
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -133,6 +134,7 @@ class MemoryIndex:
         self.compacted_end = 0
         self.id_floor = 0
         self.damaged: list[tuple[int, int]] = []  # (start, end) of the damaged regions replayed
+        self.file_closer: weakref.finalize | None = None  # closes the mapped file's descriptor
 
     def set_compaction(self, header: fmt.DatHeader) -> None:
         """Take the data file header's compaction fields (see ``replay``)."""
@@ -155,8 +157,12 @@ class MemoryIndex:
             if size < fmt.IDX_HEADER_SIZE:
                 raise CorruptIndexError(f"{path} is shorter than its header", path=path)
             mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        # The descriptor stays open as long as the map: a compaction that replaces the file
+        # closes it last, where freeing the file's cached pages need not hold the GIL.
+        closer = weakref.finalize(mm, os.close, fd)
         h = fmt.unpack_idx_header(mm, path)
         layout = fmt.header_layout(h)
         if layout.size != size:
@@ -175,6 +181,7 @@ class MemoryIndex:
             if last is None or h.last_offset + last.length != h.covered or last.crc != h.last_crc:
                 raise CorruptIndexError(f"{path} does not match its data file (stale)")
         index = cls(h.dim, uuid)
+        index.file_closer = closer
         index.n_base = h.rows
         index._base_spec = (mm, layout, h.dim)
         for name in fmt.unpack_types(mm[layout.types : layout.types + h.types_len], path):

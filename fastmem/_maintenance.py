@@ -24,6 +24,7 @@ import math
 import mmap
 import os
 import struct
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -234,14 +235,15 @@ class _Snapshot:
 
     def __init__(self, index: MemoryIndex) -> None:
         self.index, self.n = index, len(index)
-        flags = index.column("flags")
-        self.keep = np.nonzero((flags & fmt.FLAG_FORGOTTEN) == 0)[0]
-        self.dropped = self.n - len(self.keep)
-        self.columns = {"flags": flags[self.keep], "meta_offset": index.column("meta_offset")[self.keep]}
+        self.columns = {"flags": index.column("flags"), "meta_offset": index.column("meta_offset")}
         self.next_id = index.next_id
 
     def fill(self) -> None:
         """The other columns (outside the lock)."""
+        flags = self.columns["flags"]
+        self.keep = np.nonzero((flags & fmt.FLAG_FORGOTTEN) == 0)[0]
+        self.dropped = self.n - len(self.keep)
+        self.columns = {name: column[self.keep] for name, column in self.columns.items()}
         index, n_base = self.index, self.index.n_base
         base, tail = index.base_rows, index.tail.rows[: self.n - n_base]
         for name in ("id", "session", "timestamp", "offset", "length", "importance",
@@ -455,12 +457,23 @@ class _Retired:
         self.objects, self.fds = objects, fds
 
     def release(self, drop_cache: bool) -> None:
-        self.objects.clear()  # the maps are unmapped here: their last references
-        for fd in self.fds:
-            if drop_cache:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            os.close(fd)  # a writer's old lock: on the old inode, no one else can want it now
+        for obj in self.objects:  # the index map's descriptor: closed below, not with the map
+            closer = getattr(obj, "file_closer", None)
+            if closer is not None and closer.alive:
+                self.fds.append(closer.detach()[2][0])
+        self.objects.clear()  # the maps are unmapped here (cheap: the descriptors hold the files)
+        if drop_cache:
+            _close(self.fds, drop_cache)
+        else:  # a reader: closing the last descriptor may free many pages; not on its call
+            threading.Thread(target=_close, args=(self.fds, False), name="fastmem-release", daemon=True).start()
         self.fds = []
+
+
+def _close(fds: list[int], drop_cache: bool) -> None:
+    for fd in fds:
+        if drop_cache:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)  # a writer's old lock: on the old inode, no one else can want it now
 
 
 def switch_files(store: MemoryStore, fd: int) -> _Retired:
