@@ -517,6 +517,9 @@ class MemoryIndex:
         return max(valid_end, start), len(offsets)
 
 
+_FLUSH_ROWS = 65536  # rows a replay turns into arrays at once
+
+
 class _Replayer:
     """Turns checked records into index rows, batching new rows for ``append``."""
 
@@ -551,32 +554,49 @@ class _Replayer:
                 self.problems.append(Problem("dat", off, f"record fields are invalid ({exc!r})"))
             crc = int.from_bytes(self.dat[off + fmt.RECORD_CRC_AT : off + fmt.RECORD_CRC_AT + 4], "little")
             self.index.note_applied(off, length, crc)
-            if len(self.rows) >= 65536 and not self.sort:
+            if len(self.rows) >= _FLUSH_ROWS and not self.sort:
                 self._flush()
         self._flush()
 
     def _flush(self) -> None:
         if not self.rows:
             return
-        index = self.index
         if self.sort:
-            order = sorted(range(len(self.rows)), key=lambda i: self.rows[i][F_ID])
-            position = {old: new for new, old in enumerate(order)}
+            # Sorted by id here, appended below in blocks: no single numpy call holds the
+            # GIL for the whole prefix (a compaction's other threads keep running).
+            ids = np.fromiter((r[F_ID] for r in self.rows), dtype=np.int64, count=len(self.rows))
+            order = np.argsort(ids, kind="stable").tolist()
+            position = np.empty(len(order), dtype=np.int64)
+            position[order] = np.arange(len(order))
             self.rows = [self.rows[i] for i in order]
             self.texts = [self.texts[i] for i in order]
-            self.vec_rows = sorted(position[i] for i in self.vec_rows)
-        rows = np.array([tuple(r) for r in self.rows], dtype=fmt.INDEX_DTYPE)
+            self.vec_rows = np.sort(position[self.vec_rows]).tolist() if self.vec_rows else []
+        block = _FLUSH_ROWS
+        vec_at = 0
+        for lo in range(0, len(self.rows), block):
+            hi = min(lo + block, len(self.rows))
+            vec_end = vec_at
+            while vec_end < len(self.vec_rows) and self.vec_rows[vec_end] < hi:
+                vec_end += 1
+            self._append(lo, hi, self.vec_rows[vec_at:vec_end])
+            vec_at = vec_end
+        self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
+
+    def _append(self, lo: int, hi: int, vec_rows: list[int]) -> None:
+        """Append ``self.rows[lo:hi]`` (``vec_rows``: those of them with a vector)."""
+        index = self.index
+        rows = np.array([tuple(r) for r in self.rows[lo:hi]], dtype=fmt.INDEX_DTYPE)
         vectors = None
-        if index.dim and self.vec_rows:
+        if index.dim and vec_rows:
             width = 2 * index.dim
             raw = bytearray(len(rows) * width)  # zeros for the rows without a vector
             dat, head = self.dat, fmt.RECORD_HEADER_SIZE
-            for pos in self.vec_rows:
+            for pos in vec_rows:
                 start = self.rows[pos][F_OFFSET] + head
-                raw[pos * width : (pos + 1) * width] = dat[start : start + width]
+                at = (pos - lo) * width
+                raw[at : at + width] = dat[start : start + width]
             vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)
-        index.append(rows, vectors, self.texts)
-        self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
+        index.append(rows, vectors, self.texts[lo:hi])
 
     def _memory(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
         index = self.index
