@@ -19,6 +19,7 @@ unlinked); their next call sees that it is unlinked and opens the new one.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import math
 import mmap
@@ -215,7 +216,10 @@ def evict(
         )
         start = store._append(data)
         last = start + int(lengths_[:-1].sum())
+        logging = store._changes is not None  # a compaction is running: see _Snapshot
         for g in rows:
+            if logging:
+                store._note_change(g, index.row(g))
             index.forget(g, int(flags[g]))
         index.note_applied(last, int(lengths_[-1]), int(crcs[-1]))
         store._valid_end = store._dat_end
@@ -226,33 +230,41 @@ def evict(
 
 
 class _Snapshot:
-    """The live rows to write, as columns, in id order.
+    """The live rows to write, as columns, in id order, as they were when it was taken.
 
-    Taken in two steps: under the store's lock, what other threads may change in place
-    (flags, the metadata pointer) and the row count; then, without it, the fields that are
-    set once (or whose changes the records after the snapshot replay anyway: importance,
-    access statistics) from the index as it was."""
+    Taking it under the store's lock costs nothing: it notes the row count and starts the
+    store's log of in-place changes (``MemoryStore._note_change``). The rows are read later
+    without the lock; a row that changed meanwhile gets its values from before the change
+    from the log (each change is logged before it is made, so whatever change the read saw
+    is in the log when it is consulted after the read)."""
 
-    def __init__(self, index: MemoryIndex) -> None:
-        self.index, self.n = index, len(index)
-        self.columns = {"flags": index.column("flags"), "meta_offset": index.column("meta_offset")}
-        self.next_id = index.next_id
+    def __init__(self, store: MemoryStore, index: MemoryIndex) -> None:
+        self.index, self.n, self.next_id = index, len(index), index.next_id
+        self.changes: list[tuple[int, int, int]] = []
+        store._changes = self.changes
 
     def fill(self) -> None:
-        """The other columns (outside the lock)."""
-        flags = self.columns["flags"]
-        self.keep = np.nonzero((flags & fmt.FLAG_FORGOTTEN) == 0)[0]
-        self.dropped = self.n - len(self.keep)
-        self.columns = {name: column[self.keep] for name, column in self.columns.items()}
+        """Read the rows (outside the lock)."""
         index, n_base = self.index, self.index.n_base
         base, tail = index.base_rows, index.tail.rows[: self.n - n_base]
-        for name in ("id", "session", "timestamp", "offset", "length", "importance",
-                     "access_count", "last_access"):  # fmt: skip
-            self.columns[name] = np.concatenate([base[name], tail[name]])[self.keep]
+        columns = {
+            name: np.concatenate([base[name], tail[name]])
+            for name in ("flags", "meta_offset", "id", "session", "timestamp", "offset", "length",
+                         "importance", "access_count", "last_access")
+        }  # fmt: skip
+        before: dict[int, tuple[int, int]] = {}
+        for g, flags, meta in list(self.changes):
+            if g < self.n and g not in before:  # the first change logged: the value before it
+                before[g] = (flags, meta)
+        for g, (flags, meta) in before.items():
+            columns["flags"][g], columns["meta_offset"][g] = flags, meta
+        keep = np.nonzero((columns["flags"] & fmt.FLAG_FORGOTTEN) == 0)[0]
+        self.dropped = self.n - len(keep)
+        self.columns = {name: column[keep] for name, column in columns.items()}
         del self.index
 
     def __len__(self) -> int:
-        return len(self.keep)
+        return len(self.columns["id"])
 
 
 def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta: Any, path: str) -> bytes:
@@ -447,33 +459,64 @@ def _after_commit(store: MemoryStore, retired: _Retired) -> None:
 class _Retired:
     """The old files' index, maps and descriptors after a swap.
 
-    Letting go of them costs time in proportion to their size when the last reference to
-    a replaced file goes (the kernel frees its cached pages), and unmapping holds the GIL.
-    So the writer lets go outside the store's lock, and first tells the kernel to drop the
-    old files' cached pages (a call that releases the GIL): a reader that lets go later
-    finds little left to free."""
+    Letting go of them takes time in proportion to what was read from them: unmapping
+    (which holds the GIL, in ``mmap.close``) and, when the last reference to a replaced
+    file goes, freeing its cached pages. So the pages are first unmapped with
+    ``madvise(MADV_DONTNEED)`` through ctypes (which lets the GIL go), the maps closed
+    after that cost little, and the descriptors, which keep the files alive until then,
+    are closed last (``os.close`` lets the GIL go too). The writer does it outside the
+    store's lock, dropping the old files' cached pages first; a reader, in a thread."""
 
     def __init__(self, objects: list[Any], fds: list[int]) -> None:
         self.objects, self.fds = objects, fds
 
     def release(self, drop_cache: bool) -> None:
-        for obj in self.objects:  # the index map's descriptor: closed below, not with the map
-            closer = getattr(obj, "file_closer", None)
+        maps = []
+        for obj in self.objects:
+            if isinstance(obj, mmap.mmap):
+                maps.append(obj)
+            closer = getattr(obj, "file_closer", None)  # an index: its map's descriptor
             if closer is not None and closer.alive:
-                self.fds.append(closer.detach()[2][0])
-        self.objects.clear()  # the maps are unmapped here (cheap: the descriptors hold the files)
+                info = closer.detach()
+                if info is not None:
+                    maps.append(info[0])
+                    self.fds.append(info[2][0])
+        work = (self.objects, maps, self.fds, drop_cache)
+        self.objects, self.fds = [], []
         if drop_cache:
-            _close(self.fds, drop_cache)
-        else:  # a reader: closing the last descriptor may free many pages; not on its call
-            threading.Thread(target=_close, args=(self.fds, False), name="fastmem-release", daemon=True).start()
-        self.fds = []
+            _let_go(*work)
+        else:  # a reader: not on the call that met the swap
+            threading.Thread(target=_let_go, args=work, name="fastmem-release", daemon=True).start()
 
 
-def _close(fds: list[int], drop_cache: bool) -> None:
+def _let_go(objects: list[Any], maps: list[mmap.mmap], fds: list[int], drop_cache: bool) -> None:
+    for mm in maps:
+        _unmap_pages(mm)
+    maps.clear()
+    objects.clear()  # the maps close here: cheap now
     for fd in fds:
-        if drop_cache:
+        if drop_cache and hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)  # a writer's old lock: on the old inode, no one else can want it now
+
+
+_libc: Any = None
+
+
+def _unmap_pages(mm: mmap.mmap) -> None:
+    """``madvise(MADV_DONTNEED)`` over a map that nothing reads any more, without the GIL."""
+    global _libc
+    try:
+        view = np.frombuffer(mm, dtype=np.uint8)
+    except (ValueError, TypeError, BufferError):  # closed, or empty
+        return
+    addr, size = view.ctypes.data, view.size
+    del view  # the map cannot close while a view of it exists
+    if not size or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.MADV_DONTNEED)
 
 
 def switch_files(store: MemoryStore, fd: int) -> _Retired:
@@ -529,12 +572,18 @@ def compact(store: MemoryStore) -> CompactReport:
                 )
             before = _sizes(store)
             dat, dat_end = store._data(), store._dat_end
-            snap = _Snapshot(store._index)
+            snap = _Snapshot(store, store._index)
         lock_seconds = time.perf_counter() - held
-        fd, _ = _new_store(store, dat, dat_end, snap)
+        try:
+            fd, _ = _new_store(store, dat, dat_end, snap)
+        except BaseException:
+            with store._lock:
+                store._changes = None
+            raise
         try:
             held = time.perf_counter()
             with store._lock:
+                store._changes = None
                 store._check_writable()
                 if store._valid_end != store._dat_end:
                     raise CorruptionError(f"{store.dat_path} was damaged during compaction")
@@ -578,7 +627,8 @@ def repair(store: MemoryStore) -> RepairReport:
             if regions:
                 damaged_path = f"{store.dat_path}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
                 _keep_damaged(damaged_path, dat, regions)
-            snap = _Snapshot(index)
+            snap = _Snapshot(store, index)
+            store._changes = None  # all of the repair holds the lock: nothing changes
             fd, _ = _new_store(store, dat, end, snap)
             try:
                 retired = _commit(store, fd, b"")

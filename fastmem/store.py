@@ -336,6 +336,7 @@ class MemoryStore:
         self._lock = threading.RLock()
         self._maintenance_lock = threading.Lock()  # one compaction or repair at a time
         self._epoch = 0  # counts data file replacements: row numbers change with it
+        self._changes: list[tuple[int, int, int]] | None = None  # see _note_change
         self._generation = _fork_generation
         self._closed = True
         self._commit: _GroupCommit | None = None
@@ -826,6 +827,7 @@ class MemoryStore:
             if len(payload) == 2:
                 return
             offset = self._append_change(fmt.KIND_UPDATE, payload)
+            self._note_change(g, row)
             self._index.change(g, update_changes(row[F_FLAGS], payload, offset))
 
     def pin(self, mid: str, pinned: bool = True) -> None:
@@ -842,6 +844,7 @@ class MemoryStore:
             self._check_writable()
             g, row = self._live_row(mid)
             self._append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": time.time()})
+            self._note_change(g, row)
             self._index.forget(g, row[F_FLAGS])
 
     # --- reading -----------------------------------------------------------------------
@@ -1535,6 +1538,12 @@ class MemoryStore:
         writes go on: the copy holds every memory committed before the call, opens
         without recovery and ``verify()``s clean."""
         return _maintenance.backup(self, dest)
+
+    def _note_change(self, g: int, row: tuple[Any, ...]) -> None:
+        """Before row ``g`` changes in place: while a compaction runs, it reads the rows
+        without the lock and takes their values from before the change here."""
+        if self._changes is not None:
+            self._changes.append((g, row[F_FLAGS], row[F_META]))
 
     def _stop_preload(self) -> None:
         preload, self._preload = self._preload, None

@@ -153,7 +153,11 @@ def test_writes_during_compaction_are_kept(store_path: str, monkeypatch: pytest.
     during: dict[str, Any] = {}
 
     def new_store_while_writing(store, *args):  # type: ignore[no-untyped-def]
-        result = real(store, *args)  # the snapshot is written; the lock is free
+        # Snapshot taken, rows not read yet: changes made now are in the log it reads.
+        store.forget(ids[8])
+        store.update(ids[9], metadata={"before the read": 1}, importance=0.42)
+        store.evict(ttl={"plan": 0}, now=1000.0 + 42)  # ids 1, 5, 9, ... up to 41: pinned 5 stays
+        result = real(store, *args)  # the records are written; the lock is free
         during["added"] = store.add("written during the compaction", embedding=_vec(99))
         store.update(ids[3], metadata={"during": 1})
         store.forget(ids[4])
@@ -164,7 +168,8 @@ def test_writes_during_compaction_are_kept(store_path: str, monkeypatch: pytest.
         s.compact()
         assert s.get(during["added"]).text == "written during the compaction"
         assert s.get(ids[3]).metadata == {"during": 1}
-        assert ids[4] not in s
+        assert ids[4] not in s and ids[8] not in s and ids[9] not in s and ids[13] not in s
+        assert ids[5] in s  # pinned
         assert s.verify().ok
         after = _state(s)
     with _open_quietly(store_path, readonly=True) as r:
