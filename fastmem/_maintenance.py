@@ -437,7 +437,10 @@ def _commit(store: MemoryStore, fd: int, tail: bytes) -> _Retired:
         _write_all(fd, tail)
         os.fdatasync(fd)  # the rest was synced when it was written
     os.replace(store.dat_path + COMPACT_SUFFIX, store.dat_path)  # the commit point
-    _fsync_dir(store.dat_path)  # before any write to the new file is acknowledged
+    if store.durability == "always":
+        # Before any write to the new file is acknowledged. The other modes may lose the
+        # last few ms of writes to a power loss anyway: they sync it after the lock.
+        _fsync_dir(store.dat_path)
     try:  # the old index, to drop its pages from the cache later (see _Retired)
         old_idx = os.open(store.idx_path, os.O_RDONLY)
     except FileNotFoundError:
@@ -450,8 +453,8 @@ def _commit(store: MemoryStore, fd: int, tail: bytes) -> _Retired:
 
 
 def _after_commit(store: MemoryStore, retired: _Retired) -> None:
-    """Outside the lock: make the index's rename durable (were it lost, the recovery rule
-    would rename it again) and let the old files go."""
+    """Outside the lock: make the renames durable (were the index's lost, the recovery
+    rule would rename it again) and let the old files go."""
     _fsync_dir(store.idx_path)
     retired.release(drop_cache=True)
 
