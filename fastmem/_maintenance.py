@@ -24,6 +24,7 @@ import fcntl
 import math
 import mmap
 import os
+import queue
 import struct
 import threading
 import time
@@ -488,8 +489,29 @@ class _Retired:
         self.objects, self.fds = [], []
         if drop_cache:
             _let_go(*work)
-        else:  # a reader: not on the call that met the swap
-            threading.Thread(target=_let_go, args=work, name="fastmem-release", daemon=True).start()
+        else:  # a reader: not on the call that met the swap (nor waiting for a thread to start)
+            releaser().put(work)
+
+
+_releaser: tuple[int, queue.SimpleQueue[Any]] | None = None
+_releaser_lock = threading.Lock()
+
+
+def releaser() -> queue.SimpleQueue[Any]:
+    """The queue of this process's release thread (started once, by the first reader, so
+    that a reader meeting a swap only puts its old files there)."""
+    global _releaser
+    with _releaser_lock:
+        if _releaser is None or _releaser[0] != os.getpid():  # none yet, or forked since
+            work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            threading.Thread(target=_release_loop, args=(work,), name="fastmem-release", daemon=True).start()
+            _releaser = (os.getpid(), work)
+        return _releaser[1]
+
+
+def _release_loop(work: queue.SimpleQueue[Any]) -> None:
+    while True:
+        _let_go(*work.get())
 
 
 def _let_go(objects: list[Any], maps: list[mmap.mmap], fds: list[int], drop_cache: bool) -> None:

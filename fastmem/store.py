@@ -356,6 +356,7 @@ class MemoryStore:
 
     def _open_data_file(self, timeout: float) -> int:
         if self.readonly:
+            _maintenance.releaser()  # ready before a compaction elsewhere needs it
             try:
                 return os.open(self.dat_path, os.O_RDONLY)
             except FileNotFoundError:
