@@ -511,7 +511,12 @@ def releaser() -> queue.SimpleQueue[Any]:
 
 def _release_loop(work: queue.SimpleQueue[Any]) -> None:
     while True:
-        _let_go(*work.get())
+        item = work.get()
+        try:
+            _let_go(*item)
+        except OSError:  # nothing to report to: the files are gone either way
+            pass
+        del item
 
 
 def _let_go(objects: list[Any], maps: list[mmap.mmap], fds: list[int], drop_cache: bool) -> None:
