@@ -385,8 +385,8 @@ def _write_index(store: MemoryStore, fd: int, end: int, snap: _Snapshot) -> None
         tail["access_count"] = snap.columns["access_count"]
         tail["last_access"] = snap.columns["last_access"]
         index.save(store.idx_path + COMPACT_SUFFIX, mm, sync=True)
+        del index, tail  # nothing may still look into the map when it closes
     finally:
-        del index
         mm.close()
 
 
