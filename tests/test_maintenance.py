@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -461,3 +462,36 @@ def test_backup_of_a_store_another_process_writes(tmp_path: Path) -> None:
     with pytest.raises(fastmem.InvalidInputError):
         with _open_quietly(path, readonly=True) as reader:
             reader.backup(report.path)  # refuses to overwrite a store
+
+
+READER_CHILD = textwrap.dedent(
+    """
+    import json, sys, time, fastmem
+    path, expected = sys.argv[1], json.loads(sys.stdin.readline())
+    r = fastmem.open(path, readonly=True, policy=fastmem.ContextPolicy(preload=0, recent=0))
+    print("ready", flush=True)
+    wrong, calls, deadline = 0, 0, time.time() + float(sys.argv[2])
+    while time.time() < deadline:
+        for mid, text in expected.items():
+            wrong += r.get(mid).text != text
+            calls += 1
+    print(json.dumps([calls, wrong, r.verify().ok, len(r)]), flush=True)
+    """
+)
+
+
+def test_a_reader_process_reads_through_compactions(store_path: str) -> None:
+    _build(store_path)
+    with _open_quietly(store_path) as s:
+        expected = {m.id: m.text for m in s}
+        proc = subprocess.Popen([sys.executable, "-c", READER_CHILD, store_path, "1.5"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps(expected) + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "ready"
+        for _ in range(3):
+            s.compact()
+        out, _ = proc.communicate(timeout=60)
+    calls, wrong, ok, count = json.loads(out)
+    assert calls > len(expected) and wrong == 0 and ok and count == len(expected)
