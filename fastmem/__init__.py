@@ -35,12 +35,15 @@ from .errors import (
     UnknownMemoryError,
 )
 from .context import Context, ContextItem, ContextPolicy
+from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
 from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKEND",
+    "BackupReport",
+    "CompactReport",
     "DURABILITY",
     "Context",
     "ContextItem",
@@ -48,6 +51,7 @@ __all__ = [
     "EmbedderMismatchError",
     "EmbedderUnavailableError",
     "EncodingUnavailableError",
+    "EvictionPolicy",
     "CorruptIndexError",
     "CorruptionError",
     "CorruptRecordError",
@@ -62,6 +66,7 @@ __all__ = [
     "Problem",
     "ReadOnlyError",
     "RecoveryWarning",
+    "RepairReport",
     "Report",
     "StoreClosedError",
     "StoreForkedError",

@@ -16,6 +16,7 @@ import math
 import mmap
 import os
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -115,6 +116,10 @@ class MemoryIndex:
         self._base_spec: tuple[mmap.mmap, fmt.IdxLayout, int] | None = None
         self._base_bytes = memoryview(b"")
         self._base_last_id = -1
+        # A contiguous copy of the base rows' scales, which never change: the vector scan
+        # reads one per row, and from the 80-byte rows they would cost a fifth more memory
+        # traffic than the vectors. Made by the first scan (fastmem._vsearch).
+        self.base_scales: np.ndarray | None = None
         self.hot: fmt.HotSection | None = None  # valid while nothing is applied after it
         self.tail = _Tail(dim)
         self.keyword = KeywordIndex()
@@ -128,6 +133,16 @@ class MemoryIndex:
         self.last_offset = 0  # the last applied record: where it starts, and its crc
         self.last_crc = 0
         self.stats_changed = False  # access statistics changed since the checkpoint
+        # From the data file's header (compaction): records before ``compacted_end`` are
+        # memory records in (session, time, id) order; ids start again from ``id_floor``.
+        self.compacted_end = 0
+        self.id_floor = 0
+        self.damaged: list[tuple[int, int]] = []  # (start, end) of the damaged regions replayed
+        self.file_closer: weakref.finalize | None = None  # closes the mapped file's descriptor
+
+    def set_compaction(self, header: fmt.DatHeader) -> None:
+        """Take the data file header's compaction fields (see ``replay``)."""
+        self.compacted_end, self.id_floor = header.compacted_end, header.next_id
 
     # --- loading and saving ------------------------------------------------------------
 
@@ -146,8 +161,12 @@ class MemoryIndex:
             if size < fmt.IDX_HEADER_SIZE:
                 raise CorruptIndexError(f"{path} is shorter than its header", path=path)
             mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        # The descriptor stays open as long as the map: a compaction that replaces the file
+        # closes it last, where freeing the file's cached pages need not hold the GIL.
+        closer = weakref.finalize(mm, os.close, fd)
         h = fmt.unpack_idx_header(mm, path)
         layout = fmt.header_layout(h)
         if layout.size != size:
@@ -166,6 +185,7 @@ class MemoryIndex:
             if last is None or h.last_offset + last.length != h.covered or last.crc != h.last_crc:
                 raise CorruptIndexError(f"{path} does not match its data file (stale)")
         index = cls(h.dim, uuid)
+        index.file_closer = closer
         index.n_base = h.rows
         index._base_spec = (mm, layout, h.dim)
         for name in fmt.unpack_types(mm[layout.types : layout.types + h.types_len], path):
@@ -472,24 +492,46 @@ class MemoryIndex:
         Returns the problems found, the end of the last valid record (a damaged tail after
         it is not applied) and how many valid records there were.
         """
-        if start >= end:  # the common case at open: the checkpoint covers everything
-            return [], start, 0
+        problems: list[Problem] = []
+        valid_end, count = start, 0
+        if start < min(self.compacted_end, end):
+            # The compacted prefix is in (session, time, id) order: its rows are sorted
+            # by id before they are appended; ids after it start from the floor.
+            prefix_end = min(self.compacted_end, end)
+            valid_end, count = self._replay(dat, start, prefix_end, path, problems, sort=True)
+            start = prefix_end
+        self.next_id = max(self.next_id, self.id_floor)  # ids of compacted-away memories
+        if start < end:
+            last_end, n = self._replay(dat, start, end, path, problems, sort=False)
+            valid_end, count = max(valid_end, last_end), count + n
+        return problems, valid_end, count
+
+    def _replay(
+        self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool
+    ) -> tuple[int, int]:
         offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(
             dat, start, end
         )
-        problems = [
+        problems += [
             Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
         ]
-        _Replayer(self, dat, path, problems).run(offsets, lengths, kinds, dims)
+        self.damaged += [(int(s), int(e)) for s, e in zip(bad_starts, bad_ends)]
+        _Replayer(self, dat, path, problems, sort).run(offsets, lengths, kinds, dims)
         valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
-        return problems, max(valid_end, start), len(offsets)
+        return max(valid_end, start), len(offsets)
+
+
+_FLUSH_ROWS = 65536  # rows a replay turns into arrays at once
 
 
 class _Replayer:
     """Turns checked records into index rows, batching new rows for ``append``."""
 
-    def __init__(self, index: MemoryIndex, dat: Any, path: str, problems: list[Problem]):
+    def __init__(
+        self, index: MemoryIndex, dat: Any, path: str, problems: list[Problem], sort: bool = False
+    ) -> None:
         self.index, self.dat, self.path, self.problems = index, dat, path, problems
+        self.sort = sort  # records come in any id order: sort the rows once, at the end
         self.rows: list[list[Any]] = []
         self.pending: dict[int, int] = {}  # id -> position in self.rows
         self.vec_rows: list[int] = []
@@ -516,31 +558,56 @@ class _Replayer:
                 self.problems.append(Problem("dat", off, f"record fields are invalid ({exc!r})"))
             crc = int.from_bytes(self.dat[off + fmt.RECORD_CRC_AT : off + fmt.RECORD_CRC_AT + 4], "little")
             self.index.note_applied(off, length, crc)
-            if len(self.rows) >= 65536:
+            if len(self.rows) >= _FLUSH_ROWS and not self.sort:
                 self._flush()
         self._flush()
 
     def _flush(self) -> None:
         if not self.rows:
             return
+        if self.sort:
+            # Sorted by id here, appended below in blocks: no single numpy call holds the
+            # GIL for the whole prefix (a compaction's other threads keep running).
+            ids = np.fromiter((r[F_ID] for r in self.rows), dtype=np.int64, count=len(self.rows))
+            order = np.argsort(ids, kind="stable").tolist()
+            position = np.empty(len(order), dtype=np.int64)
+            position[order] = np.arange(len(order))
+            self.rows = [self.rows[i] for i in order]
+            self.texts = [self.texts[i] for i in order]
+            self.vec_rows = np.sort(position[self.vec_rows]).tolist() if self.vec_rows else []
+        block = _FLUSH_ROWS
+        vec_at = 0
+        for lo in range(0, len(self.rows), block):
+            hi = min(lo + block, len(self.rows))
+            vec_end = vec_at
+            while vec_end < len(self.vec_rows) and self.vec_rows[vec_end] < hi:
+                vec_end += 1
+            self._append(lo, hi, self.vec_rows[vec_at:vec_end])
+            vec_at = vec_end
+        self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
+
+    def _append(self, lo: int, hi: int, vec_rows: list[int]) -> None:
+        """Append ``self.rows[lo:hi]`` (``vec_rows``: those of them with a vector)."""
         index = self.index
-        rows = np.array([tuple(r) for r in self.rows], dtype=fmt.INDEX_DTYPE)
+        rows = np.array([tuple(r) for r in self.rows[lo:hi]], dtype=fmt.INDEX_DTYPE)
         vectors = None
-        if index.dim and self.vec_rows:
+        if index.dim and vec_rows:
             width = 2 * index.dim
             raw = bytearray(len(rows) * width)  # zeros for the rows without a vector
             dat, head = self.dat, fmt.RECORD_HEADER_SIZE
-            for pos in self.vec_rows:
+            for pos in vec_rows:
                 start = self.rows[pos][F_OFFSET] + head
-                raw[pos * width : (pos + 1) * width] = dat[start : start + width]
+                at = (pos - lo) * width
+                raw[at : at + width] = dat[start : start + width]
             vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)
-        index.append(rows, vectors, self.texts)
-        self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
+        index.append(rows, vectors, self.texts[lo:hi])
 
     def _memory(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
         index = self.index
         mid = p["i"]
-        if mid < index.next_id or mid in self.pending or (self.rows and mid <= self.rows[-1][F_ID]):
+        if mid < index.next_id or mid in self.pending or (
+            not self.sort and self.rows and mid <= self.rows[-1][F_ID]
+        ):
             raise ValueError(f"memory id {mid} is not above the ids before it")
         ts = float(p["t"])
         text = p["x"]

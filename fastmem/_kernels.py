@@ -16,6 +16,7 @@ crc32 = _kernels_py.crc32
 scan_records = _kernels_py.scan_records
 frame_records = _kernels_py.frame_records
 topk_int8 = _kernels_py.topk_int8
+dot_half = _kernels_py.dot_half
 to_half = _kernels_py.to_half
 quantize_half = _kernels_py.quantize_half
 check_record = _kernels_py.check_record
@@ -27,8 +28,8 @@ merge_postings = _kernels_py.merge_postings
 sort_postings = _kernels_py.sort_postings
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "pack_payloads",
-          "topk_int8", "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk",
-          "merge_postings", "sort_postings")  # fmt: skip
+          "topk_int8", "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch",
+          "bm25_topk", "merge_postings", "sort_postings")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -108,16 +108,23 @@ def topk_int8(
     session: int,
     require_flags: int,
     exclude_flags: int,
+    scales_out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Filtered top-k rows by ``scale[row] * (vectors[row] . query)`` (exact int32 dot).
 
     A row qualifies when it has every bit of ``require_flags`` and none of
     ``exclude_flags``, ``since <= timestamp <= until``, its session equals ``session``
     (0 = any) and ``type_allowed[type]`` is set (``None`` = any). Ties go to the lower row.
+    ``scales_out``, if given (float32, contiguous), receives a copy of every row's scale:
+    a first scan leaves the contiguous column the next scans read.
 
     Returns ``(rows, scores)``, best first, at most ``k`` of each.
     """
     n = vectors.shape[0]
+    if scales_out is not None:
+        if len(scales_out) < n:
+            raise ValueError("scales_out is shorter than the matrix")
+        scales_out[:n] = scales[:n]
     mask = (flags[:n] & require_flags) == require_flags
     mask &= (flags[:n] & exclude_flags) == 0
     if not (math.isinf(since) and since < 0):
@@ -133,6 +140,25 @@ def topk_int8(
     scores = dots.astype(np.float64) * scales[rows].astype(np.float64)
     best = np.lexsort((rows, -scores))[:k]
     return rows[best].astype(np.int64), scores[best]
+
+
+def dot_half(buf: Any, offsets: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``query . v`` for the little-endian float16 vector ``v`` of ``len(query)`` entries at
+    each byte offset of ``buf``, in float64: each product rounded, then summed in index
+    order (the exact cosine of a stored unit vector and a float64 unit query).
+
+    Raises:
+        ValueError: a vector lies outside ``buf``.
+    """
+    dim = len(query)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if len(offsets) and (int(offsets.min()) < 0 or int(offsets.max()) > len(raw) - 2 * dim):
+        raise ValueError("a vector lies outside the buffer")
+    if dim == 0 or not len(offsets):
+        return np.zeros(len(offsets), dtype=np.float64)
+    halves = raw[offsets[:, None] + np.arange(2 * dim)].view("<f2").astype(np.float64)
+    return np.add.accumulate(halves * np.asarray(query, dtype=np.float64), axis=1)[:, -1]
 
 
 def frame_records(

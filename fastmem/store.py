@@ -32,7 +32,7 @@ import msgpack
 import numpy as np
 
 from . import _format as fmt
-from . import _kernels
+from . import _kernels, _vsearch
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_SESSION,
     F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE, MemoryIndex, Problem,
@@ -40,6 +40,8 @@ from ._index import (
 )  # fmt: skip
 from ._vectors import quantize, to_float16
 from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
+from . import _maintenance
+from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
 from .summarize import KeySentences
 from .tokens import TokenCounter
 from .errors import (
@@ -139,6 +141,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     timeout: float = 0.0,
     summarizer: Any = _DEFAULT,
     policy: ContextPolicy | None = None,
+    evict: EvictionPolicy | None = None,
 ) -> MemoryStore:
     """Open the store at ``path`` (``path.dat`` and ``path.idx``), creating it if needed.
 
@@ -159,6 +162,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         summarizer: writes each new memory's summary when none is given (default:
             :class:`fastmem.summarize.KeySentences`, 64 tokens); ``None`` for none.
         policy: how contexts are built and memories ranked (:class:`ContextPolicy`).
+        evict: an :class:`EvictionPolicy` that ``checkpoint()`` and ``close()`` apply.
 
     Raises:
         StoreLockedError: another process is writing to the store.
@@ -170,7 +174,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     """
     return MemoryStore(
         path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
-        timeout=timeout, summarizer=summarizer, policy=policy,
+        timeout=timeout, summarizer=summarizer, policy=policy, evict=evict,
     )  # fmt: skip
 
 
@@ -294,6 +298,7 @@ class MemoryStore:
         timeout: float = 0.0,
         summarizer: Any = _DEFAULT,
         policy: ContextPolicy | None = None,
+        evict: EvictionPolicy | None = None,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
@@ -320,6 +325,7 @@ class MemoryStore:
             raise InvalidTypeError("summarizer must have a summarize(list[str]) method, or be None")
         if policy is not None and not isinstance(policy, ContextPolicy):
             raise InvalidTypeError("policy must be a fastmem.ContextPolicy")
+        self._eviction = _maintenance.check_policy(evict)
 
         self.path = base
         self.dat_path, self.idx_path = base + ".dat", base + ".idx"
@@ -332,6 +338,9 @@ class MemoryStore:
         self._preload: _Preload | None = None
         self._counters: dict[str, TokenCounter] = {}
         self._lock = threading.RLock()
+        self._maintenance_lock = threading.Lock()  # one compaction or repair at a time
+        self._epoch = 0  # counts data file replacements: row numbers change with it
+        self._changes: list[tuple[int, int, int]] | None = None  # see _note_change
         self._generation = _fork_generation
         self._closed = True
         self._commit: _GroupCommit | None = None
@@ -351,6 +360,7 @@ class MemoryStore:
 
     def _open_data_file(self, timeout: float) -> int:
         if self.readonly:
+            _maintenance.releaser()  # ready before a compaction elsewhere needs it
             try:
                 return os.open(self.dat_path, os.O_RDONLY)
             except FileNotFoundError:
@@ -363,6 +373,12 @@ class MemoryStore:
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(fd).st_nlink == 0:
+                    # A compaction replaced the file while we waited: lock the new one.
+                    os.close(fd)
+                    fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+                    continue
+                _maintenance.recover(self.dat_path, self.idx_path)
                 return fd
             except BlockingIOError:
                 if time.monotonic() >= deadline:
@@ -384,11 +400,12 @@ class MemoryStore:
         header = fmt.unpack_dat_header(self._dat, self.dat_path)
         self._uuid = header.uuid
         self._check_embedder(header)
-        self.tokens = TokenCounter(STORED_ENCODING)
-        if self._summarizer_arg is _DEFAULT:
-            self._summarizer: Any = KeySentences(SUMMARY_TOKENS, self.tokens.count)
-        else:
-            self._summarizer = self._summarizer_arg
+        if not hasattr(self, "tokens"):  # not again when a compaction's files are loaded
+            self.tokens = TokenCounter(STORED_ENCODING)
+            if self._summarizer_arg is _DEFAULT:
+                self._summarizer: Any = KeySentences(SUMMARY_TOKENS, self.tokens.count)
+            else:
+                self._summarizer = self._summarizer_arg
         try:
             index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, self._dat, size)
             reason = None
@@ -396,9 +413,16 @@ class MemoryStore:
             index, reason = None, "it was missing"
         except (CorruptionError, FormatVersionError) as exc:
             index, reason = None, str(exc)
+        if index is None and self.readonly:
+            if os.fstat(self._fd).st_nlink == 0:  # replaced meanwhile: read the new one
+                _maintenance.follow(self)
+                return
+            index = _maintenance.pending_index(self, header, size)  # mid-swap
+            reason = reason if index is None else None
         started = time.perf_counter()
         if index is None:
             index = MemoryIndex(header.dim, header.uuid)
+        index.set_compaction(header)
         self._index = index
         problems, valid_end, _ = index.replay(self._dat, index.applied, size, self.dat_path)
         self._dat_end = size
@@ -504,10 +528,16 @@ class MemoryStore:
 
     def _refresh(self) -> None:
         """Readers: apply the records the writer has committed since the last call."""
-        size = os.fstat(self._fd).st_size
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0:  # a compaction or repair replaced the file: open the new one
+            _maintenance.follow(self)
+            return
+        size = st.st_size
         if size == self._dat_end and self._valid_end == size:
             return
         if size < self._valid_end:  # the writer cut a damaged tail: start again
+            self._cache = _ContentCache(self._cache.max_bytes)  # rows are numbered anew
+            self._epoch += 1
             self._load(None)
             return
         self._map_data(size)
@@ -802,6 +832,7 @@ class MemoryStore:
             if len(payload) == 2:
                 return
             offset = self._append_change(fmt.KIND_UPDATE, payload)
+            self._note_change(g, row)
             self._index.change(g, update_changes(row[F_FLAGS], payload, offset))
 
     def pin(self, mid: str, pinned: bool = True) -> None:
@@ -818,6 +849,7 @@ class MemoryStore:
             self._check_writable()
             g, row = self._live_row(mid)
             self._append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": time.time()})
+            self._note_change(g, row)
             self._index.forget(g, row[F_FLAGS])
 
     # --- reading -----------------------------------------------------------------------
@@ -908,11 +940,13 @@ class MemoryStore:
         """Live memories, oldest first (by timestamp, then id)."""
         with self._lock:
             self._check()
-            rows = list(self._index.by_time(newest_first=False))
-        for g in rows:
+            ids = self._index.column("id")
+            order = [int(ids[g]) for g in self._index.by_time(newest_first=False)]
+        for mid in order:  # by id: a compaction meanwhile numbers the rows anew
             with self._lock:
                 self._check()
-                if not self._index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+                g = self._index.find(mid)
+                if g >= 0 and not self._index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
                     yield self._memory(g)
 
     def __len__(self) -> int:
@@ -995,36 +1029,16 @@ class MemoryStore:
                     code = index.type_code(name, create=False)
                     if code >= 0:
                         allowed[code] = 1
-            want = min(4 * k + 32, len(index))
-            wanted_session = session_hash(session)
-            rows, approx = [], []
-            for first, seg_rows, seg_vectors in index.segments():
-                if seg_vectors.shape[1] != index.dim:
-                    continue  # written before the store had vectors
-                r, s = _kernels.topk_int8(
-                    seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
-                    seg_rows["timestamp"], seg_rows["session"], q8[0], want, allowed, lo, hi,
-                    wanted_session, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
-                )  # fmt: skip
-                rows.append(r + first)
-                approx.append(s)
-            if not rows:
-                return []
-            cand = np.concatenate(rows)
-            cand_scores = np.concatenate(approx)
-            cand = cand[np.lexsort((cand, -cand_scores))[:want]]
-            exact = []
-            for g in cand.tolist():
-                row = index.row(g)
-                vec = fmt.record_vector(self._data(), row[F_OFFSET], index.dim)
-                exact.append((-float(vec.astype(np.float64) @ q), row[F_ID], g))
-            exact.sort()
+            want = _vsearch.candidate_count(k, len(index))
+            cand, _ = _vsearch.scan(index, q8[0], want, allowed, lo, hi, session_hash(session))
+            exact = _vsearch.rescore(index, self._data(), cand, q)
+            best = np.lexsort((cand, -exact))  # rows are in id order: ties to the older id
             hits = []
-            for neg, _, g in exact:
+            for g, score in zip(cand[best].tolist(), exact[best].tolist()):
                 memory = self._memory(g)
                 if session is not None and memory.session != session:
                     continue  # a 64-bit hash collision
-                hits.append(Hit(memory.id, -neg, memory))
+                hits.append(Hit(memory.id, score, memory))
                 if len(hits) == k:
                     break
             return hits
@@ -1395,22 +1409,7 @@ class MemoryStore:
         index = self._index
         q16 = to_float16([query], index.dim, "query")
         q8, _ = quantize(q16)
-        rows, scores = [], []
-        for first, seg_rows, seg_vectors in index.segments():
-            if seg_vectors.shape[1] != index.dim:
-                continue
-            r, sc = _kernels.topk_int8(
-                seg_vectors, seg_rows["scale"], seg_rows["flags"], seg_rows["type"],
-                seg_rows["timestamp"], seg_rows["session"], q8[0], k, f.allowed, f.since,
-                f.until, f.session, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN,
-            )  # fmt: skip
-            rows.append(r + first)
-            scores.append(sc)
-        if not rows:
-            return np.zeros(0, np.int64), np.zeros(0)
-        r, sc = np.concatenate(rows), np.concatenate(scores)
-        best = np.lexsort((r, -sc))[:k]
-        return r[best], sc[best]
+        return _vsearch.scan(index, q8[0], k, *f)
 
     def importance_scores(self, now: float | None = None) -> np.ndarray:
         """Every row's current importance (float32; forgotten rows ``-inf``), computed by
@@ -1456,7 +1455,74 @@ class MemoryStore:
         """Write the index file now (``close`` does it too), so the next open replays nothing."""
         with self._lock:
             self._check_writable()
+            self._evict_by_policy()
             self._checkpoint()
+
+    def _evict_by_policy(self) -> None:
+        policy = self._eviction
+        if policy is not None:
+            _maintenance.evict(self, policy.ttl, policy.min_importance, policy.max_count,
+                               policy.max_bytes, None)  # fmt: skip
+
+    # --- forgetting, compaction, repair, backup (fastmem._maintenance) --------------------
+
+    def evict(
+        self,
+        *,
+        ttl: Mapping[str, float] | None = None,
+        min_importance: float | None = None,
+        max_count: int | None = None,
+        max_bytes: int | None = None,
+        now: float | None = None,
+    ) -> list[str]:
+        """Forget the memories the policies select; returns their ids. Pinned memories
+        are never evicted. The policies (each optional, all applied) are those of
+        :class:`EvictionPolicy`: ``ttl`` seconds by type name, an importance-score floor,
+        a maximum count, a maximum of live record bytes (lowest scores go first).
+        The forgets are tombstones, as ``forget`` writes; ``compact()`` reclaims the space.
+        """
+        return _maintenance.evict(self, ttl, min_importance, max_count, max_bytes, now)
+
+    def compact(self) -> CompactReport:
+        """Rewrite the live memories into new files and swap them in atomically (a crash
+        leaves the old store or the new one); a session's memories end up side by side.
+
+        Ids stay the same and are never reused. Other threads wait only for the snapshot
+        and the swap; readers in other processes move to the new files on their next call.
+        Returns a :class:`CompactReport` (bytes before and after, time the lock was held).
+
+        Raises:
+            CorruptionError: the data file has damaged records: ``repair()`` it.
+        """
+        return _maintenance.compact(self)
+
+    def repair(self) -> RepairReport:
+        """Keep every intact record of a damaged data file: rewrite the store from them
+        (as ``compact`` does) and rebuild its index. What is cut away is kept in
+        ``<name>.dat.damaged-<time>`` (see ``docs/FORMAT.md``) and listed in the
+        :class:`RepairReport`."""
+        return _maintenance.repair(self)
+
+    def backup(self, dest: str | os.PathLike[str]) -> BackupReport:
+        """Copy the store to ``dest`` (``dest.dat``, ``dest.idx``; new names) while
+        writes go on: the copy holds every memory committed before the call, opens
+        without recovery and ``verify()``s clean."""
+        return _maintenance.backup(self, dest)
+
+    def _note_change(self, g: int, row: tuple[Any, ...]) -> None:
+        """Before row ``g`` changes in place: while a compaction runs, it reads the rows
+        without the lock and takes their values from before the change here."""
+        if self._changes is not None:
+            self._changes.append((g, row[F_FLAGS], row[F_META]))
+
+    def _stop_preload(self) -> None:
+        preload, self._preload = self._preload, None
+        if preload is not None:
+            preload.stop()
+
+    def _start_preload(self) -> None:
+        if self._preload is None and not self._closed and (self.policy.preload or self.policy.recent):
+            self._preload = _Preload(self)
 
     def _checkpoint(self) -> None:
         sync = self.durability != "none"
@@ -1479,10 +1545,17 @@ class MemoryStore:
         with self._lock:
             self._check()
             dat = self._data()
-            fresh = MemoryIndex(fmt.unpack_dat_header(dat, self.dat_path).dim, self._uuid)
+            header = fmt.unpack_dat_header(dat, self.dat_path)
+            fresh = MemoryIndex(header.dim, self._uuid)
+            fresh.set_compaction(header)
             problems, _, records = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
+            problems += _damaged_rows(self._index, fresh.damaged)
             problems += _compare(self._index, fresh)
-            problems += self._check_hot(dat)
+            problems += _compare_keyword(self._index, fresh)
+            try:
+                problems += self._check_hot(dat)
+            except CorruptionError as exc:  # a damaged time order: report it, like the rest
+                problems.append(Problem("idx", 0, str(exc)))
             size = self._dat_end
             if os.path.exists(self.idx_path):
                 size += os.path.getsize(self.idx_path)
@@ -1522,6 +1595,8 @@ class MemoryStore:
             try:
                 if self._preload is not None:
                     self._preload.stop()
+                if not self.readonly:
+                    self._evict_by_policy()
                 if self._commit is not None:
                     self._commit.stop()
                     self._commit = None
@@ -1692,6 +1767,7 @@ class _Preload:
             with store._lock:
                 if store._closed:
                     return
+                epoch = store._epoch
                 for g in store._level1_rows():  # level 1 first: loaded whole
                     store._cached_memory(g)
                 scores = store._importance(time.time())
@@ -1704,7 +1780,7 @@ class _Preload:
                 if self._stopping.is_set():
                     return
                 with store._lock:
-                    if store._closed:
+                    if store._closed or store._epoch != epoch:  # rows were numbered anew
                         return
                     for g in top[start : start + chunk]:
                         store._cached_memory(g)
@@ -1769,7 +1845,26 @@ def _torn(dat: Any, start: int, end: int) -> bool:
 
 
 _COMPARED = ("id", "timestamp", "session", "offset", "meta_offset", "length", "importance",
-             "scale", "text_tokens", "summary_tokens", "type", "flags")  # fmt: skip
+             "scale", "text_tokens", "summary_tokens", "type", "flags", "reserved")  # fmt: skip
+
+
+def _damaged_rows(index: MemoryIndex, regions: list[tuple[int, int]]) -> list[Problem]:
+    """The records the index points at that lie inside a damaged region, past its start (the
+    region's own problem names its start): one problem per damaged record, at its offset,
+    even when damaged records follow each other."""
+    if not regions or not len(index):
+        return []
+    starts = np.array([s for s, _ in regions], dtype=np.int64)
+    ends = np.array([e for _, e in regions], dtype=np.int64)
+    ids = index.column("id")
+    problems = []
+    for name, what in (("offset", "memory record"), ("meta_offset", "metadata update")):
+        at = index.column(name).astype(np.int64)
+        region = np.maximum(np.searchsorted(starts, at, side="right") - 1, 0)
+        inside = (at > starts[region]) & (at < ends[region])
+        for g in np.nonzero(inside)[0].tolist():
+            problems.append(Problem("dat", int(at[g]), f"the {what} of m{ids[g]} is damaged"))
+    return problems
 
 
 def _compare(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
@@ -1794,6 +1889,21 @@ def _compare(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
     for i in np.nonzero(live.base_order != expected_order)[0].tolist():
         problems.append(Problem("idx", i, f"entry {i} of the time order is wrong"))
     return problems
+
+
+def _compare_keyword(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
+    """Whether the index's keyword postings are those of the data file's texts."""
+    try:
+        mine = live.keyword.section()
+    except CorruptionError as exc:
+        return [Problem("idx", 0, str(exc))]
+    theirs = fresh.keyword.section()
+    for name, a, b in zip(mine._fields, mine, theirs):
+        if not np.array_equal(a, b):
+            return [Problem("idx", 0, f"the keyword section's {name} differ from the data file's texts")]
+    if live.keyword.live_tokens != fresh.keyword.live_tokens:
+        return [Problem("idx", 0, "the keyword section's token total differs from the data file's")]
+    return []
 
 
 def _segments_like(fresh: MemoryIndex, live: MemoryIndex) -> list[tuple[int, Any, np.ndarray]]:

@@ -122,7 +122,7 @@ def test_scan_rejects_out_of_range():
 
 
 def _topk_args(rng, n, dim):
-    vectors = rng.integers(-127, 128, size=(n, dim), dtype=np.int8)
+    vectors = rng.integers(-128, 128, size=(n, dim), dtype=np.int8)  # -128 too: exact SIMD
     if n > 3:
         vectors[1] = vectors[0]  # exact ties
     rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
@@ -131,7 +131,7 @@ def _topk_args(rng, n, dim):
     rows["type"] = rng.integers(0, 3, size=n)
     rows["timestamp"] = rng.integers(0, 10, size=n)
     rows["session"] = rng.integers(1, 3, size=n)
-    query = rng.integers(-127, 128, size=dim, dtype=np.int8)
+    query = rng.integers(-128, 128, size=dim, dtype=np.int8)
     return (vectors, rows["scale"], rows["flags"], rows["type"], rows["timestamp"],
             rows["session"], query)  # fmt: skip
 
@@ -166,12 +166,129 @@ def test_topk_matches_reference_and_brute_force(n, dim, k, with_filters, seed):
     assert got_rows.tolist() == [r for _, r in scored[:k]]
 
 
+@pytest.fixture(params=["none", "avx2", "avx512vnni"])
+def simd(request):
+    """Each dot-product variant the processor has (the others are skipped)."""
+    if topk_ext.set_simd(request.param) != request.param:
+        topk_ext.set_simd("avx512vnni")
+        pytest.skip(f"this processor has no {request.param}")
+    yield request.param
+    topk_ext.set_simd("avx512vnni")  # back to the best the processor has
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=60)
+@given(st.integers(0, 200), st.integers(1, 200), st.integers(1, 20), st.booleans(),
+       st.integers(0, 2**32))  # fmt: skip
+def test_topk_every_simd_variant_matches_reference(simd, n, dim, k, with_filters, seed):
+    rng = np.random.default_rng(seed)
+    cols = _topk_args(rng, n, dim)
+    filters = (None, -math.inf, math.inf, 0)
+    if with_filters:
+        filters = (None, 2.0, 7.0, 0)
+    args = (*cols, k, *filters, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)
+    got, want = topk_ext.topk_int8(*args), ref.topk_int8(*args)
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    # The exact int32 dot product, whatever the variant.
+    assert got[1].tolist() == [
+        int(cols[0][r].astype(np.int64) @ cols[6].astype(np.int64)) * float(cols[1][r])
+        for r in got[0]
+    ]
+
+
+@pytest.fixture
+def threaded():
+    """Threads for scans of any size (by default only large scans use them)."""
+    old = topk_ext._set_min_threaded_bytes(0)
+    yield
+    topk_ext._set_min_threaded_bytes(old)
+
+
+@pytest.mark.parametrize("dim", [1, 63, 130, 384])
+@pytest.mark.parametrize("filtered", [False, True])
+def test_topk_many_chunks_match_reference(simd, threaded, dim, filtered):
+    """Enough rows for several chunks and threads: the merged heaps are the reference's
+    top-k, ties (duplicated rows) included; scales_out receives every row's scale."""
+    rng = np.random.default_rng(dim)
+    n = 70_000
+    cols = list(_topk_args(rng, n, dim))
+    cols[0][n // 2 :: 997] = cols[0][3]  # exact ties across chunks
+    cols[1] = np.ascontiguousarray(cols[1])
+    filters = (None, 3.0, 3.0, 0) if filtered else (None, -math.inf, math.inf, 0)
+    for k in (1, 10, 72, 500):
+        args = (*cols, k, *filters, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)
+        out_got = np.zeros(n, dtype=np.float32)
+        out_want = np.zeros(n, dtype=np.float32)
+        got = topk_ext.topk_int8(*args, out_got)
+        want = ref.topk_int8(*args, out_want)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert np.array_equal(out_got, cols[1]) and np.array_equal(out_want, cols[1])
+
+
+def test_topk_skips_rows_excluded_by_flags_only_when_they_would_rank():
+    """Without filters the flags are read only for rows that would enter the heap: a
+    forgotten row with the best score must still be left out."""
+    rng = np.random.default_rng(5)
+    cols = list(_topk_args(rng, 50_000, 32))
+    cols[2][:] = fmt.FLAG_HAS_VECTOR
+    best = int(np.argmax(cols[0].astype(np.int32) @ cols[6].astype(np.int32)))
+    cols[1][:] = 1.0
+    cols[2][best] |= fmt.FLAG_FORGOTTEN
+    args = (*cols, 5, None, -math.inf, math.inf, 0, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)
+    got, want = topk_ext.topk_int8(*args), ref.topk_int8(*args)
+    assert best not in got[0].tolist()
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def _half_buffer(rng, count, dim, pad):
+    vectors = rng.standard_normal((count, dim)).astype(np.float16)
+    vectors[:, :1] = np.float16(6e-8)  # a subnormal
+    gaps = rng.integers(0, 5, size=count)  # odd offsets too: records need not be aligned
+    parts, offsets, at = [], [], pad
+    parts.append(bytes(pad))
+    for v, gap in zip(vectors, gaps):
+        parts.append(bytes(int(gap)))
+        at += int(gap)
+        offsets.append(at)
+        parts.append(v.astype("<f2").tobytes())
+        at += 2 * dim
+    return b"".join(parts), np.array(offsets, dtype=np.int64), vectors
+
+
+@given(st.integers(0, 20), st.integers(0, 70), st.integers(0, 3), st.integers(0, 2**32))
+def test_dot_half_matches_reference_and_brute_force(count, dim, pad, seed):
+    rng = np.random.default_rng(seed)
+    buf, offsets, vectors = _half_buffer(rng, count, dim, pad)
+    query = rng.standard_normal(dim)
+    got = topk_ext.dot_half(buf, offsets, query)
+    want = ref.dot_half(buf, offsets, query)
+    assert got.dtype == want.dtype == np.float64
+    assert np.array_equal(got, want)
+    brute = []
+    for v in vectors:  # products rounded, summed in order
+        acc = 0.0
+        for a, b in zip(v.tolist(), query.tolist()):
+            acc += a * b
+        brute.append(acc)
+    assert got.tolist() == brute
+
+
+def test_dot_half_rejects_offsets_outside_the_buffer():
+    query = np.ones(4)
+    for kernel in (topk_ext.dot_half, ref.dot_half):
+        for offsets in ([-1], [3], [10]):
+            with pytest.raises(ValueError):
+                kernel(bytes(10), np.array(offsets, dtype=np.int64), query)
+        assert kernel(bytes(10), np.array([2], dtype=np.int64), query).tolist() == [0.0]
+
+
 def test_topk_validates_shapes():
     rng = np.random.default_rng(0)
     cols = list(_topk_args(rng, 10, 4))
     rest = (5, None, -math.inf, math.inf, 0, fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)
     with pytest.raises(ValueError):
         topk_ext.topk_int8(*cols[:6], cols[6][:3], *rest)
+    with pytest.raises(ValueError):
+        topk_ext.topk_int8(*cols, *rest, np.zeros(9, dtype=np.float32))
     cols[1] = cols[1][:5]
     with pytest.raises(ValueError):
         topk_ext.topk_int8(*cols, *rest)
@@ -252,3 +369,40 @@ def test_pack_payloads_refuses_what_msgpack_refuses():
             with pytest.raises((TypeError, OverflowError)):
                 pack([bad])
     assert ext.pack_payloads([{1: {2.5: None}}]) == ref.pack_payloads([{1: {2.5: None}}])
+
+
+FORK_CHILD = """
+import math, os, sys
+import numpy as np
+from fastmem import _format as fmt
+from fastmem._ext import scoring, topk
+n = 200_000
+rng = np.random.default_rng(0)
+v = rng.integers(-127, 128, (n, 16), dtype=np.int8)
+rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+rows["scale"], rows["flags"] = 1, fmt.FLAG_HAS_VECTOR
+topk._set_min_threaded_bytes(0)
+scoring._set_min_threaded_rows(0)
+def run():
+    out = np.zeros(n, dtype=np.float32)
+    scoring.importance(rows["importance"], rows["flags"], rows["access_count"], rows["last_access"],
+                       rows["timestamp"], out, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 2, 1)
+    return topk.topk_int8(v, rows["scale"], rows["flags"], rows["type"], rows["timestamp"],
+                          rows["session"], v[3].copy(), 10, None, -math.inf, math.inf, 0,
+                          fmt.FLAG_HAS_VECTOR, fmt.FLAG_FORGOTTEN)[0]
+first = run()  # the parent's OpenMP threads exist from here on
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if np.array_equal(run(), first) else 3)
+print(os.waitpid(pid, 0)[1])
+"""
+
+
+def test_threaded_kernels_work_in_a_forked_child():
+    """GNU OpenMP's pool does not survive fork: a forked child must not hang in a scan."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr

@@ -92,3 +92,30 @@ def test_importance_validates(kernel):
         kernel(base, *cols, np.zeros(2, np.float32), 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 2, 1)
     with pytest.raises(ValueError):
         kernel(base, *cols, np.zeros(3, np.float32), 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 2, 1)
+
+
+def test_importance_threads_match_one_thread_and_reference():
+    """Enough rows for the chunks shared by threads, as strided columns of index rows."""
+    from fastmem import _format as fmt
+
+    n = 300_000
+    base, flags, count, last, ts, now = _columns(n, 9)
+    rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+    rows["importance"], rows["flags"], rows["access_count"] = base, flags, count
+    rows["last_access"], rows["timestamp"] = last, ts
+    cols = (rows["importance"], rows["flags"], rows["access_count"], rows["last_access"],
+            rows["timestamp"])  # fmt: skip
+    params = (86400.0 * 7, 0.5, 86400.0 * 30, 0.3, 1.0, PINNED, FORGOTTEN)
+    whole = np.full(n, np.nan, dtype=np.float32)
+    old = scoring._set_min_threaded_rows(0)
+    try:
+        scoring.importance(*cols, whole, now, *params)
+    finally:
+        scoring._set_min_threaded_rows(old)
+    pieces = np.full(n, np.nan, dtype=np.float32)
+    for a in range(0, n, 1000):  # small calls: one thread each
+        scoring.importance(*(c[a : a + 1000] for c in cols), pieces[a : a + 1000], now, *params)
+    assert np.array_equal(whole, pieces)
+    want = np.full(n, np.nan, dtype=np.float32)
+    ref.importance(*cols, want, now, *params)
+    np.testing.assert_allclose(whole, want, rtol=2e-7, atol=1e-7)

@@ -1,0 +1,66 @@
+"""The long SIGKILL run: ``tests/crash_harness.py`` for thousands of kills.
+
+    python benchmarks/crash_soak.py                 # 5,000 kills
+    python benchmarks/crash_soak.py --kills 20000 --seed 3
+
+A writer under ``durability="always"`` runs adds, batches, updates, forgets, evictions,
+checkpoints and compactions and is killed with SIGKILL at a random moment; after each kill
+the store is opened and held to what the writer acknowledged. Prints the totals: kills,
+acknowledged memories, lost, garbled, unclean ``verify()``, and where the kills landed.
+The store starts afresh every ``--fresh`` kills so each check stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+import crash_harness  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--fresh", type=int, default=1000, help="kills per store")
+    parser.add_argument("--max-delay", type=float, default=0.08, help="seconds before a kill, at most")
+    args = parser.parse_args()
+    totals = {"kills": 0, "acked": 0, "lost": 0, "garbled": 0, "unclean_verify": 0}
+    phases = dict.fromkeys(crash_harness.PHASES, 0)
+    errors: list[str] = []
+    started = time.perf_counter()
+    folder = tempfile.mkdtemp(prefix="crash-soak-")
+    try:
+        done = 0
+        while done < args.kills:
+            n = min(args.fresh, args.kills - done)
+            path = os.path.join(folder, f"store{done}")
+            model = crash_harness.run_kills(path, n, seed=args.seed * 1000 + done, max_delay=args.max_delay,
+                                            log=lambda msg: print(msg, file=sys.stderr, flush=True))  # fmt: skip
+            for key, value in (("kills", model.kills), ("acked", model.acked), ("lost", model.lost),
+                               ("garbled", model.garbled), ("unclean_verify", model.unclean)):  # fmt: skip
+                totals[key] += value
+            for phase, count in model.phases.items():
+                phases[phase] += count
+            errors += model.errors
+            done += n
+            print(f"{done} kills: {json.dumps(totals)}", file=sys.stderr, flush=True)
+            for name in os.listdir(folder):
+                if name.startswith(f"store{done - n}"):
+                    os.remove(os.path.join(folder, name))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps({**totals, "killed_during": phases, "errors": errors[:20],
+                      "seconds": round(time.perf_counter() - started, 1)}, indent=1))  # fmt: skip
+    sys.exit(1 if errors or totals["lost"] or totals["garbled"] or totals["unclean_verify"] else 0)
+
+
+if __name__ == "__main__":
+    main()
