@@ -59,6 +59,7 @@ MAX_METADATA_BYTES = 1 << 16  # metadata, msgpack-encoded
 MAX_TYPE_CHARS = 64
 MAX_SESSION_CHARS = 256
 MAX_DIM = 4096
+MAX_TIMESTAMP = 1e11  # Unix seconds (year 5138): timestamps are in [0, MAX_TIMESTAMP]
 MAX_RAW_PAYLOAD = 2 << 20  # a payload before compression
 MAX_PAYLOAD = MAX_RAW_PAYLOAD  # stored payloads are never larger than raw ones
 MAX_RECORD = RECORD_HEADER_SIZE + 2 * MAX_DIM + MAX_PAYLOAD
@@ -281,8 +282,16 @@ def decode_payload(
     return payload
 
 
-def record_vector(buf: Any, offset: int, dim: int) -> np.ndarray:
-    """The float16 vector of the memory record at ``offset`` (a view of ``buf``)."""
+def record_vector(buf: Any, offset: int, dim: int, path: str = "") -> np.ndarray:
+    """The float16 vector of the memory record at ``offset`` (a view of ``buf``).
+
+    Raises:
+        CorruptIndexError: the vector would lie outside ``buf`` (a damaged row's offset).
+    """
+    if not DAT_HEADER_SIZE <= offset <= len(buf) - RECORD_HEADER_SIZE - 2 * dim:
+        raise CorruptIndexError(
+            f"{path}: a row points at offset {offset}, outside the data file", path=path
+        )
     return np.frombuffer(buf, dtype="<f2", count=dim, offset=offset + RECORD_HEADER_SIZE)
 
 

@@ -12,7 +12,6 @@ already records in ``.dat``, so a crash before the next checkpoint loses nothing
 from __future__ import annotations
 
 import hashlib
-import math
 import mmap
 import os
 import time
@@ -113,6 +112,7 @@ class MemoryIndex:
         self.n_base = 0
         self._base: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._base_spec: tuple[mmap.mmap, fmt.IdxLayout, int] | None = None
+        self._base_spec_path = ""
         self._base_bytes = memoryview(b"")
         self._base_last_id = -1
         self.hot: fmt.HotSection | None = None  # valid while nothing is applied after it
@@ -168,6 +168,7 @@ class MemoryIndex:
         index = cls(h.dim, uuid)
         index.n_base = h.rows
         index._base_spec = (mm, layout, h.dim)
+        index._base_spec_path = path
         for name in fmt.unpack_types(mm[layout.types : layout.types + h.types_len], path):
             index._add_type(name)
         index.hot = fmt.unpack_hot(memoryview(mm)[layout.hot : layout.hot + h.hot_len], path)
@@ -200,6 +201,7 @@ class MemoryIndex:
                 rows = np.frombuffer(mm, fmt.INDEX_DTYPE, n, layout.rows)
                 order = np.frombuffer(mm, "<u4", n, layout.order)
                 vectors = np.frombuffer(mm, np.int8, n * dim, layout.vectors).reshape(n, dim)
+                _check_base(rows, order, self.covered, self._base_spec_path)
             self._base = (rows, order, vectors, rows["id"])
         return self._base
 
@@ -485,6 +487,78 @@ class MemoryIndex:
         return problems, max(valid_end, start), len(offsets)
 
 
+def _check_base(rows: np.ndarray, order: np.ndarray, covered: int, path: str) -> None:
+    """Check the fields of a checkpoint's rows that are used as positions, or given to
+    functions that fail on out-of-range values, before anything uses them.
+
+    The sections have no checksum (the header has): damage there must still surface as
+    ``CorruptIndexError``. Done once, vectorised, on the first use of the base (an open
+    that answers from the hot section never pays it): about 10 ms per million rows.
+    """
+    n = len(rows)
+    if not n:
+        return
+    ts = rows["timestamp"]
+    ends = rows["offset"] + rows["length"]
+    meta = rows["meta_offset"]
+    if (
+        int(order.max()) >= n
+        or not bool(np.all((ts >= 0) & (ts <= fmt.MAX_TIMESTAMP)))  # NaN fails both
+        or int(rows["offset"].min()) < fmt.DAT_HEADER_SIZE
+        or int(ends.max()) > covered
+        or int(meta.max()) >= covered
+        or not bool(np.all(np.isfinite(rows["importance"]) & np.isfinite(rows["scale"])))
+    ):
+        raise CorruptIndexError(
+            f"{path}: the rows section is damaged; delete the .idx file to rebuild it", path=path
+        )
+
+
+def check_memory_fields(p: dict[str, Any]) -> None:
+    """Check a decoded memory payload's fields against the limits ``add`` enforces.
+
+    Raises:
+        ValueError: a field has the wrong type or is out of range (a damaged record).
+    """
+    text, ts = p["x"], p["t"]
+    type_name, session = p.get("y", "conversation"), p.get("s")
+    if not isinstance(text, str) or len(text) > fmt.MAX_TEXT_BYTES:
+        raise ValueError("the text is not a string of at most MAX_TEXT_BYTES")
+    if not isinstance(type_name, str) or not 0 < len(type_name) <= fmt.MAX_TYPE_CHARS:
+        raise ValueError("the type is not a name of 1 to MAX_TYPE_CHARS characters")
+    if session is not None and (not isinstance(session, str) or not 0 < len(session) <= fmt.MAX_SESSION_CHARS):
+        raise ValueError("the session is not a name of 1 to MAX_SESSION_CHARS characters")
+    summary, metadata, tokens = p.get("u"), p.get("m"), p.get("k")
+    if summary is not None and not isinstance(summary, str):
+        raise ValueError("the summary is not a string")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise ValueError("the metadata is not a map")
+    if tokens is not None and not (
+        isinstance(tokens, list) and len(tokens) == 2
+        and all(type(t) is int and 0 <= t <= fmt.UNKNOWN_TOKENS for t in tokens)
+    ):  # fmt: skip
+        raise ValueError("the token counts are not two 32-bit counts")
+    _check_number(ts, 0.0, fmt.MAX_TIMESTAMP, "timestamp")
+    _check_change_fields(p)
+
+
+def _check_change_fields(p: dict[str, Any]) -> None:
+    """The fields an update may change: importance, pin and metadata."""
+    if not 0 <= p["i"] < 1 << 63:
+        raise ValueError("the id is out of range")
+    if "p" in p:
+        _check_number(p["p"], 0.0, 1.0, "importance")
+    if "n" in p and not isinstance(p["n"], bool):
+        raise ValueError("the pin is not a bool")
+    if "m" in p and p["m"] is not None and not isinstance(p["m"], dict):
+        raise ValueError("the metadata is not a map")
+
+
+def _check_number(x: Any, lo: float, hi: float, name: str) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi:  # NaN fails
+        raise ValueError(f"the {name} is not a number from {lo} to {hi}")
+
+
 class _Replayer:
     """Turns checked records into index rows, batching new rows for ``append``."""
 
@@ -534,6 +608,14 @@ class _Replayer:
                 start = self.rows[pos][F_OFFSET] + head
                 raw[pos * width : (pos + 1) * width] = dat[start : start + width]
             vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)
+            bad = ~np.isfinite(vectors).all(axis=1)
+            if bad.any():  # only a damaged record (its CRC made to fit) holds inf or NaN
+                vectors[bad] = 0
+                rows["flags"][bad] &= ~np.uint16(fmt.FLAG_HAS_VECTOR)
+                self.problems.extend(
+                    Problem("dat", int(off), "the vector is not finite: the memory is kept without it")
+                    for off in rows["offset"][bad].tolist()
+                )
         index.append(rows, vectors, self.texts)
         self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
 
@@ -542,14 +624,11 @@ class _Replayer:
         mid = p["i"]
         if mid < index.next_id or mid in self.pending or (self.rows and mid <= self.rows[-1][F_ID]):
             raise ValueError(f"memory id {mid} is not above the ids before it")
+        check_memory_fields(p)
         ts = float(p["t"])
         text = p["x"]
         type_name = p.get("y", "conversation")
         session = p.get("s")
-        if not isinstance(text, str) or not isinstance(type_name, str) or not math.isfinite(ts):
-            raise TypeError("text, type or timestamp has the wrong type")
-        if session is not None and not isinstance(session, str):
-            raise TypeError("session must be a string")
         importance = float(p.get("p", default_importance(type_name)))
         flags = fmt.FLAG_PINNED if p.get("n") else 0
         if dim:
@@ -581,6 +660,7 @@ class _Replayer:
         return None, g
 
     def _update(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        _check_change_fields(p)
         row, g = self._target(p["i"])
         flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
         changes = update_changes(flags, p, off)
@@ -591,6 +671,7 @@ class _Replayer:
                 row[field] = value
 
     def _forget(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        _check_change_fields(p)
         row, g = self._target(p["i"])
         flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
         if flags & fmt.FLAG_FORGOTTEN:

@@ -597,7 +597,7 @@ class MemoryStore:
         payload: dict[str, Any] = {"i": 0, "t": now, "x": text}
         ts = get("timestamp")
         if ts is not None:
-            payload["t"] = _check_real(ts, "timestamp", 0.0, 1e11)
+            payload["t"] = _check_real(ts, "timestamp", 0.0, fmt.MAX_TIMESTAMP)
         type_name = get("type")
         if type_name is None or type_name == "conversation":
             type_name = "conversation"
@@ -1012,8 +1012,15 @@ class MemoryStore:
             exact = []
             for g in cand.tolist():
                 row = index.row(g)
-                vec = fmt.record_vector(self._data(), row[F_OFFSET], index.dim)
-                exact.append((-float(vec.astype(np.float64) @ q), row[F_ID], g))
+                vec = fmt.record_vector(self._data(), row[F_OFFSET], index.dim, self.idx_path)
+                with np.errstate(all="ignore"):
+                    cosine = float(vec.astype(np.float64) @ q)
+                if not math.isfinite(cosine):  # an index row over a damaged vector
+                    raise CorruptRecordError(
+                        f"{self.dat_path}: the vector of the record at {row[F_OFFSET]} is not finite",
+                        path=self.dat_path, offset=row[F_OFFSET],
+                    )
+                exact.append((-cosine, row[F_ID], g))
             exact.sort()
             hits = []
             for neg, _, g in exact:
