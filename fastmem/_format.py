@@ -474,6 +474,8 @@ def pack_hot(rows: list[bytes], records: list[bytes]) -> bytes:
 def unpack_hot(buf: memoryview, path: str) -> HotSection | None:
     if len(buf) == 0:
         return None
+    if len(buf) < 4:
+        raise CorruptIndexError(f"{path}: the hot section is damaged", path=path)
     (count,) = struct.unpack_from("<I", buf, 0)
     at = 4 + count * INDEX_DTYPE.itemsize
     if count > HOT_MEMORIES or at + 4 * count > len(buf):
