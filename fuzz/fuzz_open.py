@@ -19,8 +19,10 @@ test suite's smoke run uses ``one_input`` the same way).
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
+import shutil
 import struct
 import sys
 import tempfile
@@ -89,10 +91,12 @@ def make_seed_store(directory: str) -> tuple[bytes, bytes]:
         # closed: the index covers everything; add a tail the index does not cover
         with fastmem.open(path, embedder=None, summarizer=None, policy=policy, durability="none") as s:
             s.add("tail memory eta theta", embedding=_vector(11))
-            idx = open(path + ".idx", "rb").read()
+            with open(path + ".idx", "rb") as f:
+                idx = f.read()
             s.add("tail memory iota", embedding=_vector(12))
             s.flush()
-            dat = open(path + ".dat", "rb").read()
+            with open(path + ".dat", "rb") as f:
+                dat = f.read()
     return dat, idx
 
 
@@ -142,6 +146,7 @@ def _setup() -> None:
     # tmpfs when there is one: creating files on a disk file system costs more than the rest
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     directory = tempfile.mkdtemp(prefix="fastmem-fuzz-", dir=shm)
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
     dat, idx = make_seed_store(directory)
     _state.update(dir=directory, dat=dat, idx=idx, path=os.path.join(directory, "store"))
 
