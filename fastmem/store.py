@@ -296,12 +296,17 @@ class MemoryStore:
         base = os.fspath(path)
         if not isinstance(base, str) or not base:
             raise InvalidInputError("path must be a non-empty file name")
+        try:
+            if b"\0" in os.fsencode(base):
+                raise ValueError
+        except (UnicodeError, ValueError):
+            raise InvalidInputError(f"path {base!r} is not a valid file name") from None
         if base.endswith((".dat", ".idx")):
             base = base[:-4]
         if dim is not None:
             if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= fmt.MAX_DIM:
                 raise InvalidInputError(f"dim must be an int from 1 to {fmt.MAX_DIM}, got {dim!r}")
-        if durability not in DURABILITY:
+        if not isinstance(durability, str) or durability not in DURABILITY:
             raise InvalidInputError(f"durability must be one of {DURABILITY}, got {durability!r}")
         if not isinstance(readonly, bool):
             raise InvalidTypeError("readonly must be True or False")
@@ -880,6 +885,7 @@ class MemoryStore:
         """The ``n`` newest live memories by timestamp, newest first (level 1 of a restart)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
+        n = min(n, 1 << 62)  # more than any store holds: all of them
         with self._lock:
             self._check()
             hot = self._index.hot_rows()
@@ -964,7 +970,7 @@ class MemoryStore:
         session = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
             raise InvalidTypeError("types must be a list of type names")
-        if mode not in ("hybrid", "vector", "keyword"):
+        if not isinstance(mode, str) or mode not in ("hybrid", "vector", "keyword"):
             raise InvalidInputError(f"mode must be 'hybrid', 'vector' or 'keyword', got {mode!r}")
         if mode == "keyword":
             return self._keyword_search(query, k, types, lo, hi, session)
@@ -1169,10 +1175,10 @@ class MemoryStore:
         return new_context(text, tokens, budget, items, counter.name, degraded, started)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
+        if encoding is not None and not isinstance(encoding, str):
+            raise InvalidTypeError("encoding must be a tiktoken encoding name")
         if encoding is None or encoding == self.tokens.name:
             return self.tokens
-        if not isinstance(encoding, str):
-            raise InvalidTypeError("encoding must be a tiktoken encoding name")
         counter = self._counters.get(encoding)
         if counter is None:
             counter = self._counters[encoding] = TokenCounter(encoding)
