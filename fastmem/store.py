@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -78,9 +79,17 @@ _DEFAULT = object()  # a keyword left out: the documented default
 _fork_generation = 0
 
 
+_stores: weakref.WeakSet[MemoryStore] = weakref.WeakSet()  # open handles, for the fork hook
+
+
 def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
+    # A thread of the parent may have held a store's lock at fork time; that thread does
+    # not exist here, so the lock would never be released and the child would hang
+    # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
+    for store in list(_stores):
+        store._lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -334,6 +343,7 @@ class MemoryStore:
         self._counters: dict[str, TokenCounter] = {}
         self._lock = threading.RLock()
         self._generation = _fork_generation
+        _stores.add(self)
         self._closed = True
         self._commit: _GroupCommit | None = None
         self._dat: mmap.mmap | None = None
@@ -374,7 +384,7 @@ class MemoryStore:
                     ) from None
                 time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
 
-    def _load(self, dim: int | None) -> None:
+    def _load(self, dim: int | None, retries: int = 3) -> None:
         size = os.fstat(self._fd).st_size
         created = size < fmt.DAT_HEADER_SIZE
         if created:
@@ -396,6 +406,10 @@ class MemoryStore:
         except FileNotFoundError:
             index, reason = None, "it was missing"
         except (CorruptionError, FormatVersionError) as exc:
+            if self.readonly and retries and os.fstat(self._fd).st_size != size:
+                # A writer appended and checkpointed since the size was taken: the index
+                # covers more than that size. Look again rather than rebuild.
+                return self._load(dim, retries - 1)
             index, reason = None, str(exc)
         started = time.perf_counter()
         if index is None:
