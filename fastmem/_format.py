@@ -257,6 +257,11 @@ def read_record(
     return head, payload
 
 
+def _no_ext(code: int, data: bytes) -> Any:
+    # fastmem never writes msgpack extension types: one in a payload is damage
+    raise ValueError(f"msgpack extension type {code}")
+
+
 def decode_payload(
     stored: Any, payload_len: int, raw_len: int, offset: int, path: str = ""
 ) -> dict[str, Any]:
@@ -268,7 +273,7 @@ def decode_payload(
             raw = lz4.block.decompress(stored, uncompressed_size=raw_len)
             if len(raw) != raw_len:
                 raise ValueError("decompressed size differs from the header")
-        payload = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        payload = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_no_ext)
     except Exception as exc:  # lz4 and msgpack raise several types for damaged bytes
         raise CorruptRecordError(
             f"{path}: the record at offset {offset} does not decode ({exc})",

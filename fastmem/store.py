@@ -41,6 +41,7 @@ from ._index import (
 )  # fmt: skip
 from ._vectors import quantize, to_float16
 from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
+from .namespaces import make_private_dirs, namespace_path
 from .summarize import KeySentences
 from .tokens import TokenCounter
 from .errors import (
@@ -148,6 +149,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     timeout: float = 0.0,
     summarizer: Any = _DEFAULT,
     policy: ContextPolicy | None = None,
+    namespace: str | None = None,
 ) -> MemoryStore:
     """Open the store at ``path`` (``path.dat`` and ``path.idx``), creating it if needed.
 
@@ -166,6 +168,10 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         summarizer: writes each new memory's summary when none is given (default:
             :class:`fastmem.summarize.KeySentences`, 64 tokens); ``None`` for none.
         policy: how contexts are built and memories ranked (:class:`ContextPolicy`).
+        namespace: one user's or profile's store under the directory ``path``: its own
+            two files, ``<path>/<namespace>/memory.dat`` and ``.idx`` (see
+            :mod:`fastmem.namespaces` for valid names); no other namespace's memory can
+            enter its searches or contexts.
 
     Raises:
         StoreLockedError: another process is writing to the store.
@@ -173,6 +179,8 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         CorruptionError: the data file's header is damaged or it is not a fastmem file.
         DimensionMismatchError: ``dim`` differs from the store's.
     """
+    if namespace is not None:
+        path = namespace_path(path, namespace, create=readonly is False)
     return MemoryStore(
         path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
         timeout=timeout, summarizer=summarizer, policy=policy,
@@ -241,12 +249,30 @@ def _check_metadata(metadata: Any) -> dict[str, Any] | None:
             f"metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
             f"dicts, bool, None): {exc}"
         ) from None
+    if not _plain(value):
+        raise InvalidInputError(
+            "metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
+            "dicts, bool, None): no extension types"
+        )
     if len(packed) > fmt.MAX_METADATA_BYTES:
         raise InvalidInputError(
             f"metadata is {len(packed)} bytes packed; the limit is {fmt.MAX_METADATA_BYTES}: "
             f"keep large content in the memory's text"
         )
     return value
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Only msgpack's own types: a msgpack.ExtType or Timestamp would pack, but it is not
+    data every reader understands."""
+    if isinstance(value, dict):
+        return all(_plain(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
 
 
 class _GroupCommit:
@@ -368,7 +394,7 @@ class MemoryStore:
                 raise StoreNotFoundError(f"no fastmem store at {self.dat_path}") from None
         parent = os.path.dirname(os.path.abspath(self.dat_path))
         if not os.path.isdir(parent):
-            os.makedirs(parent, mode=0o700, exist_ok=True)
+            make_private_dirs(parent)
         fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         deadline = time.monotonic() + timeout
         while True:
