@@ -59,6 +59,7 @@ MAX_METADATA_BYTES = 1 << 16  # metadata, msgpack-encoded
 MAX_TYPE_CHARS = 64
 MAX_SESSION_CHARS = 256
 MAX_DIM = 4096
+MAX_ID = (1 << 63) - 1  # ids are below 2^63 (a row's id field is u64; ids stay int64-safe)
 MAX_TIMESTAMP = 1e11  # Unix seconds (year 5138): timestamps are in [0, MAX_TIMESTAMP]
 MAX_RAW_PAYLOAD = 2 << 20  # a payload before compression
 MAX_PAYLOAD = MAX_RAW_PAYLOAD  # stored payloads are never larger than raw ones
@@ -173,7 +174,7 @@ def unpack_dat_header(buf: Any, path: str) -> DatHeader:
             f"{path} has format version {version}; this fastmem reads version "
             f"{FORMAT_VERSION}: install a fastmem release that reads it"
         )
-    if size != DAT_HEADER_SIZE or dim > MAX_DIM:
+    if size != DAT_HEADER_SIZE or dim > MAX_DIM or next_id > MAX_ID:
         raise CorruptionError(f"{path}: the file header is damaged", path=path, offset=0)
     return DatHeader(uuid, dim, created, next_id, compacted_end, embedder)
 
@@ -454,6 +455,7 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
         or kw_version not in (0, KEYWORD_VERSION)
         or kw_terms > kw_postings
         or kw_postings >= 1 << 48
+        or next_id > MAX_ID + 1
     ):
         raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
     return IdxHeader(

@@ -544,7 +544,7 @@ def check_memory_fields(p: dict[str, Any]) -> None:
 
 def _check_change_fields(p: dict[str, Any]) -> None:
     """The fields an update may change: importance, pin and metadata."""
-    if not 0 <= p["i"] < 1 << 63:
+    if not 0 <= p["i"] <= fmt.MAX_ID:
         raise ValueError("the id is out of range")
     if "p" in p:
         _check_number(p["p"], 0.0, 1.0, "importance")

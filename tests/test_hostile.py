@@ -136,3 +136,14 @@ def test_replay_refuses_out_of_range_fields(tmp_path, field):
         assert len(store) == 0
         report = store.verify()
         assert not report.ok and report.problems[0].offset == fmt.DAT_HEADER_SIZE
+
+
+@pytest.mark.parametrize("next_id", [2**63 - 1, 2**63, 2**64 - 1])
+def test_an_id_counter_near_the_limit(next_id):
+    """An index (its checksum made to fit) whose id counter is at or past 2^63: refused as
+    damage and rebuilt, or used up to the last id, never an overflow."""
+    idx = bytearray(SEEDS[2][1:])  # the seed index
+    fields = list(fmt.IDX_HEADER.unpack_from(idx, 0))
+    fields[12] = next_id
+    idx[: fmt.IDX_HEADER.size] = fmt.IDX_HEADER.pack(*fields)
+    fuzz_open.one_input(bytes([2]) + bytes(idx))  # "idx-fixed-crc", writable
