@@ -201,7 +201,7 @@ class MemoryIndex:
                 rows = np.frombuffer(mm, fmt.INDEX_DTYPE, n, layout.rows)
                 order = np.frombuffer(mm, "<u4", n, layout.order)
                 vectors = np.frombuffer(mm, np.int8, n * dim, layout.vectors).reshape(n, dim)
-                _check_base(rows, order, self.covered, self._base_spec_path)
+                _check_base(rows, order, self._base_spec_path)
             self._base = (rows, order, vectors, rows["id"])
         return self._base
 
@@ -487,30 +487,20 @@ class MemoryIndex:
         return problems, max(valid_end, start), len(offsets)
 
 
-def _check_base(rows: np.ndarray, order: np.ndarray, covered: int, path: str) -> None:
-    """Check the fields of a checkpoint's rows that are used as positions, or given to
-    functions that fail on out-of-range values, before anything uses them.
+def _check_base(rows: np.ndarray, order: np.ndarray, path: str) -> None:
+    """Check the time order of a checkpoint's rows before anything indexes with it.
 
     The sections have no checksum (the header has): damage there must still surface as
-    ``CorruptIndexError``. Done once, vectorised, on the first use of the base (an open
-    that answers from the hot section never pays it): about 10 ms per million rows.
+    ``CorruptIndexError``, not as an ``IndexError``. The order is the one section whose
+    values are used as positions unchecked; every other field is checked where it is used
+    (offsets and lengths by the record readers, type codes by ``type_name``, timestamps by
+    the context's headers). One contiguous reduction, on the first use of the base
+    (~0.1 ms per million rows; an open that answers from the hot section never pays it).
     """
-    n = len(rows)
-    if not n:
-        return
-    ts = rows["timestamp"]
-    ends = rows["offset"] + rows["length"]
-    meta = rows["meta_offset"]
-    if (
-        int(order.max()) >= n
-        or not bool(np.all((ts >= 0) & (ts <= fmt.MAX_TIMESTAMP)))  # NaN fails both
-        or int(rows["offset"].min()) < fmt.DAT_HEADER_SIZE
-        or int(ends.max()) > covered
-        or int(meta.max()) >= covered
-        or not bool(np.all(np.isfinite(rows["importance"]) & np.isfinite(rows["scale"])))
-    ):
+    if len(order) and int(order.max()) >= len(rows):
         raise CorruptIndexError(
-            f"{path}: the rows section is damaged; delete the .idx file to rebuild it", path=path
+            f"{path}: the time order points past the rows; delete the .idx file to rebuild it",
+            path=path,
         )
 
 

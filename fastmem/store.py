@@ -1530,8 +1530,11 @@ class MemoryStore:
             dat = self._data()
             fresh = MemoryIndex(fmt.unpack_dat_header(dat, self.dat_path).dim, self._uuid)
             problems, _, records = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
-            problems += _compare(self._index, fresh)
-            problems += self._check_hot(dat)
+            try:
+                problems += _compare(self._index, fresh)
+                problems += self._check_hot(dat)
+            except CorruptIndexError as exc:  # an index too damaged to compare row by row
+                problems.append(Problem("idx", 0, str(exc)))
             size = self._dat_end
             if os.path.exists(self.idx_path):
                 size += os.path.getsize(self.idx_path)
