@@ -137,9 +137,11 @@ def test_add_many_items_with_hostile_fields(tmp_path):
         store.close()
 
 
+OPEN_KEYWORDS = ["dim", "embedder", "readonly", "durability", "timeout", "summarizer", "policy", "namespace"]
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["dim", "embedder", "readonly", "durability", "timeout", "summarizer", "policy"]),
-       HOSTILE)  # fmt: skip
+@given(st.sampled_from(OPEN_KEYWORDS), HOSTILE)
 def test_open_with_a_hostile_argument(tmp_path_factory, name, value):
     path = str(tmp_path_factory.mktemp("open") / "s")
     try:
