@@ -46,7 +46,7 @@ def _same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
 
 def check_dat(buf: bytes) -> None:
     """Scan ``buf`` as a data file with both backends and read every record found."""
-    start = fmt.DAT_HEADER_SIZE if len(buf) >= fmt.DAT_HEADER_SIZE else 0
+    start = min(fmt.DAT_HEADER_SIZE, len(buf))  # records start after the file header
     try:
         fmt.unpack_dat_header(buf, "fuzz.dat")
     except FastmemError:
@@ -58,6 +58,9 @@ def check_dat(buf: bytes) -> None:
     # every record the scan accepts, and every magic (accepted or not)
     at, magics = buf.find(fmt.RECORD_MAGIC), []
     while at != -1 and len(magics) < 64:
+        if at < start:
+            at = buf.find(fmt.RECORD_MAGIC, at + 1)
+            continue
         magics.append(at)
         at = buf.find(fmt.RECORD_MAGIC, at + 1)
     for off in offsets + magics:
