@@ -331,10 +331,12 @@ class MemoryIndex:
                 continue
             local = rows[in_seg] - first
             flags = seg_rows["flags"][local]
-            out[in_seg] = seg_vectors[local].astype(np.float32) * seg_rows["scale"][local, None]
+            with np.errstate(over="ignore", invalid="ignore"):  # a damaged row's scale
+                out[in_seg] = seg_vectors[local].astype(np.float32) * seg_rows["scale"][local, None]
             has[in_seg] = (flags & fmt.FLAG_HAS_VECTOR) != 0
-        norms = np.linalg.norm(out, axis=1)
-        has &= norms > 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            norms = np.linalg.norm(out, axis=1)
+        has &= np.isfinite(norms) & (norms > 0)
         out[has] /= norms[has, None]
         out[~has] = 0.0
         return out, has

@@ -1366,7 +1366,9 @@ class MemoryStore:
             score += policy.vector_weight * _z(cosines)
         keyword = np.zeros(len(cand))
         at = np.searchsorted(cand, kw_rows)
-        keyword[at] = kw_scores
+        kept = at < len(cand)  # a keyword hit the filters drop (a damaged row) is not a candidate
+        kept[kept] &= cand[at[kept]] == kw_rows[kept]
+        keyword[at[kept]] = kw_scores[kept]
         score += policy.keyword_weight * _z(keyword)
         # Neighbours: smooth, then let a strong match lift the memory next to it.
         lam = policy.neighbour_weight

@@ -325,22 +325,24 @@ def frame_records(int kind, list payloads, const u32[::1] raw_lens, const u16[:,
     return out, lengths, crcs
 
 
-def check_record(object buf, i64 offset, i64 end):
+def check_record(object buf, object offset, object end):
     """``(kind, dim, payload_len, raw_len)`` of the valid record at ``offset``, else None."""
     # Py_buffer directly: a typed memoryview costs more than the check itself here.
     cdef Py_buffer view
-    cdef i64 length
+    cdef i64 length, at, stop
     cdef const u8* p
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
-        if offset < 0 or end > view.len or offset >= end:
+        # Python ints first: an offset from a damaged index row may not fit in 64 bits
+        if not (0 <= offset < end <= view.len):
             return None
+        at, stop = offset, end
         p = <const u8*>view.buf
         with nogil:
-            length = _record_length(p, offset, end)
+            length = _record_length(p, at, stop)
         if length == 0:
             return None
-        p += offset
+        p += at
         return p[5], load_le16(p + 6), load_le32(p + 8), load_le32(p + 12)
     finally:
         PyBuffer_Release(&view)

@@ -147,3 +147,36 @@ def test_an_id_counter_near_the_limit(next_id):
     fields[12] = next_id
     idx[: fmt.IDX_HEADER.size] = fmt.IDX_HEADER.pack(*fields)
     fuzz_open.one_input(bytes([2]) + bytes(idx))  # "idx-fixed-crc", writable
+
+
+def _sections() -> dict[str, tuple[int, int]]:
+    """Byte ranges of the seed index's sections (and of the header's fields)."""
+    idx = SEEDS[2][1:]
+    layout = fmt.header_layout(fmt.unpack_idx_header(idx, "seed"))
+    kw = layout.keyword
+    assert kw is not None and layout.hot < layout.size
+    return {
+        "header": (0, fmt.IDX_HEADER.size), "rows": (layout.rows, layout.order),
+        "order": (layout.order, layout.vectors), "vectors": (layout.vectors, layout.types),
+        "types": (layout.types, layout.hot), "hot": (layout.hot, kw.terms),
+        "terms": (kw.terms, kw.offsets), "offsets": (kw.offsets, kw.rows),
+        "posting rows": (kw.rows, kw.tf), "tf": (kw.tf, kw.doc_len), "doc_len": (kw.doc_len, kw.end),
+    }  # fmt: skip
+
+
+SECTIONS = _sections()
+
+
+@settings(max_examples=80)
+@given(st.sampled_from(sorted(SECTIONS)), st.data())
+def test_damage_in_each_index_section(name, data):
+    """Bytes of one section (hot, keyword postings, rows...) overwritten, the header's
+    checksum made to fit: reads still raise only fastmem errors."""
+    idx = bytearray(SEEDS[2][1:])
+    lo, hi = SECTIONS[name]
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(lo, max(lo, hi - 1)))
+        value = data.draw(st.sampled_from([b"\xff" * 8, b"\x00" * 4, b"\x7f\xff\xff\xff", b"\x01"]) | st.binary(min_size=1, max_size=8))
+        idx[at : at + len(value)] = value
+    readonly = data.draw(st.booleans())
+    fuzz_open.one_input(bytes([2 | (fuzz_open.READONLY_BIT if readonly else 0)]) + bytes(idx[: len(SEEDS[2]) - 1]))
