@@ -1,4 +1,5 @@
-"""Write an agent's memories, end the process, reopen the store in a fresh one: they are there.
+"""Write an agent's memories, end the process, reopen the store in a fresh one: they are there,
+and the context for the next question is built from them.
 
 Run: python examples/restart.py [store path]
 """
@@ -35,6 +36,15 @@ with fastmem.open(sys.argv[1]) as store:
     for m in reversed(recent):
         pin = " (pinned)" if m.pinned else ""
         print(f"  {m.id:>3} {m.type:<12} {m.text}{pin}")
+    question = "Which flight should I book, and what can the user eat on board?"
+    ctx = store.context(question, budget=200)
+    t3 = time.perf_counter()
+    state = "keywords only: the model was still loading" if ctx.degraded else "full quality"
+    print(f"context({question!r}): {ctx.tokens} tokens, {1000 * (t3 - t2):.1f} ms, {state}")
+    store._embedder.wait()
+    ctx = store.context(question, budget=200)
+    print(f"once the model is ready: {ctx.tokens} tokens, {1000 * ctx.seconds:.1f} ms")
+    print(ctx.text)
     print("verify:", "ok" if store.verify().ok else store.verify().problems)
 """
 

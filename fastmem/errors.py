@@ -24,6 +24,7 @@ __all__ = [
     "ReadOnlyError",
     "EncodingUnavailableError",
     "EmbedderMismatchError",
+    "EmbedderUnavailableError",
     "RecoveryWarning",
 ]
 
@@ -105,6 +106,11 @@ class EncodingUnavailableError(FastmemError):
 class EmbedderMismatchError(InvalidInputError):
     """The embedder differs from the one that wrote the store's vectors (model or dimension):
     its vectors would not be comparable with the stored ones."""
+
+
+class EmbedderUnavailableError(FastmemError):
+    """The embedding model cannot be used: not installed, failed its checksum, or failed to
+    load. A store opened with ``embedder=None`` needs none (keyword search only)."""
 
 
 class RecoveryWarning(UserWarning):

@@ -157,7 +157,9 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         path: the store's name; its two files are ``<path>.dat`` and ``<path>.idx``.
         dim: the embedding dimension (fixed by the first vector when left out).
         embedder: an object with ``encode(list[str]) -> array (n, dim)`` used when ``add``
-            gets no ``embedding``; ``None`` for none.
+            gets no ``embedding`` (see :class:`fastmem.embed.Embedder`); by default
+            all-MiniLM-L6-v2, loaded in the background (``pip install 'fastmem[embed]'``);
+            ``None`` for none (keyword search only).
         readonly: read without taking the writer lock; any number of readers may run
             beside one writer and see every memory it committed before their last call.
         durability: ``"always"`` (``add`` returns after fsync), ``"batch"`` (group commit:
@@ -178,6 +180,8 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         StoreNotFoundError: ``readonly=True`` and there is no store at ``path``.
         CorruptionError: the data file's header is damaged or it is not a fastmem file.
         DimensionMismatchError: ``dim`` differs from the store's.
+        EmbedderMismatchError: the store was written by another embedder.
+        EmbedderUnavailableError: the default embedder is not installed.
     """
     if namespace is not None:
         path = namespace_path(path, namespace, create=readonly is False)
@@ -1557,7 +1561,8 @@ class MemoryStore:
             start = hot.starts[i]
             copy = hot.records[start : start + row[F_LENGTH]]
             if (
-                fmt.INDEX_ROW.unpack_from(hot.rows, i * size) != row
+                _without_statistics(fmt.INDEX_ROW.unpack_from(hot.rows, i * size))
+                != _without_statistics(row)
                 or copy != dat[row[F_OFFSET] : row[F_OFFSET] + row[F_LENGTH]]
             ):
                 return [Problem("idx", i, f"entry {i} of the hot section differs from m{row[F_ID]}")]
@@ -1612,10 +1617,21 @@ class MemoryStore:
 
 
 def _resolve_embedder(embedder: Any) -> Any:
-    """The embedder a store uses: the default model unless one (or ``None``) is given."""
+    """The embedder a store uses: the default model unless one (or ``None``) is given.
+
+    ``FASTMEM_EMBEDDER=none`` in the environment makes the default ``None`` (a keyword-only
+    store): for tools and tests that never embed.
+    """
     if embedder is not _DEFAULT:
         return embedder
-    return None
+    choice = os.environ.get("FASTMEM_EMBEDDER", "default")
+    if choice == "none":
+        return None
+    if choice != "default":
+        raise InvalidInputError(f"FASTMEM_EMBEDDER must be 'default' or 'none', not {choice!r}")
+    from .embed import default_embedder  # the model loads in the background: open never waits
+
+    return default_embedder()
 
 
 def _embedder_identity(embedder: Any) -> tuple[str, int] | None:
@@ -1774,6 +1790,16 @@ def _no_cyclic_gc() -> Iterator[None]:
     finally:
         if enabled:
             gc.enable()
+
+
+_STATISTICS = frozenset(
+    fmt.INDEX_DTYPE.names.index(name) for name in ("access_count", "last_access")  # type: ignore[union-attr]
+)
+
+
+def _without_statistics(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row without its access statistics: they change after the hot section is written."""
+    return tuple(v for i, v in enumerate(row) if i not in _STATISTICS)
 
 
 def _fsync_dir(path: str) -> None:

@@ -7,7 +7,11 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from fastmem import _kernels
+# Stores opened without an embedder= are keyword-only in tests (and in the processes they
+# start): most tests use small vectors of their own. tests/test_embed.py uses the real model.
+os.environ.setdefault("FASTMEM_EMBEDDER", "none")
+
+from fastmem import _kernels  # noqa: E402
 
 settings.register_profile(
     "dev", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow]
