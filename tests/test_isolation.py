@@ -43,15 +43,15 @@ def test_valid_namespaces(tmp_path, name):
 def test_invalid_namespaces_are_refused_and_create_nothing(tmp_path, name, error):
     root = tmp_path / "root"
     with pytest.raises(error):
-        fastmem.open(root, namespace=name)
+        fastmem.open(root, namespace=name, embedder=None)
     with pytest.raises(error):
-        fastmem.open(root, namespace=name, readonly=True)
+        fastmem.open(root, namespace=name, readonly=True, embedder=None)
     assert not root.exists() and os.listdir(tmp_path) == ["root"] * 0
 
 
 def test_readonly_namespace_that_does_not_exist(tmp_path):
     with pytest.raises(fastmem.StoreNotFoundError):
-        fastmem.open(tmp_path, namespace="nobody", readonly=True)
+        fastmem.open(tmp_path, namespace="nobody", readonly=True, embedder=None)
     assert list_namespaces(tmp_path) == [] and not (tmp_path / "nobody").exists()
 
 
