@@ -3,7 +3,7 @@
 Where ``fuzz_open.py`` opens a whole store per input (~150 inputs/s), this target calls
 each reader on the bytes themselves, thousands of times a second:
 
-- the data-file scan, compiled and reference, which must agree exactly (a differential
+- the data-file scan, compiled (the selected backend) and reference, which must agree (a differential
   check), then ``read_record`` / ``check_record`` / ``decode_payload`` on every record
   the scan found and at every record magic;
 - ``unpack_dat_header``, ``unpack_idx_header`` and the layout it describes,
@@ -33,9 +33,8 @@ if __name__ == "__main__" and "--random" not in sys.argv:
 else:
     import fastmem
 from fastmem import _format as fmt  # noqa: E402
+from fastmem import _kernels  # noqa: E402  (the compiled kernels unless FASTMEM_BACKEND=python)
 from fastmem import _kernels_py as ref  # noqa: E402
-from fastmem._ext import keyword as ckw  # noqa: E402
-from fastmem._ext import records as crec  # noqa: E402
 
 FastmemError = fastmem.FastmemError
 
@@ -51,7 +50,7 @@ def check_dat(buf: bytes) -> None:
         fmt.unpack_dat_header(buf, "fuzz.dat")
     except FastmemError:
         pass
-    compiled = crec.scan_records(buf, start, len(buf))
+    compiled = _kernels.scan_records(buf, start, len(buf))
     if not _same(compiled, ref.scan_records(buf, start, len(buf))):
         raise AssertionError("the compiled and reference scans disagree")
     offsets, lengths = compiled[0].tolist(), compiled[1].tolist()
@@ -64,7 +63,7 @@ def check_dat(buf: bytes) -> None:
         magics.append(at)
         at = buf.find(fmt.RECORD_MAGIC, at + 1)
     for off in offsets + magics:
-        info = crec.check_record(buf, off, len(buf))
+        info = _kernels.check_record(buf, off, len(buf))
         if (info is None) != (ref.check_record(buf, off, len(buf)) is None):
             raise AssertionError("check_record disagrees between backends")
         try:
@@ -126,7 +125,7 @@ def check_postings(data: bytes) -> None:
     cols = (np.zeros(n, np.uint16), np.zeros(n, np.float64), np.zeros(n, np.uint64))
     empty = (np.zeros(0, np.uint16), np.zeros(0, np.float64), np.zeros(0, np.uint64))
     try:
-        ckw.bm25_topk(rows, tf[:p], np.ascontiguousarray(ranges), doc_len, np.zeros(0, np.uint32),
+        _kernels.bm25_topk(rows, tf[:p], np.ascontiguousarray(ranges), doc_len, np.zeros(0, np.uint32),
                       cols, empty, 5, None, -np.inf, np.inf, 0, float(n), 3.0, 1.2, 0.75,
                       np.zeros(n))  # fmt: skip
     except ValueError:
@@ -134,7 +133,7 @@ def check_postings(data: bytes) -> None:
     terms = np.sort(words[: max(1, p // 2)])
     offsets = np.sort(words[: len(terms) + 1] % (p + 2)).astype(np.uint64)
     try:
-        ckw.merge_postings(terms, offsets, rows, tf[:p], np.zeros(0, np.uint64),
+        _kernels.merge_postings(terms, offsets, rows, tf[:p], np.zeros(0, np.uint64),
                            np.zeros(0, np.uint32), np.zeros(0, np.uint16))  # fmt: skip
     except ValueError:
         pass
