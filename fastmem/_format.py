@@ -59,6 +59,8 @@ MAX_METADATA_BYTES = 1 << 16  # metadata, msgpack-encoded
 MAX_TYPE_CHARS = 64
 MAX_SESSION_CHARS = 256
 MAX_DIM = 4096
+MAX_ID = (1 << 63) - 1  # ids are below 2^63 (a row's id field is u64; ids stay int64-safe)
+MAX_TIMESTAMP = 1e11  # Unix seconds (year 5138): timestamps are in [0, MAX_TIMESTAMP]
 MAX_RAW_PAYLOAD = 2 << 20  # a payload before compression
 MAX_PAYLOAD = MAX_RAW_PAYLOAD  # stored payloads are never larger than raw ones
 MAX_RECORD = RECORD_HEADER_SIZE + 2 * MAX_DIM + MAX_PAYLOAD
@@ -172,7 +174,7 @@ def unpack_dat_header(buf: Any, path: str) -> DatHeader:
             f"{path} has format version {version}; this fastmem reads version "
             f"{FORMAT_VERSION}: install a fastmem release that reads it"
         )
-    if size != DAT_HEADER_SIZE or dim > MAX_DIM:
+    if size != DAT_HEADER_SIZE or dim > MAX_DIM or next_id > MAX_ID:
         raise CorruptionError(f"{path}: the file header is damaged", path=path, offset=0)
     return DatHeader(uuid, dim, created, next_id, compacted_end, embedder)
 
@@ -256,6 +258,11 @@ def read_record(
     return head, payload
 
 
+def _no_ext(code: int, data: bytes) -> Any:
+    # fastmem never writes msgpack extension types: one in a payload is damage
+    raise ValueError(f"msgpack extension type {code}")
+
+
 def decode_payload(
     stored: Any, payload_len: int, raw_len: int, offset: int, path: str = ""
 ) -> dict[str, Any]:
@@ -267,7 +274,7 @@ def decode_payload(
             raw = lz4.block.decompress(stored, uncompressed_size=raw_len)
             if len(raw) != raw_len:
                 raise ValueError("decompressed size differs from the header")
-        payload = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+        payload = msgpack.unpackb(raw, raw=False, strict_map_key=True, ext_hook=_no_ext)
     except Exception as exc:  # lz4 and msgpack raise several types for damaged bytes
         raise CorruptRecordError(
             f"{path}: the record at offset {offset} does not decode ({exc})",
@@ -281,8 +288,16 @@ def decode_payload(
     return payload
 
 
-def record_vector(buf: Any, offset: int, dim: int) -> np.ndarray:
-    """The float16 vector of the memory record at ``offset`` (a view of ``buf``)."""
+def record_vector(buf: Any, offset: int, dim: int, path: str = "") -> np.ndarray:
+    """The float16 vector of the memory record at ``offset`` (a view of ``buf``).
+
+    Raises:
+        CorruptIndexError: the vector would lie outside ``buf`` (a damaged row's offset).
+    """
+    if not DAT_HEADER_SIZE <= offset <= len(buf) - RECORD_HEADER_SIZE - 2 * dim:
+        raise CorruptIndexError(
+            f"{path}: a row points at offset {offset}, outside the data file", path=path
+        )
     return np.frombuffer(buf, dtype="<f2", count=dim, offset=offset + RECORD_HEADER_SIZE)
 
 
@@ -440,6 +455,7 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
         or kw_version not in (0, KEYWORD_VERSION)
         or kw_terms > kw_postings
         or kw_postings >= 1 << 48
+        or next_id > MAX_ID + 1
     ):
         raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
     return IdxHeader(
@@ -465,6 +481,8 @@ def pack_hot(rows: list[bytes], records: list[bytes]) -> bytes:
 def unpack_hot(buf: memoryview, path: str) -> HotSection | None:
     if len(buf) == 0:
         return None
+    if len(buf) < 4:
+        raise CorruptIndexError(f"{path}: the hot section is damaged", path=path)
     (count,) = struct.unpack_from("<I", buf, 0)
     at = 4 + count * INDEX_DTYPE.itemsize
     if count > HOT_MEMORIES or at + 4 * count > len(buf):

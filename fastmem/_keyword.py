@@ -295,7 +295,7 @@ class KeywordIndex:
         cols = ("type", "timestamp", "session")
         avgdl = self.live_tokens / index.live if self.live_tokens > 0 else 1.0
         try:
-            return _kernels.bm25_topk(
+            rows, scores = _kernels.bm25_topk(
                 post_rows, post_tf, np.ascontiguousarray(ranges), base.doc_len,
                 self.tail_len[: self.tail_n], tuple(base_rows[c] for c in cols),
                 tuple(tail_rows[c] for c in cols), k, type_allowed, since, until, session,
@@ -305,3 +305,11 @@ class KeywordIndex:
             raise CorruptIndexError(
                 f"the keyword postings are damaged ({exc}); delete the .idx file to rebuild it"
             ) from None
+        in_base = rows[rows < index.n_base]  # a damaged section may mark a forgotten row live
+        if len(in_base):
+            if (base_rows["flags"][in_base] & fmt.FLAG_FORGOTTEN).any():
+                raise CorruptIndexError(
+                    "the keyword section lists a forgotten memory as live; delete the .idx "
+                    "file to rebuild it"
+                )
+        return rows, scores

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._format import MAX_TIMESTAMP
 from .errors import InvalidInputError
 
 __all__ = ["Context", "ContextItem", "ContextPolicy", "pack"]
@@ -150,6 +151,8 @@ PINNED_HEADER = "## Pinned"
 
 def group_header(session: str | None, timestamp: float) -> str:
     """One header per session and day, so dates are not repeated on every line."""
+    if not 0 <= timestamp <= MAX_TIMESTAMP:  # a damaged index row: no date rather than an error
+        return f"## {session}" if session else "## (no date)"
     day = time.strftime("%d %b %Y", time.gmtime(timestamp)).lstrip("0")
     return f"## {session} · {day}" if session else f"## {day}"
 

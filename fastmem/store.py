@@ -21,6 +21,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ from ._vectors import quantize, to_float16
 from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
 from . import _maintenance
 from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
+from .namespaces import make_private_dirs, namespace_path
 from .summarize import KeySentences
 from .tokens import TokenCounter
 from .errors import (
@@ -80,9 +82,17 @@ _DEFAULT = object()  # a keyword left out: the documented default
 _fork_generation = 0
 
 
+_stores: weakref.WeakSet[MemoryStore] = weakref.WeakSet()  # open handles, for the fork hook
+
+
 def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
+    # A thread of the parent may have held a store's lock at fork time; that thread does
+    # not exist here, so the lock would never be released and the child would hang
+    # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
+    for store in list(_stores):
+        store._lock = threading.RLock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -142,6 +152,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     summarizer: Any = _DEFAULT,
     policy: ContextPolicy | None = None,
     evict: EvictionPolicy | None = None,
+    namespace: str | None = None,
 ) -> MemoryStore:
     """Open the store at ``path`` (``path.dat`` and ``path.idx``), creating it if needed.
 
@@ -163,6 +174,10 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
             :class:`fastmem.summarize.KeySentences`, 64 tokens); ``None`` for none.
         policy: how contexts are built and memories ranked (:class:`ContextPolicy`).
         evict: an :class:`EvictionPolicy` that ``checkpoint()`` and ``close()`` apply.
+        namespace: one user's or profile's store under the directory ``path``: its own
+            two files, ``<path>/<namespace>/memory.dat`` and ``.idx`` (see
+            :mod:`fastmem.namespaces` for valid names); no other namespace's memory can
+            enter its searches or contexts.
 
     Raises:
         StoreLockedError: another process is writing to the store.
@@ -172,6 +187,8 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         EmbedderMismatchError: the store was written by another embedder.
         EmbedderUnavailableError: the default embedder is not installed.
     """
+    if namespace is not None:
+        path = namespace_path(path, namespace, create=readonly is False)
     return MemoryStore(
         path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
         timeout=timeout, summarizer=summarizer, policy=policy, evict=evict,
@@ -240,12 +257,30 @@ def _check_metadata(metadata: Any) -> dict[str, Any] | None:
             f"metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
             f"dicts, bool, None): {exc}"
         ) from None
+    if not _plain(value):
+        raise InvalidInputError(
+            "metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
+            "dicts, bool, None): no extension types"
+        )
     if len(packed) > fmt.MAX_METADATA_BYTES:
         raise InvalidInputError(
             f"metadata is {len(packed)} bytes packed; the limit is {fmt.MAX_METADATA_BYTES}: "
             f"keep large content in the memory's text"
         )
     return value
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Only msgpack's own types: a msgpack.ExtType or Timestamp would pack, but it is not
+    data every reader understands."""
+    if isinstance(value, dict):
+        return all(_plain(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
 
 
 class _GroupCommit:
@@ -305,12 +340,17 @@ class MemoryStore:
         base = os.fspath(path)
         if not isinstance(base, str) or not base:
             raise InvalidInputError("path must be a non-empty file name")
+        try:
+            if b"\0" in os.fsencode(base):
+                raise ValueError
+        except (UnicodeError, ValueError):
+            raise InvalidInputError(f"path {base!r} is not a valid file name") from None
         if base.endswith((".dat", ".idx")):
             base = base[:-4]
         if dim is not None:
             if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= fmt.MAX_DIM:
                 raise InvalidInputError(f"dim must be an int from 1 to {fmt.MAX_DIM}, got {dim!r}")
-        if durability not in DURABILITY:
+        if not isinstance(durability, str) or durability not in DURABILITY:
             raise InvalidInputError(f"durability must be one of {DURABILITY}, got {durability!r}")
         if not isinstance(readonly, bool):
             raise InvalidTypeError("readonly must be True or False")
@@ -342,6 +382,7 @@ class MemoryStore:
         self._epoch = 0  # counts data file replacements: row numbers change with it
         self._changes: list[tuple[int, int, int]] | None = None  # see _note_change
         self._generation = _fork_generation
+        _stores.add(self)
         self._closed = True
         self._commit: _GroupCommit | None = None
         self._dat: mmap.mmap | None = None
@@ -367,7 +408,7 @@ class MemoryStore:
                 raise StoreNotFoundError(f"no fastmem store at {self.dat_path}") from None
         parent = os.path.dirname(os.path.abspath(self.dat_path))
         if not os.path.isdir(parent):
-            os.makedirs(parent, mode=0o700, exist_ok=True)
+            make_private_dirs(parent)
         fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
         deadline = time.monotonic() + timeout
         while True:
@@ -389,7 +430,7 @@ class MemoryStore:
                     ) from None
                 time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
 
-    def _load(self, dim: int | None) -> None:
+    def _load(self, dim: int | None, retries: int = 3) -> None:
         size = os.fstat(self._fd).st_size
         created = size < fmt.DAT_HEADER_SIZE
         if created:
@@ -412,6 +453,10 @@ class MemoryStore:
         except FileNotFoundError:
             index, reason = None, "it was missing"
         except (CorruptionError, FormatVersionError) as exc:
+            if self.readonly and retries and os.fstat(self._fd).st_size != size:
+                # A writer appended and checkpointed since the size was taken: the index
+                # covers more than that size. Look again rather than rebuild.
+                return self._load(dim, retries - 1)
             index, reason = None, str(exc)
         if index is None and self.readonly:
             if os.fstat(self._fd).st_nlink == 0:  # replaced meanwhile: read the new one
@@ -631,7 +676,7 @@ class MemoryStore:
         payload: dict[str, Any] = {"i": 0, "t": now, "x": text}
         ts = get("timestamp")
         if ts is not None:
-            payload["t"] = _check_real(ts, "timestamp", 0.0, 1e11)
+            payload["t"] = _check_real(ts, "timestamp", 0.0, fmt.MAX_TIMESTAMP)
         type_name = get("type")
         if type_name is None or type_name == "conversation":
             type_name = "conversation"
@@ -916,6 +961,7 @@ class MemoryStore:
         """The ``n`` newest live memories by timestamp, newest first (level 1 of a restart)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
+        n = min(n, 1 << 62)  # more than any store holds: all of them
         with self._lock:
             self._check()
             hot = self._index.hot_rows()
@@ -1002,7 +1048,7 @@ class MemoryStore:
         session = _check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
             raise InvalidTypeError("types must be a list of type names")
-        if mode not in ("hybrid", "vector", "keyword"):
+        if not isinstance(mode, str) or mode not in ("hybrid", "vector", "keyword"):
             raise InvalidInputError(f"mode must be 'hybrid', 'vector' or 'keyword', got {mode!r}")
         if mode == "keyword":
             return self._keyword_search(query, k, types, lo, hi, session)
@@ -1031,7 +1077,18 @@ class MemoryStore:
                         allowed[code] = 1
             want = _vsearch.candidate_count(k, len(index))
             cand, _ = _vsearch.scan(index, q8[0], want, allowed, lo, hi, session_hash(session))
-            exact = _vsearch.rescore(index, self._data(), cand, q)
+            try:
+                exact = _vsearch.rescore(index, self._data(), cand, q)
+            except ValueError:  # an index row pointing outside the data file
+                raise CorruptIndexError(
+                    f"{self.idx_path}: a row points outside the data file; run repair()",
+                    path=self.idx_path, offset=0,
+                ) from None
+            if not np.isfinite(exact).all():  # an index row over a damaged vector
+                raise CorruptRecordError(
+                    f"{self.dat_path}: a stored vector is not finite; run repair()",
+                    path=self.dat_path, offset=int(index.row(int(cand[~np.isfinite(exact)][0]))[F_OFFSET]),
+                )
             best = np.lexsort((cand, -exact))  # rows are in id order: ties to the older id
             hits = []
             for g, score in zip(cand[best].tolist(), exact[best].tolist()):
@@ -1180,10 +1237,10 @@ class MemoryStore:
         return new_context(text, tokens, budget, items, counter.name, degraded, started)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
+        if encoding is not None and not isinstance(encoding, str):
+            raise InvalidTypeError("encoding must be a tiktoken encoding name")
         if encoding is None or encoding == self.tokens.name:
             return self.tokens
-        if not isinstance(encoding, str):
-            raise InvalidTypeError("encoding must be a tiktoken encoding name")
         counter = self._counters.get(encoding)
         if counter is None:
             counter = self._counters[encoding] = TokenCounter(encoding)
@@ -1331,7 +1388,9 @@ class MemoryStore:
             score += policy.vector_weight * _z(cosines)
         keyword = np.zeros(len(cand))
         at = np.searchsorted(cand, kw_rows)
-        keyword[at] = kw_scores
+        kept = at < len(cand)  # a keyword hit the filters drop (a damaged row) is not a candidate
+        kept[kept] &= cand[at[kept]] == kw_rows[kept]
+        keyword[at[kept]] = kw_scores[kept]
         score += policy.keyword_weight * _z(keyword)
         # Neighbours: smooth, then let a strong match lift the memory next to it.
         lam = policy.neighbour_weight
@@ -1549,12 +1608,12 @@ class MemoryStore:
             fresh = MemoryIndex(header.dim, self._uuid)
             fresh.set_compaction(header)
             problems, _, records = fresh.replay(dat, fmt.DAT_HEADER_SIZE, self._dat_end, self.dat_path)
-            problems += _damaged_rows(self._index, fresh.damaged)
-            problems += _compare(self._index, fresh)
-            problems += _compare_keyword(self._index, fresh)
             try:
+                problems += _damaged_rows(self._index, fresh.damaged)
+                problems += _compare(self._index, fresh)
+                problems += _compare_keyword(self._index, fresh)
                 problems += self._check_hot(dat)
-            except CorruptionError as exc:  # a damaged time order: report it, like the rest
+            except CorruptionError as exc:  # an index too damaged to compare row by row
                 problems.append(Problem("idx", 0, str(exc)))
             size = self._dat_end
             if os.path.exists(self.idx_path):

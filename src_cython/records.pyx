@@ -10,7 +10,7 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport uint32_t
 from libc.string cimport memcpy
-from libc.stdlib cimport free, realloc
+from libc.stdlib cimport free, malloc, realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from _types cimport u8, u16, u32, i64
 from _bytes cimport load_le16, load_le32, store_le16, store_le32
@@ -99,6 +99,117 @@ cdef inline i64 _record_length(const u8* buf, i64 pos, i64 end) noexcept nogil:
     return length
 
 
+# --- resynchronising after damage ------------------------------------------------------
+# After a damaged region the scan looks for the next byte that starts a valid record.
+# Checking each candidate's CRC from scratch costs its claimed length (up to MAX_RECORD),
+# so a file packed with plausible record headers would take O(size x MAX_RECORD). Instead,
+# the CRC of any byte range comes from prefix CRCs: with P(x) the CRC of [origin, x),
+# crc([a, b)) = P(b) ^ x^(8(b - a)) * P(a) mod the CRC polynomial (the algebra of zlib's
+# crc32_combine). Prefix CRCs are kept every STRIDE bytes in a ring that spans one
+# MAX_RECORD window and are extended only forward: the resync CRCs each byte at most once
+# and a candidate costs O(STRIDE) plus three carry-less products.
+
+cdef enum:
+    STRIDE = 32
+    MAX_RECORD_LEN = HEADER_SIZE + 2 * MAX_DIM + MAX_RAW_PAYLOAD
+    RING = MAX_RECORD_LEN // STRIDE + 8
+    LO_BITS = 11
+
+cdef u32 POLY = 0xEDB88320
+cdef u32 X8_LO[1 << LO_BITS]  # x^(8 n) mod P for n < 2^LO_BITS
+cdef u32 X8_HI[(MAX_RECORD_LEN >> LO_BITS) + 2]  # x^(8 n 2^LO_BITS) mod P
+
+
+cdef inline u32 _multmodp(u32 a, u32 b) noexcept nogil:
+    # a * b modulo the CRC polynomial, bit-reflected (bit 31 is x^0), as zlib's multmodp.
+    cdef u32 m = 1u << 31, p = 0
+    cdef int i
+    for i in range(32):
+        if a & m:
+            p ^= b
+        m >>= 1
+        b = (b >> 1) ^ POLY if b & 1 else b >> 1
+    return p
+
+
+cdef void _init_shift_tables() noexcept:
+    cdef u32 x8 = 1u << 23  # x^8
+    cdef u32 step, v = 1u << 31  # x^0
+    cdef Py_ssize_t i
+    for i in range(1 << LO_BITS):
+        X8_LO[i] = v
+        v = _multmodp(v, x8)
+    step = v  # x^(8 2^LO_BITS)
+    v = 1u << 31
+    for i in range((MAX_RECORD_LEN >> LO_BITS) + 2):
+        X8_HI[i] = v
+        v = _multmodp(v, step)
+
+_init_shift_tables()
+
+
+cdef inline u32 _shift(u32 crc, i64 n) noexcept nogil:
+    # crc * x^(8 n): the CRC of A carried over n more bytes (0 <= n <= MAX_RECORD_LEN).
+    return _multmodp(_multmodp(X8_HI[n >> LO_BITS], X8_LO[n & ((1 << LO_BITS) - 1)]), crc)
+
+
+cdef struct _Prefix:
+    const u8* base
+    i64 origin  # P(origin) = 0
+    i64 filled  # checkpoints 0 .. filled - 1 are in the ring
+    u32* ring  # checkpoint j (P(origin + j STRIDE)) at ring[j % RING]
+
+
+cdef inline void _prefix_reset(_Prefix* pf, i64 origin) noexcept nogil:
+    pf.origin = origin
+    pf.filled = 1
+    pf.ring[0] = 0
+
+
+cdef u32 _prefix_crc(_Prefix* pf, i64 x) noexcept nogil:
+    # P(x) for origin <= x; extends the checkpoints forward as needed.
+    cdef i64 j = (x - pf.origin) // STRIDE, at
+    while pf.filled <= j:
+        at = pf.origin + (pf.filled - 1) * STRIDE
+        pf.ring[pf.filled % RING] = _crc_update(pf.ring[(pf.filled - 1) % RING], pf.base + at, STRIDE)
+        pf.filled += 1
+    at = pf.origin + j * STRIDE
+    return _crc_update(pf.ring[j % RING], pf.base + at, x - at)
+
+
+cdef i64 _candidate_length(_Prefix* pf, i64 pos, i64 end) noexcept nogil:
+    # _record_length(pos) computed through the prefix CRCs: the same answer, without
+    # reading the candidate's bytes (beyond those not yet covered by the prefix).
+    cdef const u8* p = pf.base + pos
+    cdef u32 dim, plen, rlen, crc, body
+    cdef i64 length, a, b
+    if pos + HEADER_SIZE > end:
+        return 0
+    if load_le32(p) != MAGIC_LE32 or p[4] != FORMAT_VERSION or p[5] < 1 or p[5] > 3:
+        return 0
+    dim = load_le16(p + 6)
+    plen = load_le32(p + 8)
+    rlen = load_le32(p + 12)
+    if dim > MAX_DIM or rlen > MAX_RAW_PAYLOAD or plen > rlen:
+        return 0
+    length = HEADER_SIZE + 2 * <i64>dim + plen
+    if pos + length > end:
+        return 0
+    a = pos + HEADER_SIZE
+    b = pos + length
+    if a < pf.origin + (pf.filled - 1) * STRIDE - (RING - 2) * <i64>STRIDE or a < pf.origin:
+        _prefix_reset(pf, a)  # not reached while positions only grow; kept as a safe path
+    elif a > pf.origin + (pf.filled - 1) * STRIDE:
+        _prefix_reset(pf, a)  # past the window: the bytes between need no prefix
+    body = _prefix_crc(pf, b)  # extends the ring to b; a stays in it (b - a < RING STRIDE)
+    body ^= _shift(_prefix_crc(pf, a), b - a)
+    crc = _crc_update(0, p, CRC_AT)
+    crc = _shift(crc, b - a) ^ body
+    if crc != load_le32(p + CRC_AT):
+        return 0
+    return length
+
+
 def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     """Walk the records in ``buf[start:end]``; see fastmem._kernels_py.scan_records."""
     if not (0 <= start <= end <= buf.shape[0]):
@@ -112,29 +223,38 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     cdef i64[:] lens = np.empty(4096, dtype=np.int64)
     cdef Py_ssize_t count
     cdef i64 bad_start
-    while pos < e:
-        count = 0
-        bad_start = -1
-        with nogil:
-            while pos < e and count < 4096:
-                length = _record_length(base, pos, e)
-                if length == 0:
-                    bad_start = pos
-                    nxt = pos + 1
-                    while nxt < e:
-                        if base[nxt] == MAGIC_BYTE0 and _record_length(base, nxt, e):
-                            break
-                        nxt += 1
-                    pos = nxt if nxt < e else e
-                    break
-                offs[count] = pos
-                lens[count] = length
-                count += 1
-                pos += length
-        if count:
-            good.append((np.asarray(offs[:count]).copy(), np.asarray(lens[:count]).copy()))
-        if bad_start >= 0:
-            bad.append((bad_start, pos))
+    cdef _Prefix prefix
+    prefix.base = base
+    prefix.ring = <u32*>malloc(RING * sizeof(u32))
+    if prefix.ring == NULL:
+        raise MemoryError()
+    _prefix_reset(&prefix, s)
+    try:
+        while pos < e:
+            count = 0
+            bad_start = -1
+            with nogil:
+                while pos < e and count < 4096:
+                    length = _record_length(base, pos, e)
+                    if length == 0:
+                        bad_start = pos
+                        nxt = pos + 1
+                        while nxt < e:
+                            if base[nxt] == MAGIC_BYTE0 and _candidate_length(&prefix, nxt, e):
+                                break
+                            nxt += 1
+                        pos = nxt if nxt < e else e
+                        break
+                    offs[count] = pos
+                    lens[count] = length
+                    count += 1
+                    pos += length
+            if count:
+                good.append((np.asarray(offs[:count]).copy(), np.asarray(lens[:count]).copy()))
+            if bad_start >= 0:
+                bad.append((bad_start, pos))
+    finally:
+        free(prefix.ring)
     if good:
         offsets = np.concatenate([g[0] for g in good])
         lengths = np.concatenate([g[1] for g in good]).astype(np.uint32)
@@ -205,22 +325,24 @@ def frame_records(int kind, list payloads, const u32[::1] raw_lens, const u16[:,
     return out, lengths, crcs
 
 
-def check_record(object buf, i64 offset, i64 end):
+def check_record(object buf, object offset, object end):
     """``(kind, dim, payload_len, raw_len)`` of the valid record at ``offset``, else None."""
     # Py_buffer directly: a typed memoryview costs more than the check itself here.
     cdef Py_buffer view
-    cdef i64 length
+    cdef i64 length, at, stop
     cdef const u8* p
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
-        if offset < 0 or end > view.len or offset >= end:
+        # Python ints first: an offset from a damaged index row may not fit in 64 bits
+        if not (0 <= offset < end <= view.len):
             return None
+        at, stop = offset, end
         p = <const u8*>view.buf
         with nogil:
-            length = _record_length(p, offset, end)
+            length = _record_length(p, at, stop)
         if length == 0:
             return None
-        p += offset
+        p += at
         return p[5], load_le16(p + 6), load_le32(p + 8), load_le32(p + 12)
     finally:
         PyBuffer_Release(&view)
