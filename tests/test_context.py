@@ -222,6 +222,21 @@ def test_preload_runs_in_the_background_and_stops_at_close(store_path):
     assert store._preload.finished.is_set() and time.perf_counter() - started < 5
 
 
+def test_preload_gives_way_to_callers(store_path, monkeypatch):
+    with fastmem.open(store_path, durability="none") as store:
+        store.add_many([{"text": f"memory {i}"} for i in range(300)])
+    monkeypatch.setattr(fastmem.store._Preload, "_QUIET", 60.0)  # callers never leave it alone
+    monkeypatch.setattr(fastmem.store._Preload, "_MAX_DEFER", 60.0)
+    store = fastmem.open(store_path, policy=ContextPolicy(preload=100, preload_chunk=10))
+    store.get("m1")
+    assert not store.wait_preload(0.3) and store.preload_progress == (0, 0)  # not started
+    store.close()  # stops it while it waits
+    assert store._preload.finished.is_set()
+    monkeypatch.setattr(fastmem.store._Preload, "_MAX_DEFER", 0.05)  # ...but it is never starved
+    with fastmem.open(store_path, policy=ContextPolicy(preload=100, preload_chunk=10)) as store:
+        assert store.wait_preload(30) and store.preload_progress == (100, 100)
+
+
 def test_access_statistics_are_checkpointed_at_close(store_path):
     with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
         mid = store.add("The user likes green tea.", type="fact")
