@@ -15,7 +15,8 @@ import hashlib
 import mmap
 import os
 import time
-import weakref
+import atexit  # noqa: F401 - now: weakref.finalize imports it at its first use, which
+import weakref  # would wait for the import lock a background loader holds (_threads.py)
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 

@@ -25,6 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ._threads import let_the_caller_return
 from .errors import EmbedderUnavailableError, InvalidTypeError
 
 __all__ = [
@@ -200,6 +201,7 @@ class MiniLM:
 
     def _load(self) -> None:
         try:
+            let_the_caller_return()
             from threadpoolctl import ThreadpoolController
             from tokenizers import Tokenizer
 
