@@ -40,6 +40,7 @@ from ._index import (
     default_importance, session_hash, update_changes,
 )  # fmt: skip
 from ._vectors import quantize, to_float16
+from .embed import default_embedder  # light: the model's libraries load in its thread
 from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
 from . import _maintenance
 from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
@@ -1710,9 +1711,7 @@ def _resolve_embedder(embedder: Any) -> Any:
         return None
     if choice != "default":
         raise InvalidInputError(f"FASTMEM_EMBEDDER must be 'default' or 'none', not {choice!r}")
-    from .embed import default_embedder  # the model loads in the background: open never waits
-
-    return default_embedder()
+    return default_embedder()  # the model loads in the background: open never waits
 
 
 def _embedder_identity(embedder: Any) -> tuple[str, int] | None:
