@@ -403,8 +403,8 @@ def render(results: dict[int, dict[str, Any]], machine: str, commands: list[str]
         f"{FIRST_QUERY_RUNS} processes.",
         "",
         "fastmem as opened by default starts its level-2 preload thread (importance of every "
-        "row, then the texts of the 1,000 most important memories), which holds the store's "
-        "lock in chunks and competes with the first query; \"no preload\" opens with "
+        "row, then the texts of the 1,000 most important memories), which waits for 50 ms "
+        "without calls but still shares the machine with the first query; \"no preload\" opens with "
         "`ContextPolicy(preload=0, recent=0)`: the search alone.",
         "",
         "| size | fastmem ms | fastmem, no preload ms | numpy (np.load mmap) ms | faiss (read_index) ms |",
