@@ -12,6 +12,8 @@ Per size:
 * the same with a time filter that keeps 1% of the memories (3.65 days of the year);
 * the first vector query of a fresh process (open + one search, the level-2 preload off),
   timed inside the child;
+* hybrid top-10: text queries of two frequent words whose vectors are known (the ranking's
+  cost, not the model's), to set beside vector + keyword;
 * the importance recompute over every row (``store.importance_scores()``);
 * keyword top-10: the keyword benchmarks of bench_keyword.py (frequent and rare words,
   first query), collected here too so that this file covers every search kernel.
@@ -121,6 +123,33 @@ def bench_vector_first_query(benchmark: Any, record: Any, size: int,
 
     benchmark.pedantic(once, rounds=FIRST_QUERY_RUNS, iterations=1)
     record(size, open_and_first_query_ms=1e3 * statistics.median(runs))
+
+
+class _QueryVectors:
+    """An embedder that knows the benchmark's query texts: the hybrid ranking's own cost,
+    without the model's (one all-MiniLM-L6-v2 query embedding: ~5 ms, see context_speed.py)."""
+
+    def __init__(self, texts: list[str], vectors: np.ndarray) -> None:
+        self._vector_of = dict(zip(texts, vectors))
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return np.stack([self._vector_of[t] for t in texts]).astype(np.float32)
+
+
+def bench_hybrid(benchmark: Any, record: Any, size: int,
+                 built_store: tuple[str, list[str]], queries: Any) -> None:  # fmt: skip
+    """Hybrid top-10 (vector and BM25 rankings fused, with importance and recency) for two
+    frequent words with a query vector: to set beside vector top-10 + keyword top-10."""
+    texts = workload.keyword_queries("frequent")
+    embedder = _QueryVectors(texts, queries[0][: len(texts)])
+    with fastmem.open(built_store[0], readonly=True, policy=QUIET, embedder=embedder) as store:
+        for text in texts:  # warm up
+            store.search(text, K, mode="hybrid")
+        cycle = itertools.cycle(texts)
+        hits = benchmark.pedantic(lambda: store.search(next(cycle), K, mode="hybrid"),
+                                  rounds=3 * len(texts), iterations=1)  # fmt: skip
+    assert len(hits) == K
+    record(size, **_percentiles(benchmark))
 
 
 def bench_importance_recompute(benchmark: Any, record: Any, size: int,

@@ -59,9 +59,9 @@ print(json.dumps({"first": t1 - t0, "degraded": ctx.degraded, "tokens": ctx.toke
 """
 
 
-def questions(count: int) -> list[str]:
+def questions(count: int, seed: int) -> list[str]:
     words = workload.vocabulary()[0]
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     return [
         "What did we say about " + " ".join(words[i] for i in rng.integers(0, 3000, 3)) + "?"
         for _ in range(count)
@@ -76,8 +76,8 @@ def main() -> None:
     import fastmem
 
     source = workload.fastmem_source()
-    qs = questions(args.queries + 10)
     for n in workload.parse_sizes(args.sizes):
+        qs = questions(args.queries + 10, seed=n)  # new to the process's query cache
         path, _ = workload.cached_store(n, log=print)
         opens = [workload.run_child(OPEN_CHILD, path, source)["seconds"] for _ in range(5)]
         first = workload.run_child(FIRST_CONTEXT_CHILD, path, source, qs[0])

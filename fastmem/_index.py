@@ -313,6 +313,23 @@ class MemoryIndex:
         """One field of every row, base then tail (a copy)."""
         return np.concatenate([self.base_rows[name], self.tail.rows[name][: self.tail.n]])
 
+    def gather(self, rows: np.ndarray, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """The fields ``names`` of ``rows`` (global row numbers, any order), base and tail
+        alike: what a ranking needs of a few hundred rows without a tuple per row."""
+        rows = np.asarray(rows, dtype=np.int64)
+        nb = self.n_base
+        in_base = rows < nb
+        if in_base.all():
+            return {name: self.base_rows[name][rows] for name in names}
+        base, tail = rows[in_base], rows[~in_base] - nb
+        out = {}
+        for name in names:
+            column = np.empty(len(rows), dtype=fmt.INDEX_DTYPE[name])
+            column[in_base] = self.base_rows[name][base]
+            column[~in_base] = self.tail.rows[name][tail]
+            out[name] = column
+        return out
+
     def _locate(self, g: int) -> tuple[np.ndarray, int]:
         nb = self.n_base
         return (self.base_rows, g) if g < nb else (self.tail.rows, g - nb)

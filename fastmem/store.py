@@ -36,7 +36,7 @@ from . import _format as fmt
 from . import _kernels, _vsearch
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_SESSION,
-    F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE, MemoryIndex, Problem,
+    F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, Problem,
     default_importance, session_hash, update_changes,
 )  # fmt: skip
 from ._vectors import quantize, to_float16
@@ -1424,23 +1424,24 @@ class MemoryStore:
         are in the order memories were added) that pass the filters, sorted; and for each,
         the position of its neighbour before and after in the result (-1: none)."""
         index = self._index
-        n = len(index)
         near = np.concatenate([found - 1, found, found + 1])
-        near = np.unique(near[(near >= 0) & (near < n)])
-        info = {g: index.row(g) for g in near.tolist()}
-        cand = np.array([g for g, row in info.items() if f.passes(row)], dtype=np.int64)
-        where = {g: i for i, g in enumerate(cand.tolist())}
-        prev = np.full(len(cand), -1, dtype=np.int64)
-        nxt = np.full(len(cand), -1, dtype=np.int64)
-        for i, g in enumerate(cand.tolist()):
-            session = info[g][F_SESSION]
-            j = where.get(g - 1)
-            if j is not None and info[g - 1][F_SESSION] == session:
-                prev[i] = j
-            j = where.get(g + 1)
-            if j is not None and info[g + 1][F_SESSION] == session:
-                nxt[i] = j
+        near = np.unique(near[(near >= 0) & (near < len(index))])
+        fields = index.gather(near, ("flags", "timestamp", "session", "type"))
+        kept = f.mask(fields)
+        cand, session = near[kept], fields["session"][kept]
+        prev = self._neighbour_positions(cand, session, -1)
+        nxt = self._neighbour_positions(cand, session, 1)
         return cand, prev, nxt
+
+    @staticmethod
+    def _neighbour_positions(cand: np.ndarray, session: np.ndarray, step: int) -> np.ndarray:
+        """For each of the sorted rows ``cand``, the position in ``cand`` of row ``g + step``
+        when it is there and in the same session, else -1."""
+        if not len(cand):
+            return np.zeros(0, dtype=np.int64)
+        at = np.minimum(np.searchsorted(cand, cand + step), len(cand) - 1)
+        found = (cand[at] == cand + step) & (session[at] == session)
+        return np.where(found, at, -1).astype(np.int64)
 
     def _cosines(self, rows: np.ndarray, query: Any) -> np.ndarray:
         """Approximate cosines (int8 vectors) of ``rows`` with a query vector; rows without a
@@ -1457,15 +1458,13 @@ class MemoryStore:
         policy = self.policy
         wanted = session_hash(session) if session else 0
         scale = 1.0 / (policy.recency_half_life_days * DAY)
-        out = np.zeros(len(rows))
-        for i, g in enumerate(rows.tolist()):
-            row = self._index.row(g)
-            bonus = policy.importance_weight * row[F_IMPORTANCE]
-            bonus += policy.recency_weight * 2.0 ** (-max(0.0, now - row[F_TS]) * scale)
-            if wanted and row[F_SESSION] == wanted:
-                bonus += policy.session_weight
-            out[i] = bonus
-        return out
+        fields = self._index.gather(rows, ("importance", "timestamp", "session"))
+        age = np.fmax(0.0, now - fields["timestamp"].astype(np.float64))  # fmax: a NaN age is 0
+        bonus = policy.importance_weight * fields["importance"].astype(np.float64)
+        bonus += policy.recency_weight * 2.0 ** (-age * scale)
+        if wanted:
+            bonus += policy.session_weight * (fields["session"] == wanted)
+        return bonus
 
     def _vector_candidates(
         self, query: Any, k: int, f: _Filters
@@ -1730,13 +1729,16 @@ class _Filters(NamedTuple):
     until: float
     session: int
 
-    def passes(self, row: tuple[Any, ...]) -> bool:
-        return (
-            not row[F_FLAGS] & fmt.FLAG_FORGOTTEN
-            and self.since <= row[F_TS] <= self.until
-            and (not self.session or row[F_SESSION] == self.session)
-            and (self.allowed is None or bool(self.allowed[row[F_TYPE]]))
-        )
+    def mask(self, fields: dict[str, np.ndarray]) -> np.ndarray:
+        """Which rows pass, from their fields (``MemoryIndex.gather``)."""
+        ts = fields["timestamp"]
+        keep = (fields["flags"] & fmt.FLAG_FORGOTTEN) == 0
+        keep &= (ts >= self.since) & (ts <= self.until)  # a NaN timestamp fails both
+        if self.session:
+            keep &= fields["session"] == self.session
+        if self.allowed is not None:
+            keep &= self.allowed[fields["type"]].astype(bool)
+        return keep
 
 
 _NO_FILTERS = _Filters(None, -math.inf, math.inf, 0)
