@@ -40,7 +40,7 @@ import json, random, signal, sys, time, warnings
 import fastmem
 warnings.simplefilter("ignore")
 path, ids = sys.argv[1], json.loads(sys.stdin.readline())
-store = fastmem.open(path, readonly=True, policy=fastmem.ContextPolicy(preload=0, recent=0))
+store = fastmem.open(path, readonly=True, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
 store.tokens.encoding  # its background load would slow the first calls down
 rng = random.Random(int(sys.argv[2]))
 from fastmem import _maintenance
@@ -90,7 +90,7 @@ def main() -> None:
         rng = np.random.default_rng(5)
         gone = rng.choice(len(ids), int(n * args.forget), replace=False)
         started = time.perf_counter()
-        with fastmem.open(path, durability="none") as store:
+        with fastmem.open(path, durability="none", embedder=None) as store:
             for i in gone.tolist():
                 store.forget(ids[i])
         log(f"forgot {len(gone):,} memories in {time.perf_counter() - started:.1f} s")
@@ -98,7 +98,7 @@ def main() -> None:
         keep[gone] = False
         live = [ids[i] for i in np.nonzero(keep)[0][:: max(1, n // 20_000)].tolist()]
 
-        store = fastmem.open(path, durability="batch")
+        store = fastmem.open(path, durability="batch", embedder=None)
         readers = [
             subprocess.Popen([sys.executable, "-c", READER, path, str(k)], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, text=True, env=workload.child_env())
@@ -146,7 +146,7 @@ def main() -> None:
                           "calls_over_2ms_during_compaction": len(during),
                           "max_ms_during_compaction": round(max(during, default=0.0) * 1e3, 2)})  # fmt: skip
         store.close()
-        with fastmem.open(path, readonly=True) as check:
+        with fastmem.open(path, readonly=True, embedder=None) as check:
             ok = check.verify().ok
             count = len(check)
         thread_sorted = sorted(thread_times)

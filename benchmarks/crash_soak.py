@@ -57,6 +57,8 @@ def main() -> None:
                     os.remove(os.path.join(folder, name))
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+    if not totals["acked"]:  # a writer that dies before its first add proves nothing
+        errors.append("no memory was acknowledged: the writer never got past open")
     print(json.dumps({**totals, "killed_during": phases, "errors": errors[:20],
                       "seconds": round(time.perf_counter() - started, 1)}, indent=1))  # fmt: skip
     sys.exit(1 if errors or totals["lost"] or totals["garbled"] or totals["unclean_verify"] else 0)

@@ -65,7 +65,7 @@ def writer(path: str, seed: int, ack_path: str) -> None:
     rng = random.Random(seed)
     ack("phase", "open")
     warnings.simplefilter("ignore")
-    store = fastmem.open(path, durability="always", dim=4, policy=fastmem.ContextPolicy(preload=0, recent=0))
+    store = fastmem.open(path, durability="always", dim=4, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
     live = [m.id for m in store]
     ack("ready")
     i = 0
@@ -269,7 +269,7 @@ class Model:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", fastmem.RecoveryWarning)
-            store = fastmem.open(path, durability="none", policy=fastmem.ContextPolicy(preload=0, recent=0))
+            store = fastmem.open(path, durability="none", embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
         with store:
             report = store.verify()
             if not report.ok:
