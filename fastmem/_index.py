@@ -113,6 +113,9 @@ class MemoryIndex:
         # (a restart that answers from the hot section never needs them).
         self.n_base = 0
         self._base: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        # The pinned live rows, most important first, once a context has asked: reset by
+        # every change of a row or of the row count (a context scans no flags while unset).
+        self.pinned: list[int] | None = None
         self._base_spec: tuple[mmap.mmap, fmt.IdxLayout, int] | None = None
         self._base_spec_path = ""
         self._base_bytes = memoryview(b"")
@@ -344,6 +347,7 @@ class MemoryIndex:
     def set_field(self, g: int, name: str, value: Any) -> None:
         rows, i = self._locate(g)
         rows[name][i] = value
+        self.pinned = None
 
     def change(self, g: int, changes: dict[int, Any]) -> None:
         """Set row ``g``'s fields given by position (``F_*``), as ``update_changes`` makes."""
@@ -489,6 +493,7 @@ class MemoryIndex:
     def append(self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str]) -> None:
         """Add rows (``INDEX_DTYPE``, ids above every existing one), their float16 vectors
         (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search)."""
+        self.pinned = None
         self.keyword.add(len(self), texts, (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0)
         if vectors16 is not None and self.dim:
             has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0

@@ -1311,6 +1311,11 @@ class MemoryStore:
 
     def _pinned_rows(self) -> list[int]:
         """Pinned live memories, most important first."""
+        if self._index.pinned is None:
+            self._index.pinned = self._find_pinned()
+        return self._index.pinned
+
+    def _find_pinned(self) -> list[int]:
         pinned, importance = [], []
         for first, rows, _ in self._index.segments():
             flags = rows["flags"]

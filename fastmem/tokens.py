@@ -56,6 +56,10 @@ def _load(name: str) -> Any:
         return encoding
 
 
+_SHORT = 64  # characters: texts up to this long are counted once (headers, short lines)
+_SHORT_CACHED = 4096
+
+
 class TokenCounter:
     """Counts tokens with one tiktoken encoding; the encoding loads in a background thread
     started here (about 0.25 s), and the first call that needs it waits for it."""
@@ -64,6 +68,7 @@ class TokenCounter:
         if not isinstance(encoding, str) or not encoding:
             raise InvalidInputError(f"encoding must be a tiktoken encoding name, not {encoding!r}")
         self.name = encoding
+        self._short: dict[str, int] = {}
         self._encoding: Any = _loaded.get(encoding)
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -97,7 +102,14 @@ class TokenCounter:
 
     def count(self, text: str) -> int:
         """The number of tokens of ``text`` (special tokens counted as plain text)."""
-        return len(self.encoding.encode_ordinary(text))
+        if len(text) > _SHORT:
+            return len(self.encoding.encode_ordinary(text))
+        n = self._short.get(text)
+        if n is None:  # a context's headers come back call after call: counted once
+            if len(self._short) >= _SHORT_CACHED:
+                self._short.clear()
+            n = self._short[text] = len(self.encoding.encode_ordinary(text))
+        return n
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
         encode = self.encoding.encode_ordinary

@@ -207,6 +207,25 @@ def test_the_store_refuses_another_embedder(store_path):
         assert len(store) == 1
 
 
+def test_pinned_section_follows_pins_forgets_and_new_memories(store_path):
+    def pinned(store):
+        return [item.text for item in store.context("anything", budget=400).items if item.level == 0]
+
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        tea = store.add("The user drinks green tea.", type="fact", pinned=True)
+        dog = store.add("The user has a dog called Rex.", type="fact")
+        assert pinned(store) == ["The user drinks green tea."]
+        store.pin(dog)
+        store.update(dog, importance=1.0)  # the more important comes first
+        assert pinned(store) == ["The user has a dog called Rex.", "The user drinks green tea."]
+        store.forget(tea)
+        assert pinned(store) == ["The user has a dog called Rex."]
+        store.add("The user lives in Porto.", type="fact", pinned=True, importance=0.1)
+        assert pinned(store) == ["The user has a dog called Rex.", "The user lives in Porto."]
+        store.pin(dog, False)
+        assert pinned(store) == ["The user lives in Porto."]
+
+
 def test_preload_runs_in_the_background_and_stops_at_close(store_path):
     with fastmem.open(store_path, durability="none") as store:
         store.add_many([{"text": f"memory {i}", "importance": (i % 10) / 10} for i in range(3000)])
