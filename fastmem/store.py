@@ -24,6 +24,7 @@ import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import islice
@@ -94,9 +95,24 @@ def _after_fork_in_child() -> None:
     # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
     for store in list(_stores):
         store._lock = threading.RLock()
+    global _keyword_thread, _keyword_thread_lock
+    _keyword_thread, _keyword_thread_lock = None, threading.Lock()  # the parent's thread and lock
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+_keyword_thread: ThreadPoolExecutor | None = None
+_keyword_thread_lock = threading.Lock()
+
+
+def _keyword_worker() -> ThreadPoolExecutor:
+    """One thread per process that runs a ranking's keyword search while the caller's
+    thread embeds the query and scans the vectors (both release the GIL)."""
+    global _keyword_thread
+    with _keyword_thread_lock:
+        if _keyword_thread is None:
+            _keyword_thread = ThreadPoolExecutor(1, thread_name_prefix="fastmem-keyword")
+        return _keyword_thread
 
 
 class Memory(NamedTuple):
@@ -680,7 +696,7 @@ class MemoryStore:
         if ts is not None:
             payload["t"] = _check_real(ts, "timestamp", 0.0, fmt.MAX_TIMESTAMP)
         type_name = get("type")
-        if type_name is None or type_name == "conversation":
+        if type_name is None or (type(type_name) is str and type_name == "conversation"):
             type_name = "conversation"
         else:
             payload["y"] = _check_str(type_name, "type", fmt.MAX_TYPE_CHARS, optional=False)
@@ -1061,8 +1077,12 @@ class MemoryStore:
             if mode == "hybrid":
                 return self._hybrid_search(query, k, types, lo, hi, session)
             query = self._embed_query(query)
-        if np.ndim(query) != 1:
-            raise InvalidInputError("query must be one flat vector")
+        try:
+            flat = np.ndim(query) == 1
+        except ValueError:  # e.g. lists nested deeper than numpy's 64 dimensions
+            flat = False
+        if not flat:
+            raise InvalidInputError("query must be text or one flat vector")
         with self._lock:
             self._check()
             index = self._index
@@ -1375,18 +1395,21 @@ class MemoryStore:
             return [], False
         f = filters or _NO_FILTERS
         policy = self.policy
-        degraded = False
         vector = None
         parts = []
         embedder = self._embedder
-        if embedder is not None and index.dim:
-            if getattr(embedder, "ready", True):
+        words = _content_words(query)
+        degraded = embedder is not None and bool(index.dim) and not getattr(embedder, "ready", True)
+        if embedder is not None and index.dim and not degraded:
+            keyword_job = _keyword_worker().submit(index.keyword.search, index, words, k, *f)
+            try:
                 vector = _query_vector(embedder, query)
                 parts.append(self._vector_candidates(vector, k, f)[0])
-            else:
-                degraded = True
-        words = _content_words(query)
-        kw_rows, kw_scores = index.keyword.search(index, words, k, *f)
+            finally:
+                wait([keyword_job])  # it reads the index: done before anything can change it
+            kw_rows, kw_scores = keyword_job.result()
+        else:
+            kw_rows, kw_scores = index.keyword.search(index, words, k, *f)
         parts.append(kw_rows)
         found = np.unique(np.concatenate(parts)).astype(np.int64)
         if not len(found):

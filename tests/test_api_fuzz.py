@@ -160,6 +160,18 @@ def test_open_with_a_hostile_path(path):
         fastmem.open(path, embedder=None)
 
 
+def test_arrays_where_a_name_or_a_flat_vector_goes_are_refused(tmp_path):
+    deep: list = [1.0]
+    for _ in range(70):  # numpy arrays have at most 64 dimensions
+        deep = [deep]
+    with _store(str(tmp_path / "s")) as store:
+        for mode in ("vector", "hybrid"):
+            with pytest.raises(fastmem.InvalidInputError):
+                store.search(deep, mode=mode)
+        with pytest.raises(fastmem.InvalidTypeError):  # compared with "conversation" it was ambiguous
+            store.add_many([{"text": "x", "type": np.full(8, np.nan)}])
+
+
 def test_nan_and_infinite_numbers_are_refused_everywhere(tmp_path):
     with _store(str(tmp_path / "s")) as store:
         size = os.path.getsize(store.dat_path)

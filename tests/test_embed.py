@@ -3,13 +3,19 @@ and the store using it (background load, recorded identity, degraded contexts)."
 
 from __future__ import annotations
 
+import argparse
+import collections
+import email
 import json
+import logging
 import os
+import pathlib
 import shutil
 import struct
 import subprocess
 import sys
 import threading
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -35,26 +41,34 @@ def model() -> embed.MiniLM:
     return m
 
 
+# Empty, one character, longer than the model's 256 tokens, non-ASCII.
+EDGE_TEXTS = ["", "a", "word " * 400, "Ünïcödé 漢字 and an emoji 🎉"]
+
+
 def real_texts(n: int) -> list[str]:
-    """Conversation turns from the LoCoMo dev half (or fixed sentences without it)."""
+    """``n`` conversation turns from the LoCoMo dev half; where the shared data is not beside
+    the checkout, ``n`` sentences of the standard library's docstrings (real English too)."""
     texts: list[str] = []
     if DATA.exists():
         for sample in json.loads(DATA.read_text()):
             for key, turns in sample["conversation"].items():
                 if key.startswith("session_") and isinstance(turns, list):
                     texts.extend(turn["text"] for turn in turns)
-    texts = texts[:: max(1, len(texts) // n)][:n] if texts else [
-        "I went hiking with my dog last weekend.",
-        "The quarterly report is due on Friday.",
-    ]  # fmt: skip
-    # Edge cases: empty, one character, longer than the model's 256 tokens, non-ASCII.
-    return texts + ["", "a", "word " * 400, "Ünïcödé 漢字 and an emoji 🎉"]
+    else:
+        for module in (argparse, collections, email, json, logging, pathlib, subprocess, typing):
+            for obj in vars(module).values():
+                doc = getattr(obj, "__doc__", None)
+                if isinstance(doc, str):
+                    texts.extend(s for s in " ".join(doc.split()).split(". ") if len(s) > 30)
+        texts = sorted(set(texts))
+    assert len(texts) >= n, len(texts)
+    return texts[:: len(texts) // n][:n]
 
 
 def test_the_numpy_runtime_gives_sentence_transformers_vectors(model):
     from sentence_transformers import SentenceTransformer
 
-    texts = real_texts(60)
+    texts = real_texts(60) + EDGE_TEXTS
     ours = model.encode(texts)
     theirs = SentenceTransformer(str(model.path), device="cpu").encode(
         texts, normalize_embeddings=True, batch_size=16
@@ -218,7 +232,7 @@ def test_search_recall_on_real_embeddings(model, store_path):
     """Vector search (int8 scan, exact rescoring) against exact float32 top-10, on
     all-MiniLM-L6-v2 embeddings of real conversation turns: real vectors crowd together
     far more than random ones, which is where a quantized scan could lose neighbours."""
-    texts = real_texts(600)[:600]
+    texts = real_texts(600)
     vectors = model.encode(texts)
     queries = vectors[7::30]  # turns as queries: each has close neighbours among the others
     with fastmem.open(store_path, embedder=model, durability="none") as store:
