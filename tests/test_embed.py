@@ -4,8 +4,8 @@ and the store using it (background load, recorded identity, degraded contexts)."
 from __future__ import annotations
 
 import argparse
+import asyncio
 import collections
-import email
 import json
 import logging
 import os
@@ -14,8 +14,11 @@ import shutil
 import struct
 import subprocess
 import sys
+import tarfile
 import threading
-import typing
+import types
+import unittest
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +58,10 @@ def real_texts(n: int) -> list[str]:
                 if key.startswith("session_") and isinstance(turns, list):
                     texts.extend(turn["text"] for turn in turns)
     else:
-        for module in (argparse, collections, email, json, logging, pathlib, subprocess, typing):
+        for module in (argparse, asyncio, collections, logging, pathlib, subprocess, tarfile,
+                       threading, unittest, zipfile):
             for obj in vars(module).values():
-                doc = getattr(obj, "__doc__", None)
+                doc = obj.__doc__ if isinstance(obj, (type, types.FunctionType)) else None
                 if isinstance(doc, str):
                     texts.extend(s for s in " ".join(doc.split()).split(". ") if len(s) > 30)
         texts = sorted(set(texts))
