@@ -36,7 +36,7 @@ from .errors import (
 )
 from .context import Context, ContextItem, ContextPolicy
 from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
-from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open
+from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open, repair
 
 __version__ = "0.1.0"
 
@@ -75,6 +75,7 @@ __all__ = [
     "UnknownMemoryError",
     "__version__",
     "open",
+    "repair",
 ]
 
 

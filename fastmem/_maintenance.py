@@ -37,7 +37,10 @@ import numpy as np
 from . import _format as fmt
 from . import _kernels
 from ._index import MemoryIndex, Problem, default_importance
-from .errors import CorruptionError, CorruptRecordError, InvalidInputError, InvalidTypeError
+from .errors import (
+    CorruptionError, CorruptRecordError, FormatVersionError, InvalidInputError, InvalidTypeError,
+    StoreLockedError, StoreNotFoundError,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from .store import MemoryStore
@@ -673,6 +676,77 @@ def repair(store: MemoryStore) -> RepairReport:
     cut = sorted(problems, key=lambda p: p.offset)
     return RepairReport(not regions and not problems, memories, records, cut,
                         sum(n for _, n in regions), damaged_path, sum(before), sum(_sizes(store)))  # fmt: skip
+
+
+def rebuild_header(dat_path: str, idx_path: str) -> Problem | None:
+    """Write a new header over a damaged one so that the store opens again; ``None`` when
+    the header is intact (nothing is written).
+
+    The 64 bytes are all that stands between an intact data file and every memory in it, so
+    they are rebuilt from what the records and the index say: the dimension from the first
+    memory record with a vector; the store's UUID from the index's header when that is
+    intact (the index then stays valid), a new one otherwise; the end of the run of memory
+    records at the start as the compacted prefix (a compacted file's prefix is sorted by id
+    on replay; in a file never compacted that run is in id order already); no id floor
+    (an id of a memory dropped by an earlier compaction may be given again); no embedder
+    fingerprint (any embedder of the right dimension is accepted). The old bytes are kept
+    in ``<name>.dat.damaged-<time>-header``.
+
+    Raises:
+        StoreNotFoundError: there is no data file.
+        StoreLockedError: a writer has the store open.
+        CorruptionError: the file holds no intact record: not a store, or nothing to save.
+        FormatVersionError: the header is intact and from another format version.
+    """
+    try:
+        fd = os.open(dat_path, os.O_RDWR)
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"no fastmem store at {dat_path}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreLockedError(f"{dat_path} is open for writing: close it first") from None
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, fmt.DAT_HEADER_SIZE, 0)
+        try:
+            fmt.unpack_dat_header(head, dat_path)
+            return None
+        except FormatVersionError:
+            raise
+        except CorruptionError:
+            pass
+        offsets = lengths = kinds = dims = np.zeros(0, dtype=np.int64)
+        if size > fmt.DAT_HEADER_SIZE:
+            with mmap.mmap(fd, size, access=mmap.ACCESS_READ) as dat:
+                offsets, lengths, kinds, dims, _, _ = _kernels.scan_records(dat, fmt.DAT_HEADER_SIZE, size)
+        if not len(offsets):
+            raise CorruptionError(
+                f"{dat_path} has a damaged header and no intact record: not a fastmem store, "
+                f"or nothing left to repair", path=dat_path, offset=0,
+            )  # fmt: skip
+        memory = kinds == fmt.KIND_MEMORY
+        with_vector = np.nonzero(memory & (dims > 0))[0]
+        dim = int(dims[with_vector[0]]) if len(with_vector) else 0
+        other = np.nonzero(~memory)[0]
+        run = int(other[0]) if len(other) else len(offsets)
+        prefix_end = int(offsets[run - 1] + lengths[run - 1]) if run else 0
+        uuid = os.urandom(16)
+        try:
+            with open(idx_path, "rb") as f:
+                h = fmt.unpack_idx_header(f.read(fmt.IDX_HEADER_SIZE), idx_path)
+            if h.dim in (0, dim):
+                uuid = h.uuid
+        except (OSError, CorruptionError, FormatVersionError):
+            pass  # no usable index: it is rebuilt at open
+        kept = f"{dat_path}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-header"
+        _keep_damaged(kept, head, [(0, len(head))])
+        os.pwrite(fd, fmt.pack_dat_header(uuid, dim, time.time(), 0, prefix_end), 0)
+        os.fsync(fd)
+        return Problem("dat", 0, f"the file header was damaged and has been rebuilt "
+                                 f"(dimension {dim}); its old bytes are in {kept}")  # fmt: skip
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def _in(offset: int, regions: list[tuple[int, int]]) -> bool:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import gc
 import math
@@ -212,6 +213,45 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     )  # fmt: skip
 
 
+def repair(path: str | os.PathLike[str], *, namespace: str | None = None) -> RepairReport:
+    """Repair the store at ``path`` without opening it first: what ``MemoryStore.repair``
+    does, and also for a store whose data-file header is damaged, which ``open`` refuses
+    (the header is rebuilt from the records and the index; see
+    ``fastmem._maintenance.rebuild_header``). A store that is not damaged is rewritten
+    with a fresh index and reported ``ok``.
+
+    Raises:
+        StoreNotFoundError: there is no store at ``path``.
+        StoreLockedError: a writer has the store open.
+        CorruptionError: the data file holds no intact record.
+    """
+    if namespace is not None:
+        path = namespace_path(path, namespace, create=False)
+    base = _base_path(path)
+    rebuilt = _maintenance.rebuild_header(base + ".dat", base + ".idx")
+    with MemoryStore(base, embedder=None, policy=ContextPolicy(preload=0, recent=0)) as store:
+        report = store.repair()
+    if rebuilt is None:
+        return report
+    return dataclasses.replace(report, ok=False, cut=[rebuilt, *report.cut],
+                               cut_bytes=report.cut_bytes + fmt.DAT_HEADER_SIZE)  # fmt: skip
+
+
+def _base_path(path: Any) -> str:
+    """A store's name (its files are ``<name>.dat`` and ``<name>.idx``), checked."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    base = os.fspath(path)
+    if not isinstance(base, str) or not base:
+        raise InvalidInputError("path must be a non-empty file name")
+    try:
+        if b"\0" in os.fsencode(base):
+            raise ValueError
+    except (UnicodeError, ValueError):
+        raise InvalidInputError(f"path {base!r} is not a valid file name") from None
+    return base[:-4] if base.endswith((".dat", ".idx")) else base
+
+
 def _parse_id(mid: Any) -> int:
     if not isinstance(mid, str):
         raise InvalidTypeError(f"a memory id is a string like 'm42', not {type(mid).__name__}")
@@ -352,18 +392,7 @@ class MemoryStore:
         policy: ContextPolicy | None = None,
         evict: EvictionPolicy | None = None,
     ) -> None:
-        if not isinstance(path, (str, os.PathLike)):
-            raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
-        base = os.fspath(path)
-        if not isinstance(base, str) or not base:
-            raise InvalidInputError("path must be a non-empty file name")
-        try:
-            if b"\0" in os.fsencode(base):
-                raise ValueError
-        except (UnicodeError, ValueError):
-            raise InvalidInputError(f"path {base!r} is not a valid file name") from None
-        if base.endswith((".dat", ".idx")):
-            base = base[:-4]
+        base = _base_path(path)
         if dim is not None:
             if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= fmt.MAX_DIM:
                 raise InvalidInputError(f"dim must be an int from 1 to {fmt.MAX_DIM}, got {dim!r}")

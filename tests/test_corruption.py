@@ -144,6 +144,77 @@ def test_flips_in_the_data_file_header_are_refused(store_path: str) -> None:
         assert Path(store_path + ".dat").read_bytes() == damaged  # nothing touched
 
 
+def _flip_header(path: str, pos: int) -> bytes:
+    dat = bytearray(Path(path + ".dat").read_bytes())
+    old = bytes(dat[: fmt.DAT_HEADER_SIZE])
+    dat[pos] ^= 1 << (pos % 8)
+    Path(path + ".dat").write_bytes(bytes(dat))
+    return old[:pos] + bytes([dat[pos]]) + old[pos + 1 :]
+
+
+def _memories(path: str) -> dict[str, fastmem.Memory]:
+    with fastmem.open(path, readonly=True, policy=NO_PRELOAD) as r:
+        assert r.verify().ok
+        return {m.id: m for m in r}
+
+
+def test_repair_rebuilds_a_damaged_data_file_header(tmp_path: Path, backend: str) -> None:
+    src = str(tmp_path / "src")
+    memories, _ = _build(src)
+    for pos in range(0, fmt.DAT_HEADER_SIZE, 7):  # magic, version, UUID, dimension, CRC...
+        path = str(tmp_path / f"s{pos}")
+        for ext in (".dat", ".idx"):
+            Path(path + ext).write_bytes(Path(src + ext).read_bytes())
+        damaged = _flip_header(path, pos)
+        with pytest.raises(fastmem.CorruptionError):
+            fastmem.open(path, policy=NO_PRELOAD)
+        report = fastmem.repair(path)
+        assert not report.ok and report.cut[0].offset == 0 and "header" in report.cut[0].message
+        kept = [p for p in tmp_path.iterdir() if p.name.startswith(f"s{pos}.dat.damaged-")]
+        assert len(kept) == 1 and kept[0].read_bytes()[16:] == damaged  # offset, length, bytes
+        assert _memories(path) == memories
+        with fastmem.open(path, policy=NO_PRELOAD) as store:  # a writer can go on
+            query = memories["m3"]
+            hits = store.search(store._index.unit_vectors(np.array([3]))[0][0], 1, mode="vector")
+            assert hits[0].id == query.id
+            store.add("after the repair", embedding=np.ones(DIM))
+        assert fastmem.repair(path).ok  # intact now: rewritten, nothing cut
+
+
+def test_repair_rebuilds_the_header_of_a_compacted_store_without_its_index(tmp_path: Path) -> None:
+    path = str(tmp_path / "s")
+    _build(path)
+    with fastmem.open(path, policy=NO_PRELOAD) as store:
+        store.compact()
+        late = store.add("added after the compaction", session="s9")
+        store.update("m5", importance=0.9)
+        store.forget("m6")
+    memories = _memories(path)
+    assert late in memories and "m6" not in memories
+    _flip_header(path, 40)
+    os.remove(path + ".idx")
+    with pytest.warns(fastmem.RecoveryWarning, match="missing"):  # the index is rebuilt
+        assert not fastmem.repair(path).ok
+    assert _memories(path) == memories
+
+
+def test_repair_refuses_what_is_not_a_store_and_a_store_in_use(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.dat"
+    junk.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(fastmem.CorruptionError):
+        fastmem.repair(str(tmp_path / "junk"))
+    assert junk.read_bytes() == bytes(range(256)) * 8  # nothing written
+    with pytest.raises(fastmem.StoreNotFoundError):
+        fastmem.repair(str(tmp_path / "missing"))
+    with pytest.raises(fastmem.InvalidTypeError):
+        fastmem.repair(123)  # type: ignore[arg-type]
+    path = str(tmp_path / "s")
+    with fastmem.open(path, dim=DIM, policy=NO_PRELOAD) as store:
+        store.add("x")
+        with pytest.raises(fastmem.StoreLockedError):
+            fastmem.repair(path)
+
+
 def _idx_harmless(idx: bytes) -> set[int]:
     """Index bytes whose change no read sees: padding between sections, and the access
     statistics of each row (kept only in the index; a damaged one skews a score a little)."""
