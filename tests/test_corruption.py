@@ -208,6 +208,8 @@ def test_repair_refuses_what_is_not_a_store_and_a_store_in_use(tmp_path: Path) -
         fastmem.repair(str(tmp_path / "missing"))
     with pytest.raises(fastmem.InvalidTypeError):
         fastmem.repair(123)  # type: ignore[arg-type]
+    with pytest.raises(fastmem.StoreNotFoundError):
+        fastmem.repair(str(tmp_path), namespace="nobody")
     path = str(tmp_path / "s")
     with fastmem.open(path, dim=DIM, policy=NO_PRELOAD) as store:
         store.add("x")
