@@ -70,11 +70,16 @@ def bench_keyword_first_query(benchmark: Any, record: Any, size: int,
                               built_store: tuple[str, list[str]]) -> None:
     """Open + the first keyword query (frequent words) in a fresh process."""
     query = workload.keyword_queries("frequent")[0]
+    first_query(benchmark, record, size, FIRST_QUERY_CHILD, built_store[0], query)
+
+
+def first_query(benchmark: Any, record: Any, size: int, child: str, path: str, arg: str) -> None:
+    """Time ``child`` (open + one query, timed inside it) in fresh processes; the median."""
     source = workload.fastmem_source()
     runs = []
 
     def once() -> None:
-        runs.append(workload.run_child(FIRST_QUERY_CHILD, built_store[0], source, query)["seconds"])
+        runs.append(workload.run_child(child, path, source, arg)["seconds"])
 
     benchmark.pedantic(once, rounds=FIRST_QUERY_RUNS, iterations=1)
     record(size, open_and_first_query_ms=1e3 * statistics.median(runs))

@@ -37,11 +37,11 @@ from bench_keyword import (  # noqa: F401 - collected here as well (see the docs
     bench_keyword_first_query,
     bench_keyword_frequent,
     bench_keyword_rare,
+    first_query,
 )
 
 K = 10
 QUERIES = 50
-FIRST_QUERY_RUNS = 5
 # No level-2 preload thread: the timed calls have the machine to themselves.
 QUIET = fastmem.ContextPolicy(preload=0, recent=0)
 
@@ -115,14 +115,7 @@ def bench_vector_first_query(benchmark: Any, record: Any, size: int,
                              built_store: tuple[str, list[str]], queries: Any) -> None:  # fmt: skip
     """Open + the first vector query in a fresh process (warm page cache)."""
     q = queries[0][0].astype(np.float32).tobytes().hex()
-    source = workload.fastmem_source()
-    runs = []
-
-    def once() -> None:
-        runs.append(workload.run_child(FIRST_QUERY_CHILD, built_store[0], source, q)["seconds"])
-
-    benchmark.pedantic(once, rounds=FIRST_QUERY_RUNS, iterations=1)
-    record(size, open_and_first_query_ms=1e3 * statistics.median(runs))
+    first_query(benchmark, record, size, FIRST_QUERY_CHILD, built_store[0], q)
 
 
 class _QueryVectors:

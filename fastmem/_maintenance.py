@@ -422,10 +422,11 @@ def recover(dat_path: str, idx_path: str) -> None:
         remove_compaction_files(dat_path, idx_path)
     elif os.path.exists(idx_path + COMPACT_SUFFIX):
         os.replace(idx_path + COMPACT_SUFFIX, idx_path)
-        _fsync_dir(idx_path)
+        fsync_dir(idx_path)
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make the entries of ``path``'s directory durable (a rename, a new file)."""
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -444,7 +445,7 @@ def _commit(store: MemoryStore, fd: int, tail: bytes) -> _Retired:
     if store.durability == "always":
         # Before any write to the new file is acknowledged. The other modes may lose the
         # last few ms of writes to a power loss anyway: they sync it after the lock.
-        _fsync_dir(store.dat_path)
+        fsync_dir(store.dat_path)
     try:  # the old index, to drop its pages from the cache later (see _Retired)
         old_idx = os.open(store.idx_path, os.O_RDONLY)
     except FileNotFoundError:
@@ -459,7 +460,7 @@ def _commit(store: MemoryStore, fd: int, tail: bytes) -> _Retired:
 def _after_commit(store: MemoryStore, retired: _Retired) -> None:
     """Outside the lock: make the renames durable (were the index's lost, the recovery
     rule would rename it again) and let the old files go."""
-    _fsync_dir(store.idx_path)
+    fsync_dir(store.idx_path)
     retired.release(drop_cache=True)
 
 
@@ -762,7 +763,7 @@ def _keep_damaged(path: str, dat: Any, regions: list[tuple[int, int]]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-    _fsync_dir(path)
+    fsync_dir(path)
 
 
 # --- backup ------------------------------------------------------------------------------------
@@ -811,7 +812,7 @@ def backup(store: MemoryStore, dest: Any) -> BackupReport:
         finally:
             mm.close()
         os.replace(tmp, dat_path)
-        _fsync_dir(dat_path)
+        fsync_dir(dat_path)
     except BaseException:
         for name in (tmp, idx_path):
             try:

@@ -574,7 +574,7 @@ class MemoryStore:
         header = fmt.pack_dat_header(os.urandom(16), dim, time.time(), embedder=fingerprint)
         os.write(self._fd, header)
         os.fsync(self._fd)
-        _fsync_dir(self.dat_path)
+        _maintenance.fsync_dir(self.dat_path)
 
     def _check_embedder(self, header: fmt.DatHeader) -> None:
         """Refuse an embedder whose vectors would not compare with the stored ones."""
@@ -1651,7 +1651,7 @@ class MemoryStore:
             os.fdatasync(self._fd)  # the index must never cover data that is not on disk
         self._index.save(self.idx_path, self._data(), sync=sync)
         if sync:
-            _fsync_dir(self.idx_path)  # the rename itself must survive a power loss
+            _maintenance.fsync_dir(self.idx_path)  # the rename itself must survive a power loss
         # Continue from the file just written: the tail's memory is released.
         assert self._dat is not None
         self._index = MemoryIndex.load(
@@ -1961,14 +1961,6 @@ _STATISTICS = frozenset(
 def _without_statistics(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """A row without its access statistics: they change after the hot section is written."""
     return tuple(v for i, v in enumerate(row) if i not in _STATISTICS)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _torn(dat: Any, start: int, end: int) -> bool:

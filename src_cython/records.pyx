@@ -75,10 +75,10 @@ def crc32(const u8[::1] data, uint32_t value=0):
     return value
 
 
-cdef inline i64 _record_length(const u8* buf, i64 pos, i64 end) noexcept nogil:
-    # Length of the valid record at pos, or 0. Every length is checked before it is used.
-    cdef const u8* p = buf + pos
-    cdef u32 dim, plen, rlen, crc
+cdef inline i64 _framed_length(const u8* p, i64 pos, i64 end) noexcept nogil:
+    # The length the header at p (= buf + pos) claims, when its fields are within the
+    # limits and the record fits before end; 0 otherwise. The CRC is not checked here.
+    cdef u32 dim, plen, rlen
     cdef i64 length
     if pos + HEADER_SIZE > end:
         return 0
@@ -90,7 +90,15 @@ cdef inline i64 _record_length(const u8* buf, i64 pos, i64 end) noexcept nogil:
     if dim > MAX_DIM or rlen > MAX_RAW_PAYLOAD or plen > rlen:
         return 0
     length = HEADER_SIZE + 2 * <i64>dim + plen
-    if pos + length > end:
+    return 0 if pos + length > end else length
+
+
+cdef inline i64 _record_length(const u8* buf, i64 pos, i64 end) noexcept nogil:
+    # Length of the valid record at pos, or 0. Every length is checked before it is used.
+    cdef const u8* p = buf + pos
+    cdef u32 crc
+    cdef i64 length = _framed_length(p, pos, end)
+    if length == 0:
         return 0
     crc = _crc_update(0, p, CRC_AT)
     crc = _crc_update(crc, p + HEADER_SIZE, length - HEADER_SIZE)
@@ -181,19 +189,10 @@ cdef i64 _candidate_length(_Prefix* pf, i64 pos, i64 end) noexcept nogil:
     # _record_length(pos) computed through the prefix CRCs: the same answer, without
     # reading the candidate's bytes (beyond those not yet covered by the prefix).
     cdef const u8* p = pf.base + pos
-    cdef u32 dim, plen, rlen, crc, body
-    cdef i64 length, a, b
-    if pos + HEADER_SIZE > end:
-        return 0
-    if load_le32(p) != MAGIC_LE32 or p[4] != FORMAT_VERSION or p[5] < 1 or p[5] > 3:
-        return 0
-    dim = load_le16(p + 6)
-    plen = load_le32(p + 8)
-    rlen = load_le32(p + 12)
-    if dim > MAX_DIM or rlen > MAX_RAW_PAYLOAD or plen > rlen:
-        return 0
-    length = HEADER_SIZE + 2 * <i64>dim + plen
-    if pos + length > end:
+    cdef u32 crc, body
+    cdef i64 a, b
+    cdef i64 length = _framed_length(p, pos, end)
+    if length == 0:
         return 0
     a = pos + HEADER_SIZE
     b = pos + length

@@ -227,7 +227,7 @@ CRASH_CHILD = textwrap.dedent(
     from fastmem import _maintenance
     path, at = sys.argv[1], int(sys.argv[2])
     calls = [0]
-    real_replace, real_sync = os.replace, _maintenance._fsync_dir
+    real_replace, real_sync = os.replace, _maintenance.fsync_dir
 
     def step():
         calls[0] += 1
@@ -244,7 +244,7 @@ CRASH_CHILD = textwrap.dedent(
         real_sync(p)
 
     os.replace = replace
-    _maintenance._fsync_dir = fsync_dir
+    _maintenance.fsync_dir = fsync_dir
     s = fastmem.open(path, policy=fastmem.ContextPolicy(preload=0, recent=0))
     s.compact()
     os._exit(0)
