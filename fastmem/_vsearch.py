@@ -70,10 +70,5 @@ def scan(
 def rescore(index: MemoryIndex, data: Any, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
     """Exact cosines of ``rows``' float16 vectors (read from the data file ``data``) with
     ``query`` (float64, unit norm)."""
-    rows = np.asarray(rows, dtype=np.int64)
-    offsets = np.empty(len(rows), dtype=np.int64)
-    nb = index.n_base
-    in_base = rows < nb
-    offsets[in_base] = index.base_rows["offset"][rows[in_base]]
-    offsets[~in_base] = index.tail.rows["offset"][rows[~in_base] - nb]
+    offsets = index.gather(rows, ("offset",))["offset"].astype(np.int64)
     return _kernels.dot_half(data, offsets + fmt.RECORD_HEADER_SIZE, query)

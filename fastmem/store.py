@@ -284,6 +284,14 @@ def _check_str(value: Any, name: str, max_chars: int, *, optional: bool) -> str 
     return value
 
 
+def _type_names(types: Iterable[str] | None) -> list[str] | None:
+    """A search's ``types``, listed and checked (``None``: every type)."""
+    names = None if types is None else list(types)
+    for name in names or ():
+        _check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
+    return names
+
+
 def _check_utf8(value: str, name: str) -> None:
     if not value.isascii():
         try:
@@ -1121,14 +1129,7 @@ class MemoryStore:
             q8, _ = quantize(q16)
             q = np.asarray(query, dtype=np.float64)
             q = q / np.linalg.norm(q)
-            allowed = None
-            if types is not None:
-                allowed = np.zeros(65536, dtype=np.uint8)
-                for name in types:
-                    _check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
-                    code = index.type_code(name, create=False)
-                    if code >= 0:
-                        allowed[code] = 1
+            allowed = self._type_mask(_type_names(types))
             want = _vsearch.candidate_count(k, len(index))
             cand, _ = _vsearch.scan(index, q8[0], want, allowed, lo, hi, session_hash(session))
             try:
@@ -1173,9 +1174,7 @@ class MemoryStore:
         _check_utf8(query, "query")
         if len(query) > fmt.MAX_TEXT_BYTES:
             raise InvalidInputError(f"query is over {fmt.MAX_TEXT_BYTES} characters")
-        names = None if types is None else list(types)
-        for name in names or ():
-            _check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
+        names = _type_names(types)
         with self._lock:
             self._check()
             filters = _Filters(self._type_mask(names), lo, hi, session_hash(session))
@@ -1211,9 +1210,7 @@ class MemoryStore:
         _check_utf8(query, "query")
         if len(query) > fmt.MAX_TEXT_BYTES:
             raise InvalidInputError(f"query is over {fmt.MAX_TEXT_BYTES} characters")
-        names = None if types is None else list(types)
-        for name in names or ():
-            _check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
+        names = _type_names(types)
         with self._lock:
             self._check()
             index = self._index
