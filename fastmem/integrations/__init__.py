@@ -1,0 +1,1 @@
+"""fastmem where agents are: a Hermes Agent memory provider (hermes) and an MCP server (mcp)."""
