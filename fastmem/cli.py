@@ -1,0 +1,797 @@
+"""``fastmem``: the command line for operators and for trying fastmem out.
+
+Commands (``fastmem COMMAND --help`` for each one's options)::
+
+    fastmem demo [--path P]                 an agent session written, the process ended, reopened
+    fastmem stats PATH                      counts, types, sessions, sizes
+    fastmem inspect PATH [ID] [--largest N] one memory in full, or the largest ones
+    fastmem search PATH QUERY [-k K] [--mode hybrid|vector|keyword]
+    fastmem context PATH QUERY [--budget N] the packed context a model would get
+    fastmem verify PATH                     check every record and the index
+    fastmem repair PATH                     keep every intact record, rebuild the index
+    fastmem compact PATH                    reclaim forgotten memories' space
+    fastmem export PATH [-o FILE]           every live memory as JSON lines
+    fastmem import PATH FILE                JSON lines (as export writes them) into a store
+    fastmem hermes install [--hermes-home DIR] [--activate]
+    fastmem mcp --store PATH                an MCP server over stdio
+
+``PATH`` is a store's name (``PATH.dat`` + ``PATH.idx``), or with ``--namespace NAME`` the
+root directory of namespaced stores. Commands that only read open the store read-only, so
+they work while an agent is writing to it. ``--json`` prints one JSON document (``export``:
+JSON lines) on stdout for scripts. Progress bars go to stderr, only when it is a terminal
+and without ``--json``. Every error is one line on stderr.
+
+Exit codes:
+    0  success
+    1  problems found (``verify`` found damage, ``repair`` had to cut damaged data away),
+       or the operation failed for another reason
+    2  usage error: bad arguments or option values, an import file that is not valid
+    3  the store is locked: another process is writing to it
+    4  damaged or unreadable files: the store (or a file given) cannot be read
+    5  not found: no store at PATH, no memory with that ID, no such file
+    6  something needed is not installed: the embedding model, the ``mcp`` package
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib
+import json
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn, TextIO
+
+from .errors import (
+    CorruptionError,
+    EmbedderMismatchError,
+    EmbedderUnavailableError,
+    EncodingUnavailableError,
+    FastmemError,
+    FormatVersionError,
+    InvalidInputError,
+    StoreLockedError,
+    StoreNotFoundError,
+    UnknownMemoryError,
+)
+
+__all__ = ["main", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_DAMAGED",
+           "EXIT_NOT_FOUND", "EXIT_MISSING"]
+
+EXIT_OK = 0
+EXIT_PROBLEMS = 1
+EXIT_USAGE = 2
+EXIT_LOCKED = 3
+EXIT_DAMAGED = 4
+EXIT_NOT_FOUND = 5
+EXIT_MISSING = 6
+
+# The fields export writes and import reads back; "id" is written for reference only (a
+# store numbers its memories itself, so imported ones get new ids).
+EXPORT_FIELDS = ("id", "text", "type", "timestamp", "session", "importance", "pinned",
+                 "metadata", "summary")  # fmt: skip
+IMPORT_CHUNK = 512  # memories per add_many: one write and one commit each
+
+
+class CliError(Exception):
+    """An error the CLI reports as one line, with its exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code that says what kind of failure ``exc`` is (see the module docstring)."""
+    if isinstance(exc, CliError):
+        return exc.code
+    if isinstance(exc, StoreLockedError):
+        return EXIT_LOCKED
+    if isinstance(exc, (StoreNotFoundError, UnknownMemoryError, FileNotFoundError)):
+        return EXIT_NOT_FOUND
+    if isinstance(exc, (CorruptionError, FormatVersionError)):
+        return EXIT_DAMAGED
+    if isinstance(exc, (EmbedderUnavailableError, EncodingUnavailableError)):
+        return EXIT_MISSING
+    if isinstance(exc, InvalidInputError):
+        return EXIT_USAGE
+    if isinstance(exc, OSError):  # permission denied, a directory where a file should be...
+        return EXIT_DAMAGED
+    return EXIT_PROBLEMS
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.strerror and exc.filename:
+        text = f"{exc.filename}: {exc.strerror}"
+    return " ".join(text.split())
+
+
+# --- argument parsing ------------------------------------------------------------------
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), not usage + message."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"fastmem: error: {message} (see '{self.prog} --help')\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _namespace_arg(value: str) -> str:
+    from .namespaces import check_namespace
+
+    try:
+        return check_namespace(value)
+    except InvalidInputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _int_arg(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+        if not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"{n} is not from {lo} to {hi}")
+        return n
+
+    parse.__name__ = "number"  # what argparse names in its message
+    return parse
+
+
+def _text_arg(what: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"the {what} is empty")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = _Parser(prog="fastmem", description="Embedded, persistent memory for AI agents.",
+                     epilog="Exit codes: 0 ok, 1 problems found, 2 usage error, 3 store locked, "
+                            "4 damaged or unreadable files, 5 not found, 6 not installed.")  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"fastmem {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    def command(name: str, help: str, *, store: bool = True, json_: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help, description=help)
+        if store:
+            p.add_argument("path", metavar="PATH", help="the store (PATH.dat + PATH.idx), or the "
+                           "root directory of namespaced stores with --namespace")  # fmt: skip
+            p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
+                           help="the store of one user or profile under PATH")  # fmt: skip
+        if json_:
+            p.add_argument("--json", action="store_true", help="print JSON for scripts")
+        return p
+
+    p = command("demo", "write an agent session, restart, and show what comes back",
+                store=False)  # fmt: skip
+    p.add_argument("--path", help="where to write the demo store (default: a new temporary "
+                   "directory, removed afterwards)")  # fmt: skip
+    p.set_defaults(func=_cmd_demo)
+
+    command("stats", "a store's counts, types, sessions and sizes").set_defaults(func=_cmd_stats)
+
+    p = command("inspect", "one memory in full, or the largest ones")
+    p.add_argument("id", nargs="?", metavar="ID", help="a memory id such as m42")
+    p.add_argument("--largest", type=_int_arg(1, 1_000_000), metavar="N",
+                   help="list the N memories with the largest records")  # fmt: skip
+    p.set_defaults(func=_cmd_inspect)
+
+    p = command("search", "the memories that best match a query")
+    p.add_argument("query", type=_text_arg("query"), metavar="QUERY")
+    p.add_argument("-k", type=_int_arg(1, 10_000), default=10, help="how many hits (default 10)")
+    p.add_argument("--mode", choices=("hybrid", "vector", "keyword"), default="hybrid",
+                   help="hybrid (default), vector (cosine) or keyword (BM25)")  # fmt: skip
+    p.add_argument("--session", help="only this session's memories")
+    p.set_defaults(func=_cmd_search)
+
+    p = command("context", "the packed context a model would get for a question")
+    p.add_argument("query", type=_text_arg("query"), metavar="QUERY")
+    p.add_argument("--budget", type=_int_arg(1, 1_000_000), default=1300,
+                   help="tokens (default 1300)")  # fmt: skip
+    p.add_argument("--session", help="the current session: its memories rank higher")
+    p.set_defaults(func=_cmd_context)
+
+    command("verify", "check every record and the index (exit 1 on damage)").set_defaults(
+        func=_cmd_verify)  # fmt: skip
+    command("repair", "keep every intact record and rebuild the index (exit 1 when data "
+            "was cut)").set_defaults(func=_cmd_repair)  # fmt: skip
+    command("compact", "rewrite the live memories, reclaiming forgotten ones' space").set_defaults(
+        func=_cmd_compact)  # fmt: skip
+
+    p = command("export", "every live memory as JSON lines, oldest first", json_=False)
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    p.set_defaults(func=_cmd_export)
+
+    p = command("import", "JSON lines (as export writes them) into a store (created if "
+                "missing); memories get new ids")  # fmt: skip
+    p.add_argument("file", metavar="FILE", help="a JSON-lines file, or - for stdin")
+    p.set_defaults(func=_cmd_import)
+
+    hermes = sub.add_parser("hermes", help="Hermes Agent integration")
+    hsub = hermes.add_subparsers(dest="hermes_command", metavar="COMMAND", parser_class=_Parser)
+    hsub.required = True
+    p = hsub.add_parser("install", help="install fastmem as a Hermes Agent memory provider")
+    p.add_argument("--hermes-home", metavar="DIR", help="Hermes Agent's home (default: its own)")
+    p.add_argument("--activate", action="store_true", help="also set memory.provider: fastmem")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(func=_cmd_hermes_install)
+
+    p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
+    p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
+    p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
+                   help="the store of one user or profile under PATH")  # fmt: skip
+    p.set_defaults(func=_cmd_mcp)
+    return parser
+
+
+# --- output ----------------------------------------------------------------------------
+
+
+class _Out:
+    """Where a command writes: rich for people, JSON for scripts, progress on stderr."""
+
+    def __init__(self, as_json: bool) -> None:
+        from rich.console import Console
+
+        self.json = as_json
+        self.console = Console(highlight=False, soft_wrap=False)
+        self.err = Console(stderr=True, highlight=False)
+        # Progress bars only for a person watching: never in a pipe, a log or with --json.
+        self.progress_on = not as_json and sys.stderr.isatty()
+
+    def emit(self, data: Any) -> None:
+        sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")
+
+    def note(self, message: str) -> None:
+        """A remark for the person (never on stdout, where JSON or data goes)."""
+        sys.stderr.write(f"fastmem: {message}\n")
+
+    @contextmanager
+    def progress(self, what: str, total: float | None) -> Iterator[Callable[[float], None]]:
+        """A progress bar on stderr; yields ``advance(n)``. ``total=None``: a spinner with
+        the time elapsed, for work that reports no progress."""
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                                   TextColumn, TimeElapsedColumn, TimeRemainingColumn)  # fmt: skip
+
+        columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
+        if total is not None:
+            columns += [MofNCompleteColumn(), TimeRemainingColumn()]
+        columns.append(TimeElapsedColumn())
+        with Progress(*columns, console=self.err, transient=True,
+                      disable=not self.progress_on) as bar:  # fmt: skip
+            task = bar.add_task(what, total=total)
+            yield lambda n: bar.advance(task, n)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None or not math.isfinite(ts):
+        return "-"
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    except (OverflowError, OSError, ValueError):
+        return repr(ts)
+
+
+def _preview(text: str, n: int = 100) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= n else flat[: n - 1] + "…"
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+# --- opening stores --------------------------------------------------------------------
+
+
+def _base(args: argparse.Namespace) -> str:
+    """The store's name (its files are ``<name>.dat``, ``.idx``), namespace resolved."""
+    from .namespaces import namespace_path
+
+    if args.namespace is not None:
+        return namespace_path(args.path, args.namespace, create=False)
+    path = args.path
+    return path[:-4] if path.endswith((".dat", ".idx")) else path
+
+
+def _require_store(args: argparse.Namespace) -> str:
+    base = _base(args)
+    if not os.path.exists(base + ".dat"):
+        raise StoreNotFoundError(f"no fastmem store at {base}.dat")
+    return base
+
+
+def _open_readonly(args: argparse.Namespace, embedder: Any = None, preload: bool = False) -> Any:
+    import fastmem
+
+    policy = None if preload else fastmem.ContextPolicy(preload=0)
+    return fastmem.open(_require_store(args), readonly=True, embedder=embedder, policy=policy)
+
+
+def _query_embedder(out: _Out) -> Any:
+    """The embedder searches and contexts use: the default model (unless
+    ``FASTMEM_EMBEDDER=none``), or ``None`` with a note when it is not installed."""
+    if os.environ.get("FASTMEM_EMBEDDER", "default") == "none":
+        return None
+    from .embed import default_embedder
+
+    try:
+        return default_embedder()
+    except EmbedderUnavailableError as exc:
+        out.note(f"keyword search only: {_one_line(exc)}")
+        return None
+
+
+def _open_for_query(args: argparse.Namespace, out: _Out) -> Any:
+    """A read-only store for search and context, with the embedder ready when the store
+    has vectors (a command line waits for full quality rather than answer degraded)."""
+    embedder = _query_embedder(out)
+    try:
+        store = _open_readonly(args, embedder, preload=True)
+    except EmbedderMismatchError as exc:
+        out.note(f"keyword search only: {_one_line(exc)}")
+        return _open_readonly(args, None, preload=True)
+    if embedder is not None and len(store) and _has_vectors(store):
+        try:
+            embedder.wait()
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+def _has_vectors(store: Any) -> bool:
+    from ._stats import store_stats
+
+    return bool(store_stats(store)["with_vector"])
+
+
+# --- commands --------------------------------------------------------------------------
+
+
+def _cmd_stats(args: argparse.Namespace, out: _Out) -> int:
+    from ._stats import store_stats
+
+    with _open_readonly(args) as store:
+        stats = store_stats(store)
+    if args.namespace is not None:
+        stats["namespace"] = args.namespace
+    if out.json:
+        out.emit(stats)
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(title=f"fastmem store {stats['path']}", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("memories", f"{stats['memories']:,}")
+    table.add_row("forgotten", f"{stats['forgotten']:,} (space reclaimed by compact)")
+    table.add_row("pinned", f"{stats['pinned']:,}")
+    table.add_row("types", ", ".join(f"{k} {v:,}" for k, v in stats["types"].items()) or "-")
+    table.add_row("sessions", f"{stats['sessions']:,}")
+    table.add_row("time span", f"{_when(stats['oldest'])} → {_when(stats['newest'])}")
+    table.add_row("text tokens", f"{stats['text_tokens']:,} (cl100k_base)")
+    table.add_row("vectors", f"{stats['with_vector']:,} × {stats['dim']} dims" if stats["dim"]
+                  else "none (keyword search only)")  # fmt: skip
+    table.add_row("files", f".dat {_human_bytes(stats['dat_bytes'])}, "
+                  f".idx {_human_bytes(stats['idx_bytes'])}")  # fmt: skip
+    table.add_row("kernels", stats["backend"])
+    out.console.print(table)
+    return EXIT_OK
+
+
+def _memory_dict(memory: Any) -> dict[str, Any]:
+    return {name: _jsonable(getattr(memory, name)) for name in EXPORT_FIELDS}
+
+
+def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
+    if args.id is None and args.largest is None:
+        raise CliError("give a memory ID or --largest N", EXIT_USAGE)
+    if args.id is not None and args.largest is not None:
+        raise CliError("give a memory ID or --largest N, not both", EXIT_USAGE)
+    from ._stats import largest
+
+    with _open_readonly(args) as store:
+        if args.id is not None:
+            memory = _memory_dict(store.get(args.id))
+            if out.json:
+                out.emit(memory)
+                return EXIT_OK
+            from rich.table import Table
+
+            table = Table(title=f"memory {memory['id']}", show_header=False, title_justify="left")
+            table.add_column(style="bold")
+            table.add_column(overflow="fold")
+            for name in EXPORT_FIELDS[1:]:
+                value = memory[name]
+                if name == "timestamp":
+                    value = f"{_when(value)} ({value})"
+                elif isinstance(value, (dict, list)):
+                    value = json.dumps(value, ensure_ascii=False)
+                table.add_row(name, "-" if value is None else str(value))
+            out.console.print(table)
+            return EXIT_OK
+        rows = [(mid, size, tokens, store.get(mid)) for mid, size, tokens in largest(store, args.largest)]
+    if out.json:
+        out.emit([{"id": mid, "record_bytes": size, "text_tokens": tokens, "type": m.type,
+                   "preview": _preview(m.text)} for mid, size, tokens, m in rows])  # fmt: skip
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(title=f"the {len(rows)} largest memories", title_justify="left")
+    for name, justify in (("id", "left"), ("bytes", "right"), ("tokens", "right"),
+                          ("type", "left"), ("text", "left")):  # fmt: skip
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for mid, size, tokens, m in rows:
+        table.add_row(mid, f"{size:,}", f"{tokens:,}", m.type, _preview(m.text, 60))
+    out.console.print(table)
+    return EXIT_OK
+
+
+def _cmd_search(args: argparse.Namespace, out: _Out) -> int:
+    with _open_for_query(args, out) as store:
+        hits = store.search(args.query, args.k, mode=args.mode, session=args.session)
+    if out.json:
+        out.emit([{"score": h.score, "vector": h.vector, "keyword": h.keyword,
+                   **_memory_dict(h.memory)} for h in hits])  # fmt: skip
+        return EXIT_OK
+    from rich.table import Table
+
+    table = Table(title=f"{len(hits)} hits for {args.query!r} ({args.mode})", title_justify="left")
+    for name in ("id", "score", "type", "session", "when", "text"):
+        table.add_column(name, justify="right" if name == "score" else "left")
+    for h in hits:
+        m = h.memory
+        table.add_row(m.id, f"{h.score:.3f}", m.type, m.session or "-", _when(m.timestamp),
+                      _preview(m.text))  # fmt: skip
+    out.console.print(table)
+    return EXIT_OK
+
+
+def _cmd_context(args: argparse.Namespace, out: _Out) -> int:
+    with _open_for_query(args, out) as store:
+        ctx = store.context(args.query, args.budget, session=args.session)
+    if out.json:
+        out.emit({"text": ctx.text, "tokens": ctx.tokens, "budget": ctx.budget,
+                  "encoding": ctx.encoding, "degraded": ctx.degraded, "seconds": ctx.seconds,
+                  "items": [{"id": i.id, "level": i.level, "score": i.score,
+                             "summary": i.summary, "text": i.text} for i in ctx.items]})  # fmt: skip
+        return EXIT_OK
+    from rich.panel import Panel
+
+    mode = "keywords, recency and importance (no vectors)" if ctx.degraded else "full quality"
+    out.console.print(Panel(ctx.text or "(empty)", title=f"context for {args.query!r}",
+                            subtitle=f"{ctx.tokens} / {ctx.budget} {ctx.encoding} tokens, "
+                                     f"{len(ctx.items)} memories, {1000 * ctx.seconds:.1f} ms, {mode}",
+                            title_align="left", subtitle_align="left"))  # fmt: skip
+    return EXIT_OK
+
+
+def _problems(problems: Sequence[Any]) -> list[dict[str, Any]]:
+    return [{"file": p.file, "offset": p.offset, "message": p.message} for p in problems]
+
+
+def _cmd_verify(args: argparse.Namespace, out: _Out) -> int:
+    with _open_readonly(args) as store:
+        report = store.verify()
+    if out.json:
+        out.emit({"ok": report.ok, "records": report.records, "bytes": report.bytes,
+                  "problems": _problems(report.problems)})  # fmt: skip
+    elif report.ok:
+        out.console.print(f"[green]ok[/green]: {report.records:,} records, "
+                          f"{_human_bytes(report.bytes)}, index matches the data file")  # fmt: skip
+    else:
+        out.console.print(f"[red]{len(report.problems)} problem(s)[/red] "
+                          f"({report.records:,} intact records):")  # fmt: skip
+        for p in report.problems:
+            out.console.print(f"  {p.file} offset {p.offset}: {p.message}")
+        out.console.print("run 'fastmem repair' to keep every intact record and rebuild the index")
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+@contextmanager
+def _file_progress(out: _Out, what: str, watched: str, total: int) -> Iterator[None]:
+    """A bar for work that writes ``watched`` up to about ``total`` bytes (a compaction's
+    or a repair's new data file), polled from a thread: the store reports no progress."""
+    with out.progress(what, total or None) as advance:
+        done = threading.Event()
+
+        def poll() -> None:
+            last = 0
+            while not done.wait(0.1):
+                try:
+                    size = min(os.path.getsize(watched), total)
+                except OSError:
+                    continue  # not created yet, or renamed into place
+                advance(size - last)
+                last = size
+
+        thread = threading.Thread(target=poll, daemon=True)
+        if out.progress_on:
+            thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            if thread.is_alive():
+                thread.join()
+
+
+def _cmd_repair(args: argparse.Namespace, out: _Out) -> int:
+    import fastmem
+
+    base = _require_store(args)
+    with _file_progress(out, "repairing", base + ".dat.compact", os.path.getsize(base + ".dat")):
+        report = fastmem.repair(base)
+    if out.json:
+        out.emit({"ok": report.ok, "memories": report.memories, "records": report.records,
+                  "cut": _problems(report.cut), "cut_bytes": report.cut_bytes,
+                  "damaged_path": report.damaged_path, "bytes_before": report.bytes_before,
+                  "bytes_after": report.bytes_after})  # fmt: skip
+    elif report.ok:
+        out.console.print(f"[green]ok[/green]: nothing damaged; {report.memories:,} memories, "
+                          f"index rebuilt")  # fmt: skip
+    else:
+        out.console.print(f"[yellow]repaired[/yellow]: {report.memories:,} memories kept from "
+                          f"{report.records:,} intact records; cut {report.cut_bytes:,} bytes:")  # fmt: skip
+        for p in report.cut:
+            out.console.print(f"  {p.file} offset {p.offset}: {p.message}")
+        if report.damaged_path:
+            out.console.print(f"the cut bytes are kept in {report.damaged_path}")
+    return EXIT_OK if report.ok else EXIT_PROBLEMS
+
+
+def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
+    import fastmem
+
+    base = _require_store(args)
+    with fastmem.open(base, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
+        # The new data file holds the live records: their sizes are the bar's total.
+        from ._stats import largest
+
+        total = sum(size for _, size, _ in largest(store, len(store) or 1))
+        with _file_progress(out, "compacting", base + ".dat.compact", total):
+            report = store.compact()
+    if out.json:
+        out.emit({"memories": report.memories, "dropped": report.dropped,
+                  "bytes_before": report.bytes_before, "bytes_after": report.bytes_after,
+                  "reclaimed": report.reclaimed, "seconds": report.seconds,
+                  "lock_seconds": report.lock_seconds})  # fmt: skip
+    else:
+        out.console.print(f"compacted: {report.memories:,} memories kept, {report.dropped:,} "
+                          f"forgotten dropped; {_human_bytes(report.bytes_before)} → "
+                          f"{_human_bytes(report.bytes_after)} "
+                          f"({100 * report.reclaimed_fraction:.1f}% reclaimed) in "
+                          f"{report.seconds:.2f} s")  # fmt: skip
+    return EXIT_OK
+
+
+# --- export and import -----------------------------------------------------------------
+
+_BYTES_TAG = "$bytes"  # metadata may hold bytes (msgpack does, JSON does not): base64 under this key
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {_BYTES_TAG: base64.b64encode(value).decode("ascii")}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _from_json(value: Any) -> Any:
+    if isinstance(value, dict):
+        if len(value) == 1 and isinstance(value.get(_BYTES_TAG), str):
+            return base64.b64decode(value[_BYTES_TAG], validate=True)
+        return {k: _from_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_from_json(v) for v in value]
+    return value
+
+
+def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
+    with _open_readonly(args) as store:
+        total = len(store)
+        target: TextIO
+        if args.output is None or args.output == "-":
+            target = sys.stdout
+            out.progress_on = False  # the bar would interleave with the data on a terminal
+        else:
+            target = _open_output(args.output)
+        n = 0
+        try:
+            with out.progress("exporting", total) as advance:
+                for memory in store:
+                    # allow_nan: metadata may hold NaN or infinities (msgpack floats);
+                    # Python's json reads them back.
+                    target.write(json.dumps(_memory_dict(memory), ensure_ascii=False) + "\n")
+                    n += 1
+                    advance(1)
+            target.flush()
+        finally:
+            if target is not sys.stdout:
+                target.close()
+    if args.output not in (None, "-"):
+        out.note(f"exported {n:,} memories to {args.output}")
+    return EXIT_OK
+
+
+def _open_output(path: str) -> TextIO:
+    return open(path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed by the caller
+
+
+def _read_import(path: str) -> list[dict[str, Any]]:
+    """Every memory of a JSON-lines file, checked for shape (the store checks the values)."""
+    allowed = set(EXPORT_FIELDS)
+    items = []
+    if path == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        if os.path.isdir(path):
+            raise CliError(f"{path} is a directory, not a JSON-lines file", EXIT_USAGE)
+        with open(path, encoding="utf-8") as f:
+            try:
+                lines = f.read().splitlines()
+            except UnicodeDecodeError as exc:
+                raise CliError(f"{path} is not UTF-8 text: {exc.reason} at byte {exc.start}",
+                               EXIT_USAGE) from None  # fmt: skip
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CliError(f"{where}: not valid JSON ({exc.msg})", EXIT_USAGE) from None
+        if not isinstance(item, dict):
+            raise CliError(f"{where}: expected a JSON object, got {type(item).__name__}", EXIT_USAGE)
+        unknown = sorted(set(item) - allowed)
+        if unknown:
+            raise CliError(f"{where}: unknown fields {unknown}; known: {list(EXPORT_FIELDS)}",
+                           EXIT_USAGE)  # fmt: skip
+        if "text" not in item:
+            raise CliError(f"{where}: no 'text'", EXIT_USAGE)
+        item.pop("id", None)
+        try:
+            if item.get("metadata") is not None:
+                item["metadata"] = _from_json(item["metadata"])
+        except ValueError as exc:
+            raise CliError(f"{where}: bad {_BYTES_TAG} value in metadata ({exc})", EXIT_USAGE) from None
+        item["_line"] = number
+        # JSON null means "not set": the store's own default (e.g. pinned false).
+        items.append({k: v for k, v in item.items() if v is not None})
+    return items
+
+
+def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
+    import fastmem
+
+    items = _read_import(args.file)  # all of it checked before anything is written
+    base = _base(args)
+    if args.namespace is not None:
+        from .namespaces import make_private_dirs
+
+        make_private_dirs(os.path.dirname(base))
+    embedder = _query_embedder(out)
+    # summarizer=None: a summary comes back as exported, and a memory exported without one
+    # does not get one made up on the way in.
+    ids: list[str] = []
+    with fastmem.open(base, embedder=embedder, summarizer=None,
+                      policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
+        with out.progress("importing" + (" and embedding" if embedder else ""), len(items)) as advance:
+            for start in range(0, len(items), IMPORT_CHUNK):
+                chunk = items[start : start + IMPORT_CHUNK]
+                try:
+                    ids += store.add_many([{k: v for k, v in i.items() if k != "_line"} for i in chunk])
+                except InvalidInputError as exc:
+                    line = _failed_line(exc, chunk)
+                    done = f"{len(ids)} memories before it were imported" if ids else "nothing was imported"
+                    raise CliError(f"{args.file}{line}: {_one_line(exc)} ({done})", EXIT_USAGE) from None
+                advance(len(chunk))
+    result = {"imported": len(ids), "path": base, "first_id": ids[0] if ids else None,
+              "last_id": ids[-1] if ids else None}  # fmt: skip
+    if out.json:
+        out.emit(result)
+    else:
+        span = f" ({ids[0]}…{ids[-1]})" if ids else ""
+        out.console.print(f"imported {len(ids):,} memories into {base}{span}")
+    return EXIT_OK
+
+
+def _failed_line(exc: Exception, chunk: list[dict[str, Any]]) -> str:
+    """', line N' for an add_many error that names its item ("item 3: ..."), else ''."""
+    text = str(exc)
+    if text.startswith("item "):
+        number = text[5:].split(":", 1)[0]
+        if number.isdigit() and int(number) < len(chunk):
+            return f", line {chunk[int(number)]['_line']}"
+    return ""
+
+
+# --- integrations and the demo ---------------------------------------------------------
+
+
+def _cmd_hermes_install(args: argparse.Namespace, out: _Out) -> int:
+    try:
+        # Imported by name: it is another module's job, and pulls in Hermes Agent's package.
+        hermes = importlib.import_module("fastmem.integrations.hermes")
+    except ImportError as exc:
+        raise CliError(f"the Hermes Agent integration cannot be loaded ({exc}): "
+                       f"pip install 'fastmem[hermes]'", EXIT_MISSING) from None  # fmt: skip
+    result = hermes.install(args.hermes_home, activate=args.activate)
+    if out.json:
+        out.emit({"message": result.message, "plugin_dir": str(result.plugin_dir),
+                  "config_path": str(result.config_path), "activated": bool(result.activated)})  # fmt: skip
+    else:
+        out.console.print(result.message)
+    return EXIT_OK
+
+
+def _cmd_mcp(args: argparse.Namespace, out: _Out) -> int:
+    from .integrations import mcp_server
+
+    mcp_server.serve(args.store, namespace=args.namespace)
+    return EXIT_OK
+
+
+def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
+    from . import _demo
+
+    return _demo.run(args.path, out)
+
+
+# --- entry point -----------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (the console script exits with it)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version (0) or a usage error (2, already printed)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    out = _Out(getattr(args, "json", False))
+    try:
+        return int(args.func(args, out))
+    except KeyboardInterrupt:
+        sys.stderr.write("fastmem: interrupted\n")
+        return 130
+    except BrokenPipeError:  # `fastmem export store | head`: the reader left; not an error
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so the exit's flush is quiet
+        except OSError:
+            pass
+        return EXIT_OK
+    except (FastmemError, CliError, OSError) as exc:
+        sys.stderr.write(f"fastmem: error: {_one_line(exc)}\n")
+        return exit_code(exc)
+
+
+def _console_main() -> NoReturn:
+    sys.exit(main())
+
+
+if __name__ == "__main__":  # pragma: no cover - python -m fastmem goes through __main__.py
+    _console_main()
