@@ -96,7 +96,9 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_NOT_FOUND
     if isinstance(exc, (CorruptionError, FormatVersionError)):
         return EXIT_DAMAGED
-    if isinstance(exc, (EmbedderUnavailableError, EncodingUnavailableError)):
+    from .integrations.mcp_server import McpUnavailableError  # light: the SDK loads in serve()
+
+    if isinstance(exc, (EmbedderUnavailableError, EncodingUnavailableError, McpUnavailableError)):
         return EXIT_MISSING
     if isinstance(exc, InvalidInputError):
         return EXIT_USAGE
