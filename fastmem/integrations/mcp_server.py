@@ -19,6 +19,7 @@ An MCP client config (Claude Desktop, Cursor, ...)::
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any
 
@@ -32,17 +33,18 @@ class McpUnavailableError(FastmemError):
 
 
 def _sdk() -> tuple[Any, type[Exception]]:
-    """The SDK's server class and its tool-error class, for mcp 2.x or 1.x."""
+    """The SDK's server class and its tool-error class, for mcp 2.x or 1.x (imported by
+    name, so that type checking does not depend on which major version is installed)."""
     try:
-        from mcp.server.mcpserver import MCPServer
-        from mcp.server.mcpserver.exceptions import ToolError
-        return MCPServer, ToolError
+        server = importlib.import_module("mcp.server.mcpserver")
+        errors = importlib.import_module("mcp.server.mcpserver.exceptions")
+        return server.MCPServer, errors.ToolError
     except ImportError:
         pass
     try:
-        from mcp.server.fastmcp import FastMCP  # mcp 1.x
-        from mcp.server.fastmcp.exceptions import ToolError as ToolError1
-        return FastMCP, ToolError1
+        server = importlib.import_module("mcp.server.fastmcp")  # mcp 1.x
+        errors = importlib.import_module("mcp.server.fastmcp.exceptions")
+        return server.FastMCP, errors.ToolError
     except ImportError as exc:
         raise McpUnavailableError(
             f"the MCP server needs the official MCP SDK ({exc}): pip install 'fastmem[mcp]'"
