@@ -702,15 +702,16 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
     ids: list[str] = []
     with fastmem.open(base, embedder=embedder, summarizer=None,
                       policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
+        _check_items(store, items, args.file)  # a bad line imports nothing, not half a file
         with out.progress("importing" + (" and embedding" if embedder else ""), len(items)) as advance:
             for start in range(0, len(items), IMPORT_CHUNK):
-                chunk = items[start : start + IMPORT_CHUNK]
+                chunk = [{k: v for k, v in i.items() if k != "_line"}
+                         for i in items[start : start + IMPORT_CHUNK]]  # fmt: skip
                 try:
-                    ids += store.add_many([{k: v for k, v in i.items() if k != "_line"} for i in chunk])
-                except InvalidInputError as exc:
-                    line = _failed_line(exc, chunk)
+                    ids += store.add_many(chunk)
+                except (InvalidInputError, EmbedderUnavailableError) as exc:
                     done = f"{len(ids)} memories before it were imported" if ids else "nothing was imported"
-                    raise CliError(f"{args.file}{line}: {_one_line(exc)} ({done})", EXIT_USAGE) from None
+                    raise CliError(f"{args.file}: {_one_line(exc)} ({done})", exit_code(exc)) from None
                 advance(len(chunk))
     result = {"imported": len(ids), "path": base, "first_id": ids[0] if ids else None,
               "last_id": ids[-1] if ids else None}  # fmt: skip
@@ -722,14 +723,17 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
     return EXIT_OK
 
 
-def _failed_line(exc: Exception, chunk: list[dict[str, Any]]) -> str:
-    """', line N' for an add_many error that names its item ("item 3: ..."), else ''."""
-    text = str(exc)
-    if text.startswith("item "):
-        number = text[5:].split(":", 1)[0]
-        if number.isdigit() and int(number) < len(chunk):
-            return f", line {chunk[int(number)]['_line']}"
-    return ""
+def _check_items(store: Any, items: list[dict[str, Any]], path: str) -> None:
+    """Check every item as ``add`` would, before anything is written: the store's own
+    checks (``MemoryStore._prepare``, which writes nothing), so the rules cannot drift."""
+    now = time.time()
+    for item in items:
+        try:
+            store._prepare(0, {k: v for k, v in item.items() if k != "_line"}, now)
+        except InvalidInputError as exc:
+            message = _one_line(exc).removeprefix("item 0: ")
+            raise CliError(f"{path}, line {item['_line']}: {message} (nothing was imported)",
+                           EXIT_USAGE) from None  # fmt: skip
 
 
 # --- integrations and the demo ---------------------------------------------------------

@@ -1,0 +1,359 @@
+"""The ``fastmem`` command line: every subcommand, ``--json``, exit codes, one-line errors,
+the export/import round trip and the demo, run in-process (``fastmem.cli.main``) and, where
+the process boundary matters (tracebacks, the demo, the console entry), as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+import fastmem
+from fastmem.cli import (EXIT_DAMAGED, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_OK, EXIT_PROBLEMS,
+                         EXIT_USAGE, main)  # fmt: skip
+
+SOURCE = os.path.dirname(os.path.dirname(fastmem.__file__))  # the fastmem under test
+
+
+@pytest.fixture
+def backend():  # the CLI calls the store; the kernels are tested both ways elsewhere
+    yield "default"
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_json(capsys, *argv: str):
+    code, out, err = cli(capsys, *argv, "--json")
+    assert code == EXIT_OK, err
+    return json.loads(out)
+
+
+def one_error_line(err: str) -> str:
+    assert err.count("\n") == 1 and err.startswith("fastmem: error: "), err
+    assert "Traceback" not in err
+    return err
+
+
+def run_process(*argv: str, **kwargs):
+    env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_EMBEDDER": "none"}
+    return subprocess.run([sys.executable, "-m", "fastmem", *argv], capture_output=True,
+                          text=True, env=env, timeout=120, **kwargs)  # fmt: skip
+
+
+LARGE = " ".join(f"{(i * 7919) % 100003:x}" for i in range(1500))
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = str(tmp_path / "mem")
+    with fastmem.open(path) as s:
+        s.add("The user's dog is called Pixel.", type="fact", pinned=True, session="s1")
+        s.add("Deploy the billing service on Friday.", type="plan", session="s1")
+        s.add("weather_api: Lisbon 24°C, sunny", type="tool_result", session="s2")
+        s.add(LARGE, session="s2")  # the largest record (it does not compress much)
+        gone = s.add("Something to forget.")
+        s.forget(gone)
+    return path
+
+
+# --- parsing and usage ------------------------------------------------------------------
+
+
+def test_version_and_help(capsys):
+    code, out, _ = cli(capsys, "--version")
+    assert code == EXIT_OK and out.strip() == f"fastmem {fastmem.__version__}"
+    code, out, _ = cli(capsys, "--help")
+    assert code == EXIT_OK and "export" in out and "Exit codes" in out
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["frobnicate"], ["stats"], ["search", "p"], ["search", "p", "  "],
+    ["search", "p", "q", "-k", "0"], ["search", "p", "q", "-k", "ten"],
+    ["search", "p", "q", "--mode", "psychic"], ["context", "p", "q", "--budget", "0"],
+    ["stats", "p", "--namespace", "Alice"], ["stats", "p", "--namespace", "../x"],
+    ["inspect", "p", "--largest", "0"], ["mcp"], ["hermes"], ["stats", "p", "--jsn"],
+])  # fmt: skip
+def test_usage_errors_are_one_line_exit_2(capsys, argv):
+    code, out, err = cli(capsys, *argv)
+    assert code == EXIT_USAGE and out == ""
+    one_error_line(err)
+
+
+# --- reading commands -------------------------------------------------------------------
+
+
+def test_stats(capsys, store):
+    stats = cli_json(capsys, "stats", store)
+    assert stats["memories"] == 4 and stats["forgotten"] == 1 and stats["pinned"] == 1
+    assert stats["types"] == {"conversation": 1, "fact": 1, "plan": 1, "tool_result": 1}
+    assert stats["sessions"] == 2 and stats["dim"] == 0 and stats["with_vector"] == 0
+    assert stats["dat_bytes"] == os.path.getsize(store + ".dat")
+    assert stats["oldest"] <= stats["newest"]
+    code, out, _ = cli(capsys, "stats", store + ".dat")  # either file name works too
+    assert code == EXIT_OK and "tool_result 1" in out and "memories" in out
+
+
+def test_inspect(capsys, store):
+    m = cli_json(capsys, "inspect", store, "m0")
+    assert m == {"id": "m0", "text": "The user's dog is called Pixel.", "type": "fact",
+                 "timestamp": m["timestamp"], "session": "s1", "importance": 0.9, "pinned": True,
+                 "metadata": None, "summary": None}  # fmt: skip
+    largest = cli_json(capsys, "inspect", store, "--largest", "2")
+    assert [r["id"] for r in largest] == ["m3", "m2"]
+    assert largest[0]["record_bytes"] > largest[1]["record_bytes"]
+    assert largest[0]["text_tokens"] > 1500 and largest[0]["record_bytes"] > len(LARGE) // 2
+    code, out, _ = cli(capsys, "inspect", store, "m1")
+    assert code == EXIT_OK and "Deploy the billing service" in out
+    for argv, expected in ((["m4"], EXIT_NOT_FOUND), (["m99"], EXIT_NOT_FOUND),
+                           (["banana"], EXIT_NOT_FOUND), ([], EXIT_USAGE),
+                           (["m0", "--largest", "3"], EXIT_USAGE)):  # fmt: skip
+        code, out, err = cli(capsys, "inspect", store, *argv)
+        assert code == expected, argv
+        one_error_line(err)
+
+
+def test_search_and_context(capsys, store):
+    hits = cli_json(capsys, "search", store, "billing Friday", "--mode", "keyword")
+    assert [h["id"] for h in hits] == ["m1"] and hits[0]["score"] > 0
+    hits = cli_json(capsys, "search", store, "dog Pixel", "-k", "1")  # hybrid
+    assert [h["id"] for h in hits] == ["m0"]
+    assert cli_json(capsys, "search", store, "Lisbon", "--session", "s1", "--mode", "keyword") == []
+    code, out, _ = cli(capsys, "search", store, "Lisbon", "--mode", "keyword")
+    assert code == EXIT_OK and "weather_api" in out and "m2" in out
+    # No embedder (FASTMEM_EMBEDDER=none), no vectors: a vector search is a usage error.
+    code, _, err = cli(capsys, "search", store, "dog", "--mode", "vector")
+    assert code == EXIT_USAGE and "no embedder" in one_error_line(err)
+
+    ctx = cli_json(capsys, "context", store, "When do we deploy billing?", "--budget", "60")
+    assert ctx["tokens"] <= 60 and ctx["budget"] == 60 and "billing" in ctx["text"]
+    assert {i["id"] for i in ctx["items"]} >= {"m1"}
+    code, out, _ = cli(capsys, "context", store, "When do we deploy billing?")
+    assert code == EXIT_OK and "Deploy the billing service on Friday." in out
+
+
+def test_reading_commands_work_while_a_writer_holds_the_store(capsys, store):
+    with fastmem.open(store) as writer:
+        writer.add("Added while the CLI reads.")
+        writer.flush()
+        assert cli_json(capsys, "stats", store)["memories"] == 5
+        assert cli_json(capsys, "verify", store)["ok"] is True
+        assert cli_json(capsys, "search", store, "CLI reads", "--mode", "keyword")[0]["id"] == "m5"
+
+
+def test_missing_and_damaged_stores(capsys, tmp_path):
+    missing = str(tmp_path / "nothing")
+    for argv in (["stats"], ["verify"], ["repair"], ["compact"], ["export"], ["inspect", "--largest", "1"]):
+        code, _, err = cli(capsys, argv[0], missing, *argv[1:])
+        assert code == EXIT_NOT_FOUND, argv
+        assert "no fastmem store" in one_error_line(err)
+    assert not os.path.exists(missing + ".dat")  # nothing was created by looking
+    junk = tmp_path / "junk"
+    (tmp_path / "junk.dat").write_bytes(b"this is not a fastmem data file at all" * 10)
+    for argv in (["stats"], ["verify"], ["compact"]):
+        code, _, err = cli(capsys, argv[0], str(junk))
+        assert code == EXIT_DAMAGED, argv
+        one_error_line(err)
+
+
+# --- integrity and maintenance ------------------------------------------------------------
+
+
+def test_verify_repair_and_exit_codes(capsys, tmp_path):
+    path = str(tmp_path / "mem")
+    with fastmem.open(path) as s:
+        s.add_many([{"text": f"memory number {i} about topic {i % 7}"} for i in range(40)])
+    report = cli_json(capsys, "verify", path)
+    assert report["ok"] is True and report["problems"] == [] and report["records"] == 40
+    with open(path + ".dat", "r+b") as f:  # flip a byte inside a record in the middle
+        f.seek(os.path.getsize(path + ".dat") // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    code, out, err = cli(capsys, "verify", path, "--json")
+    report = json.loads(out)
+    assert code == EXIT_PROBLEMS and report["ok"] is False and err == ""
+    assert report["problems"] and report["problems"][0]["file"] == "dat"
+    code, out, _ = cli(capsys, "verify", path)
+    assert code == EXIT_PROBLEMS and "fastmem repair" in out
+
+    code, out, err = cli(capsys, "repair", path, "--json")
+    repaired = json.loads(out)
+    assert code == EXIT_PROBLEMS and repaired["ok"] is False  # data had to be cut
+    assert repaired["memories"] == 39 and repaired["cut_bytes"] > 0
+    assert os.path.exists(repaired["damaged_path"])
+    assert "Traceback" not in err
+    assert cli_json(capsys, "verify", path)["ok"] is True
+    code, out, _ = cli(capsys, "repair", path)  # nothing left to cut
+    assert code == EXIT_OK and "nothing damaged" in out
+
+
+def test_compact(capsys, tmp_path):
+    path = str(tmp_path / "mem")
+    with fastmem.open(path) as s:
+        ids = s.add_many([{"text": f"note {i} " + "filler " * 50} for i in range(100)])
+        for mid in ids[:60]:
+            s.forget(mid)
+    report = cli_json(capsys, "compact", path)
+    assert report["memories"] == 40 and report["dropped"] == 60
+    assert report["reclaimed"] > 0 and report["bytes_after"] < report["bytes_before"]
+    assert cli_json(capsys, "stats", path)["forgotten"] == 0
+    code, out, _ = cli(capsys, "compact", path)
+    assert code == EXIT_OK and "40 memories kept" in out
+
+
+def test_writing_commands_on_a_locked_store_exit_3(capsys, store, tmp_path):
+    lines = tmp_path / "in.jsonl"
+    lines.write_text('{"text": "hello"}\n')
+    with fastmem.open(store):
+        for argv in (["repair", store], ["compact", store], ["import", store, str(lines)]):
+            code, _, err = cli(capsys, *argv)
+            assert code == EXIT_LOCKED, argv
+            assert "is open for writing" in one_error_line(err)
+
+
+# --- export and import ------------------------------------------------------------------
+
+
+def _fields(memory: fastmem.Memory) -> tuple:
+    return memory[1:]  # every field but the id (a store numbers its own memories)
+
+
+def test_export_import_round_trip(capsys, tmp_path):
+    src = str(tmp_path / "src")
+    # summarizer=None: the long text below has no summary, and must not get one on import.
+    with fastmem.open(src, summarizer=None) as s:
+        s.add("Grüße aus Köln — 東京で会いましょう 🎉 \"quoted\" \\ back\nslash\ttab",
+              type="conversation", session="sessión-1", timestamp=1_700_000_000.123456)
+        s.add("The user prefers tea.", type="fact", pinned=True, importance=0.95,
+              metadata={"source": "chat", "n": 3, "ratio": 0.1, "nested": {"list": [1, "二", None, True]},
+                        "blob": b"\x00\xffbytes", "empty": {}, "inf": math.inf})
+        s.add("A long note " + "about many things. " * 200, type="my-own-type", importance=0.0)
+        s.add("Summarised tool output", type="tool_result", summary="a summary given by hand",
+              metadata={"tool": "search"})
+        gone = s.add("This one is forgotten and must not be exported.")
+        s.forget(gone)
+        changed = s.add("Changed after writing.", session="s")
+        s.update(changed, importance=0.42, metadata={"v": 2})
+        s.pin(changed)
+        s.add("plain")
+        original = [_fields(m) for m in s]
+    assert original[2][7] is None  # no summary: the check below means something
+
+    dump = tmp_path / "dump.jsonl"
+    code, out, err = cli(capsys, "export", src, "-o", str(dump))
+    assert code == EXIT_OK and out == "" and "exported 6 memories" in err
+    lines = dump.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 6 and "forgotten" not in dump.read_text(encoding="utf-8")
+    assert "東京" in lines[0]  # UTF-8, not \u escapes
+    code, out, _ = cli(capsys, "export", src)  # to stdout: the same lines
+    assert code == EXIT_OK and out.splitlines() == lines
+
+    dst = str(tmp_path / "dst")
+    result = cli_json(capsys, "import", dst, str(dump))
+    assert result["imported"] == 6 and result["first_id"] == "m0" and result["last_id"] == "m5"
+    with fastmem.open(dst, readonly=True) as d:
+        assert [_fields(m) for m in d] == original
+
+    # Exporting the copy gives the same lines, ids aside; a second import appends.
+    code, out, _ = cli(capsys, "export", dst)
+    strip = [{k: v for k, v in json.loads(line).items() if k != "id"} for line in lines]
+    assert [{k: v for k, v in json.loads(line).items() if k != "id"} for line in out.splitlines()] == strip
+    assert cli_json(capsys, "import", dst, str(dump))["first_id"] == "m6"
+
+
+def test_import_into_a_namespace_from_stdin(capsys, tmp_path, monkeypatch):
+    import io
+
+    root = str(tmp_path / "root")
+    monkeypatch.setattr(sys, "stdin", io.StringIO('{"text": "alice likes jazz"}\n\n{"text": "b", "pinned": null}\n'))
+    assert cli_json(capsys, "import", root, "-", "--namespace", "alice")["imported"] == 2
+    assert cli_json(capsys, "stats", root, "--namespace", "alice")["memories"] == 2
+    code, _, err = cli(capsys, "stats", root, "--namespace", "bob")
+    assert code == EXIT_NOT_FOUND
+    one_error_line(err)
+    assert fastmem.namespaces.list_namespaces(root) == ["alice"]
+
+
+@pytest.mark.parametrize("content, code, message", [
+    ('{"text": "ok"}\nnot json\n', EXIT_USAGE, "line 2: not valid JSON"),
+    ('["a list"]\n', EXIT_USAGE, "line 1: expected a JSON object"),
+    ('{"text": "ok", "colour": "red"}\n', EXIT_USAGE, "line 1: unknown fields ['colour']"),
+    ('{"type": "fact"}\n', EXIT_USAGE, "line 1: no 'text'"),
+    ('{"text": "a"}\n{"text": "b", "importance": 7}\n', EXIT_USAGE, "line 2: importance must be"),
+    ('{"text": "a", "metadata": {"$bytes": "%%%"}}\n', EXIT_USAGE, "bad $bytes value"),
+    ('{"text": "a", "pinned": "yes"}\n', EXIT_USAGE, "pinned must be True or False"),
+])  # fmt: skip
+def test_import_rejects_bad_files(capsys, tmp_path, content, code, message):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(content, encoding="utf-8")
+    dst = str(tmp_path / "dst")
+    got, _, err = cli(capsys, "import", dst, str(bad))
+    assert got == code
+    assert message in one_error_line(err), err
+    if os.path.exists(dst + ".dat"):  # nothing of a bad file is imported
+        with fastmem.open(dst, readonly=True) as d:
+            assert len(d) == 0
+
+
+def test_import_missing_or_binary_file(capsys, tmp_path):
+    code, _, err = cli(capsys, "import", str(tmp_path / "dst"), str(tmp_path / "nope.jsonl"))
+    assert code == EXIT_NOT_FOUND and "nope.jsonl" in one_error_line(err)
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    code, _, err = cli(capsys, "import", str(tmp_path / "dst"), str(binary))
+    assert code == EXIT_USAGE and "not UTF-8" in one_error_line(err)
+    code, _, err = cli(capsys, "import", str(tmp_path / "dst"), str(tmp_path))
+    assert code == EXIT_USAGE and "directory" in one_error_line(err)
+
+
+# --- processes: no tracebacks, quiet pipes, the demo ------------------------------------------
+
+
+def test_errors_in_a_real_process_are_one_line(tmp_path, store):
+    proc = run_process("stats", str(tmp_path / "missing"))
+    assert proc.returncode == EXIT_NOT_FOUND and proc.stdout == ""
+    one_error_line(proc.stderr)
+    proc = run_process("search", store, "x", "-k", "-3")
+    assert proc.returncode == EXIT_USAGE
+    one_error_line(proc.stderr)
+    # Success in a pipe: data on stdout, nothing on stderr (no progress bar outside a terminal).
+    proc = run_process("export", store)
+    assert proc.returncode == EXIT_OK and proc.stderr == "" and len(proc.stdout.splitlines()) == 4
+    proc = run_process("import", str(tmp_path / "copy"), "-", input=proc.stdout)
+    assert proc.returncode == EXIT_OK and proc.stderr == "", proc.stderr
+    assert "imported 4 memories" in proc.stdout
+
+
+def test_demo_end_to_end(tmp_path):
+    path = tmp_path / "demo_store"
+    proc = run_process("demo", "--json", "--path", str(path))
+    assert proc.returncode == EXIT_OK, proc.stderr
+    result = json.loads(proc.stdout)
+    written, restart, ctx = result["written"], result["restart"], result["context"]
+    assert written["keywords_only"] == "FASTMEM_EMBEDDER=none" and written["embedder"] is None
+    assert restart["memories"] == written["memories"] > 100
+    assert restart["open_seconds"] < 1.0 and len(restart["recent"]) == 6
+    assert restart["recent"][0]["text"] == "You're welcome! I'll pick up the bookings next time."
+    assert result["preload"]["done"] == result["preload"]["total"] > 0
+    assert 0 < ctx["tokens"] == ctx["recount"] <= ctx["budget"] == 1300
+    assert ctx["answer_found"] and "Ana is getting married in Porto" in ctx["text"]
+    assert "The user is allergic to cashews" in ctx["text"] and ctx["levels"]["0"] == 1
+    assert ctx["verify_ok"] is True
+    with fastmem.open(str(path), readonly=True) as s:  # the store stays where asked
+        assert len(s) == written["memories"]
+
+    proc = run_process("demo", "--path", str(path))  # it never writes into an existing store
+    assert proc.returncode == EXIT_USAGE and "already exists" in one_error_line(proc.stderr)
+
+    proc = run_process("demo")  # the people's version: rich text, a temporary store
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert "keywords only" in proc.stdout and "contains m" in proc.stdout
+    assert "tokens (exact, tiktoken)" in proc.stdout and "Traceback" not in proc.stderr
