@@ -43,6 +43,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TextIO
@@ -264,15 +265,17 @@ class _Out:
         sys.stderr.write(f"fastmem: {message}\n")
 
     @contextmanager
-    def progress(self, what: str, total: float | None) -> Iterator[Callable[[float], None]]:
+    def progress(self, what: str, total: float | None,
+                 bytes_: bool = False) -> Iterator[Callable[[float], None]]:  # fmt: skip
         """A progress bar on stderr; yields ``advance(n)``. ``total=None``: a spinner with
-        the time elapsed, for work that reports no progress."""
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                                   TextColumn, TimeElapsedColumn, TimeRemainingColumn)  # fmt: skip
+        the time elapsed, for work that reports no progress; ``bytes_``: sizes, not counts."""
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
+                                   SpinnerColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)  # fmt: skip
 
         columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
         if total is not None:
-            columns += [MofNCompleteColumn(), TimeRemainingColumn()]
+            columns += [DownloadColumn() if bytes_ else MofNCompleteColumn(), TimeRemainingColumn()]
         columns.append(TimeElapsedColumn())
         with Progress(*columns, console=self.err, transient=True,
                       disable=not self.progress_on) as bar:  # fmt: skip
@@ -515,7 +518,7 @@ def _cmd_verify(args: argparse.Namespace, out: _Out) -> int:
 def _file_progress(out: _Out, what: str, watched: str, total: int) -> Iterator[None]:
     """A bar for work that writes ``watched`` up to about ``total`` bytes (a compaction's
     or a repair's new data file), polled from a thread: the store reports no progress."""
-    with out.progress(what, total or None) as advance:
+    with out.progress(what, total or None, bytes_=True) as advance:
         done = threading.Event()
 
         def poll() -> None:
@@ -780,7 +783,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     out = _Out(getattr(args, "json", False))
     try:
-        return int(args.func(args, out))
+        with warnings.catch_warnings():
+            # fastmem's RecoveryWarning (an index rebuilt, a torn tail cut) as one line too.
+            warnings.simplefilter("default")
+            warnings.showwarning = _show_warning
+            return int(args.func(args, out))
     except KeyboardInterrupt:
         sys.stderr.write("fastmem: interrupted\n")
         return 130
@@ -795,9 +802,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exit_code(exc)
 
 
-def _console_main() -> NoReturn:
-    sys.exit(main())
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    sys.stderr.write(f"fastmem: warning: {' '.join(str(message).split())}\n")
 
 
 if __name__ == "__main__":  # pragma: no cover - python -m fastmem goes through __main__.py
-    _console_main()
+    sys.exit(main())

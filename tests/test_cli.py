@@ -209,6 +209,14 @@ def test_compact(capsys, tmp_path):
     assert code == EXIT_OK and "40 memories kept" in out
 
 
+def test_recovery_warnings_are_one_line(capsys, store):
+    with open(store + ".dat", "ab") as f:  # an interrupted append: zeros at the end
+        f.write(bytes(100))
+    code, out, err = cli(capsys, "compact", store, "--json")
+    assert code == EXIT_OK and json.loads(out)["memories"] == 4
+    assert err.count("\n") == 1 and err.startswith("fastmem: warning: fastmem cut 100 bytes")
+
+
 def test_writing_commands_on_a_locked_store_exit_3(capsys, store, tmp_path):
     lines = tmp_path / "in.jsonl"
     lines.write_text('{"text": "hello"}\n')
