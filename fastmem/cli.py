@@ -218,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("export", "every live memory as JSON lines, oldest first", json_=False)
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    p.add_argument("--vectors", action="store_true", help="include each memory's stored "
+                   "embedding, so that import keeps it instead of embedding the text again")  # fmt: skip
     p.set_defaults(func=_cmd_export)
 
     p = command("import", "JSON lines (as export writes them) into a store (created if "
@@ -629,9 +631,13 @@ def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
         try:
             with out.progress("exporting", total) as advance:
                 for memory in store:
-                    # allow_nan: metadata may hold NaN or infinities (msgpack floats);
-                    # Python's json reads them back.
-                    target.write(json.dumps(_memory_dict(memory), ensure_ascii=False) + "\n")
+                    line = _memory_dict(memory)
+                    if args.vectors:
+                        vector = store.vector(memory.id)
+                        line["embedding"] = None if vector is None else vector.tolist()
+                    # NaN and infinities in metadata (msgpack floats) are written as JSON's
+                    # common extension (NaN, Infinity); Python's json reads them back.
+                    target.write(json.dumps(line, ensure_ascii=False) + "\n")
                     n += 1
                     advance(1)
             target.flush()
@@ -649,7 +655,7 @@ def _open_output(path: str) -> TextIO:
 
 def _read_import(path: str) -> list[dict[str, Any]]:
     """Every memory of a JSON-lines file, checked for shape (the store checks the values)."""
-    allowed = set(EXPORT_FIELDS)
+    allowed = {*EXPORT_FIELDS, "embedding"}
     items = []
     if path == "-":
         lines = sys.stdin.read().splitlines()
@@ -674,7 +680,7 @@ def _read_import(path: str) -> list[dict[str, Any]]:
             raise CliError(f"{where}: expected a JSON object, got {type(item).__name__}", EXIT_USAGE)
         unknown = sorted(set(item) - allowed)
         if unknown:
-            raise CliError(f"{where}: unknown fields {unknown}; known: {list(EXPORT_FIELDS)}",
+            raise CliError(f"{where}: unknown fields {unknown}; known: {sorted(allowed)}",
                            EXIT_USAGE)  # fmt: skip
         if "text" not in item:
             raise CliError(f"{where}: no 'text'", EXIT_USAGE)
@@ -706,7 +712,8 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
     with fastmem.open(base, embedder=embedder, summarizer=None,
                       policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
         _check_items(store, items, args.file)  # a bad line imports nothing, not half a file
-        with out.progress("importing" + (" and embedding" if embedder else ""), len(items)) as advance:
+        embedding = embedder is not None and any("embedding" not in i for i in items)
+        with out.progress("importing" + (" and embedding" if embedding else ""), len(items)) as advance:
             for start in range(0, len(items), IMPORT_CHUNK):
                 chunk = [{k: v for k, v in i.items() if k != "_line"}
                          for i in items[start : start + IMPORT_CHUNK]]  # fmt: skip
@@ -729,10 +736,16 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
 def _check_items(store: Any, items: list[dict[str, Any]], path: str) -> None:
     """Check every item as ``add`` would, before anything is written: the store's own
     checks (``MemoryStore._prepare``, which writes nothing), so the rules cannot drift."""
+    from ._vectors import to_float16
+
     now = time.time()
+    dim = store._index.dim
     for item in items:
         try:
             store._prepare(0, {k: v for k, v in item.items() if k != "_line"}, now)
+            if "embedding" in item:  # its length must be the store's (or the first line's)
+                dim = dim or to_float16([item["embedding"]], 0).shape[1]
+                to_float16([item["embedding"]], dim)
         except InvalidInputError as exc:
             message = _one_line(exc).removeprefix("item 0: ")
             raise CliError(f"{path}, line {item['_line']}: {message} (nothing was imported)",

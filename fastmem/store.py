@@ -1013,6 +1013,25 @@ class MemoryStore:
             row = self._live_row(mid)[1]
             return self._decode(row, self._data(), row[F_OFFSET], self._dat_end)
 
+    def vector(self, mid: str) -> np.ndarray | None:
+        """The embedding stored with memory ``mid`` (unit length, float16 precision, as a
+        float32 array), or ``None`` when it has none: what an export needs so that an
+        import keeps vectors given with ``add(embedding=...)`` instead of re-embedding.
+
+        Raises:
+            UnknownMemoryError: no live memory has this id.
+            CorruptRecordError: its record in the data file is damaged.
+        """
+        with self._lock:
+            self._check()
+            row = self._live_row(mid)[1]
+            if not row[F_FLAGS] & fmt.FLAG_HAS_VECTOR:
+                return None
+            buf, offset = self._data(), row[F_OFFSET]
+            self._decode(row, buf, offset, self._dat_end)  # checks the record is this memory's
+            start = offset + fmt.RECORD_HEADER_SIZE  # the vector follows the record's header
+            return np.frombuffer(buf, dtype="<f2", count=self._index.dim, offset=start).astype(np.float32)
+
     def recent(self, n: int = 20) -> list[Memory]:
         """The ``n`` newest live memories by timestamp, newest first (level 1 of a restart)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:

@@ -277,6 +277,46 @@ def test_export_import_round_trip(capsys, tmp_path):
     assert cli_json(capsys, "import", dst, str(dump))["first_id"] == "m6"
 
 
+def test_export_import_vectors(capsys, tmp_path):
+    """export --vectors keeps embeddings given with add(embedding=...): import uses them
+    (a keyword-only store here, so nothing could embed them again)."""
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    src = str(tmp_path / "src")
+    with fastmem.open(src) as s:
+        with_vec = s.add_many([{"text": f"vector memory {i}", "embedding": rng.normal(size=8)}
+                               for i in range(5)])  # fmt: skip
+        without = s.add("no vector here")
+        stored = {mid: s.vector(mid) for mid in with_vec}
+        assert s.vector(without) is None
+        for v in stored.values():
+            assert v.dtype == np.float32 and v.shape == (8,) and abs(np.linalg.norm(v) - 1) < 1e-2
+        query = stored[with_vec[3]]
+        assert s.search(query, 1)[0].id == with_vec[3]
+    dump = tmp_path / "dump.jsonl"
+    assert cli(capsys, "export", src, "--vectors", "-o", str(dump))[0] == EXIT_OK
+    rows = [json.loads(line) for line in dump.read_text().splitlines()]
+    assert [r["embedding"] is None for r in rows] == [False] * 5 + [True]
+    code, out, _ = cli(capsys, "export", src)
+    assert code == EXIT_OK and "embedding" not in out  # only when asked for
+
+    dst = str(tmp_path / "dst")
+    assert cli_json(capsys, "import", dst, str(dump))["imported"] == 6
+    with fastmem.open(dst, readonly=True) as d:
+        for old, new in zip(with_vec, [m.id for m in d][:5]):
+            np.testing.assert_allclose(d.vector(new), stored[old], atol=1e-3)
+        assert d.vector("m5") is None
+        assert d.search(query, 1)[0].id == "m3"  # vector search works on the copy
+        with pytest.raises(fastmem.UnknownMemoryError):
+            d.vector("m99")
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "a", "embedding": [1, 0, 0]}\n{"text": "b", "embedding": [1, 0]}\n')
+    code, _, err = cli(capsys, "import", str(tmp_path / "dst2"), str(bad))
+    assert code == EXIT_USAGE and "line 2" in one_error_line(err) and "length 2" in err
+
+
 def test_import_into_a_namespace_from_stdin(capsys, tmp_path, monkeypatch):
     import io
 
