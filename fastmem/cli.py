@@ -254,8 +254,10 @@ class _Out:
         from rich.console import Console
 
         self.json = as_json
-        self.console = Console(highlight=False, soft_wrap=False)
-        self.err = Console(stderr=True, highlight=False)
+        # No emoji codes: memories' text is shown as it is (":smile:" stays that). Stored
+        # text in markup strings goes through escape() (see _e), or "[/x]" would be a tag.
+        self.console = Console(highlight=False, soft_wrap=False, emoji=False)
+        self.err = Console(stderr=True, highlight=False, emoji=False)
         # Progress bars only for a person watching: never in a pipe, a log or with --json.
         self.progress_on = not as_json and sys.stderr.isatty()
 
@@ -283,6 +285,13 @@ class _Out:
                       disable=not self.progress_on) as bar:  # fmt: skip
             task = bar.add_task(what, total=total)
             yield lambda n: bar.advance(task, n)
+
+
+def _e(text: str) -> str:
+    """Stored or user text, safe inside rich markup."""
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _when(ts: float | None) -> str:
@@ -324,7 +333,15 @@ def _base(args: argparse.Namespace) -> str:
 def _require_store(args: argparse.Namespace) -> str:
     base = _base(args)
     if not os.path.exists(base + ".dat"):
-        raise StoreNotFoundError(f"no fastmem store at {base}.dat")
+        hint = ""
+        if args.namespace is None and os.path.isdir(args.path):
+            from .namespaces import list_namespaces
+
+            names = list_namespaces(args.path)
+            if names:
+                shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+                hint = f"; {args.path} holds namespaced stores ({shown}): add --namespace NAME"
+        raise StoreNotFoundError(f"no fastmem store at {base}.dat{hint}")
     return base
 
 
@@ -388,13 +405,13 @@ def _cmd_stats(args: argparse.Namespace, out: _Out) -> int:
         return EXIT_OK
     from rich.table import Table
 
-    table = Table(title=f"fastmem store {stats['path']}", show_header=False, title_justify="left")
+    table = Table(title=f"fastmem store {_e(stats['path'])}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
     table.add_row("memories", f"{stats['memories']:,}")
     table.add_row("forgotten", f"{stats['forgotten']:,} (space reclaimed by compact)")
     table.add_row("pinned", f"{stats['pinned']:,}")
-    table.add_row("types", ", ".join(f"{k} {v:,}" for k, v in stats["types"].items()) or "-")
+    table.add_row("types", _e(", ".join(f"{k} {v:,}" for k, v in stats["types"].items()) or "-"))
     table.add_row("sessions", f"{stats['sessions']:,}")
     table.add_row("time span", f"{_when(stats['oldest'])} → {_when(stats['newest'])}")
     table.add_row("text tokens", f"{stats['text_tokens']:,} (cl100k_base)")
@@ -435,7 +452,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
                     value = f"{_when(value)} ({value})"
                 elif isinstance(value, (dict, list)):
                     value = json.dumps(value, ensure_ascii=False)
-                table.add_row(name, "-" if value is None else str(value))
+                table.add_row(name, "-" if value is None else _e(str(value)))
             out.console.print(table)
             return EXIT_OK
         rows = [(mid, size, tokens, store.get(mid)) for mid, size, tokens in largest(store, args.largest)]
@@ -450,7 +467,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
                           ("type", "left"), ("text", "left")):  # fmt: skip
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for mid, size, tokens, m in rows:
-        table.add_row(mid, f"{size:,}", f"{tokens:,}", m.type, _preview(m.text, 60))
+        table.add_row(mid, f"{size:,}", f"{tokens:,}", _e(m.type), _e(_preview(m.text, 60)))
     out.console.print(table)
     return EXIT_OK
 
@@ -464,13 +481,13 @@ def _cmd_search(args: argparse.Namespace, out: _Out) -> int:
         return EXIT_OK
     from rich.table import Table
 
-    table = Table(title=f"{len(hits)} hits for {args.query!r} ({args.mode})", title_justify="left")
+    table = Table(title=f"{len(hits)} hits for {_e(repr(args.query))} ({args.mode})", title_justify="left")
     for name in ("id", "score", "type", "session", "when", "text"):
         table.add_column(name, justify="right" if name == "score" else "left")
     for h in hits:
         m = h.memory
-        table.add_row(m.id, f"{h.score:.3f}", m.type, m.session or "-", _when(m.timestamp),
-                      _preview(m.text))  # fmt: skip
+        table.add_row(m.id, f"{h.score:.3f}", _e(m.type), _e(m.session or "-"), _when(m.timestamp),
+                      _e(_preview(m.text)))  # fmt: skip
     out.console.print(table)
     return EXIT_OK
 
@@ -485,9 +502,10 @@ def _cmd_context(args: argparse.Namespace, out: _Out) -> int:
                              "summary": i.summary, "text": i.text} for i in ctx.items]})  # fmt: skip
         return EXIT_OK
     from rich.panel import Panel
+    from rich.text import Text
 
     mode = "keywords, recency and importance (no vectors)" if ctx.degraded else "full quality"
-    out.console.print(Panel(ctx.text or "(empty)", title=f"context for {args.query!r}",
+    out.console.print(Panel(Text(ctx.text or "(empty)"), title=f"context for {_e(repr(args.query))}",
                             subtitle=f"{ctx.tokens} / {ctx.budget} {ctx.encoding} tokens, "
                                      f"{len(ctx.items)} memories, {1000 * ctx.seconds:.1f} ms, {mode}",
                             title_align="left", subtitle_align="left"))  # fmt: skip
@@ -511,7 +529,7 @@ def _cmd_verify(args: argparse.Namespace, out: _Out) -> int:
         out.console.print(f"[red]{len(report.problems)} problem(s)[/red] "
                           f"({report.records:,} intact records):")  # fmt: skip
         for p in report.problems:
-            out.console.print(f"  {p.file} offset {p.offset}: {p.message}")
+            out.console.print(f"  {p.file} offset {p.offset}: {_e(p.message)}")
         out.console.print("run 'fastmem repair' to keep every intact record and rebuild the index")
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
@@ -562,9 +580,9 @@ def _cmd_repair(args: argparse.Namespace, out: _Out) -> int:
         out.console.print(f"[yellow]repaired[/yellow]: {report.memories:,} memories kept from "
                           f"{report.records:,} intact records; cut {report.cut_bytes:,} bytes:")  # fmt: skip
         for p in report.cut:
-            out.console.print(f"  {p.file} offset {p.offset}: {p.message}")
+            out.console.print(f"  {p.file} offset {p.offset}: {_e(p.message)}")
         if report.damaged_path:
-            out.console.print(f"the cut bytes are kept in {report.damaged_path}")
+            out.console.print(f"the cut bytes are kept in {_e(report.damaged_path)}")
     return EXIT_OK if report.ok else EXIT_PROBLEMS
 
 
@@ -729,7 +747,7 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
         out.emit(result)
     else:
         span = f" ({ids[0]}…{ids[-1]})" if ids else ""
-        out.console.print(f"imported {len(ids):,} memories into {base}{span}")
+        out.console.print(f"imported {len(ids):,} memories into {_e(base)}{span}")
     return EXIT_OK
 
 
@@ -767,7 +785,7 @@ def _cmd_hermes_install(args: argparse.Namespace, out: _Out) -> int:
         out.emit({"message": result.message, "plugin_dir": str(result.plugin_dir),
                   "config_path": str(result.config_path), "activated": bool(result.activated)})  # fmt: skip
     else:
-        out.console.print(result.message)
+        out.console.print(_e(str(result.message)))
     return EXIT_OK
 
 
@@ -813,6 +831,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FastmemError, CliError, OSError) as exc:
         sys.stderr.write(f"fastmem: error: {_one_line(exc)}\n")
         return exit_code(exc)
+    except Exception as exc:  # a bug, or an integration's own error: still one line
+        sys.stderr.write(f"fastmem: error: {type(exc).__name__}: {_one_line(exc)}\n")
+        return EXIT_PROBLEMS
 
 
 def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,

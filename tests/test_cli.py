@@ -139,6 +139,21 @@ def test_search_and_context(capsys, store):
     assert code == EXIT_OK and "Deploy the billing service on Friday." in out
 
 
+def test_stored_text_is_shown_as_it_is(capsys, tmp_path):
+    """Rich would read "[/x]" as a closing tag and ":smile:" as an emoji code."""
+    path = str(tmp_path / "mem")
+    text = "[/bold] oops [red]x[/red] :smile: [link"
+    with fastmem.open(path) as s:
+        s.add(text, type="[/t]", session="[/s]")
+    for argv in (["stats"], ["inspect", "m0"], ["inspect", "--largest", "1"], ["search", "oops"],
+                 ["context", "oops"]):  # fmt: skip
+        code, out, err = cli(capsys, argv[0], path, *argv[1:])
+        assert code == EXIT_OK and err == "", (argv, err)
+        assert "[/t]" in out, argv
+        if argv[0] != "stats":
+            assert "oops" in out and ":smile:" in out and "[red]x[/red]" in out.replace("\n", ""), argv
+
+
 def test_reading_commands_work_while_a_writer_holds_the_store(capsys, store):
     with fastmem.open(store) as writer:
         writer.add("Added while the CLI reads.")
@@ -328,6 +343,8 @@ def test_import_into_a_namespace_from_stdin(capsys, tmp_path, monkeypatch):
     assert code == EXIT_NOT_FOUND
     one_error_line(err)
     assert fastmem.namespaces.list_namespaces(root) == ["alice"]
+    code, _, err = cli(capsys, "stats", root)  # the root itself is no store: say what is there
+    assert code == EXIT_NOT_FOUND and "holds namespaced stores (alice): add --namespace" in one_error_line(err)
 
 
 @pytest.mark.parametrize("content, code, message", [
