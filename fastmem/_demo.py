@@ -252,13 +252,13 @@ def _child(args: list[str], on_event: Any) -> None:
     source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = source + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen([sys.executable, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
-    for line in proc.stdout:
-        on_event(json.loads(line))
-    err = proc.stderr.read()
-    if proc.wait() != 0:
+    with subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as proc:  # fmt: skip
+        assert proc.stdout is not None and proc.stderr is not None
+        for line in proc.stdout:
+            on_event(json.loads(line))
+        err = proc.stderr.read()  # read after stdout: it holds a warning or an error at most
+    if proc.returncode != 0:
         from .cli import EXIT_PROBLEMS, CliError
 
         last = err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}"

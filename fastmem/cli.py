@@ -56,6 +56,7 @@ from .errors import (
     FastmemError,
     FormatVersionError,
     InvalidInputError,
+    RecoveryWarning,
     StoreLockedError,
     StoreNotFoundError,
     UnknownMemoryError,
@@ -815,8 +816,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = _Out(getattr(args, "json", False))
     try:
         with warnings.catch_warnings():
-            # fastmem's RecoveryWarning (an index rebuilt, a torn tail cut) as one line too.
-            warnings.simplefilter("default")
+            # fastmem's RecoveryWarning (an index rebuilt, a torn tail cut) as one line too;
+            # other warnings keep their filters.
+            warnings.simplefilter("default", RecoveryWarning)
             warnings.showwarning = _show_warning
             return int(args.func(args, out))
     except KeyboardInterrupt:

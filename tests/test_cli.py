@@ -42,8 +42,8 @@ def one_error_line(err: str) -> str:
     return err
 
 
-def run_process(*argv: str, **kwargs):
-    env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_EMBEDDER": "none"}
+def run_process(*argv: str, env_extra: dict[str, str] | None = None, **kwargs):
+    env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_EMBEDDER": "none", **(env_extra or {})}
     return subprocess.run([sys.executable, "-m", "fastmem", *argv], capture_output=True,
                           text=True, env=env, timeout=120, **kwargs)  # fmt: skip
 
@@ -422,3 +422,36 @@ def test_demo_end_to_end(tmp_path):
     assert proc.returncode == EXIT_OK, proc.stderr
     assert "keywords only" in proc.stdout and "contains m" in proc.stdout
     assert "tokens (exact, tiktoken)" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def _model_installed() -> bool:
+    from fastmem import embed
+
+    try:
+        embed.find_model()
+    except fastmem.EmbedderUnavailableError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _model_installed(), reason="all-MiniLM-L6-v2 is not installed")
+def test_demo_search_and_context_with_the_model(tmp_path):
+    """The Quickstart's path: the real embedder (installed locally; nothing is downloaded)."""
+    path = str(tmp_path / "demo_store")
+    env = {"FASTMEM_EMBEDDER": "default"}
+    proc = run_process("demo", "--json", "--path", path, env_extra=env)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["written"]["keywords_only"] is None and "MiniLM" in result["written"]["embedder"]
+    ctx = result["context"]
+    assert ctx["degraded"] is False and ctx["answer_found"] and ctx["tokens"] == ctx["recount"] <= 1300
+    # The CLI waits for the model before a search (no degraded answers on a command line).
+    proc = run_process("search", path, "my sister's marriage ceremony", "--mode", "vector", "-k", "3",
+                       "--json", env_extra=env)  # fmt: skip
+    assert proc.returncode == EXIT_OK, proc.stderr
+    hits = json.loads(proc.stdout)
+    assert any("Ana is getting married" in h["text"] for h in hits)
+    proc = run_process("context", path, "what did I say about my sister?", "--json", env_extra=env)
+    assert proc.returncode == EXIT_OK and json.loads(proc.stdout)["degraded"] is False
+    stats = json.loads(run_process("stats", path, "--json").stdout)
+    assert stats["dim"] == 384 and stats["with_vector"] == stats["memories"]
