@@ -13,7 +13,7 @@ from . import _format as fmt
 from . import _kernels
 from .store import MemoryStore
 
-__all__ = ["store_stats", "largest"]
+__all__ = ["store_stats", "largest", "record_info"]
 
 
 def _live_columns(store: MemoryStore, names: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -68,3 +68,26 @@ def largest(store: MemoryStore, n: int) -> list[tuple[str, int, int]]:
             (f"m{int(cols['id'][i])}", int(cols["length"][i]), int(cols["text_tokens"][i]))
             for i in order
         ]
+
+
+def record_info(store: MemoryStore, mid: str) -> dict[str, Any]:
+    """Where and how a memory is stored, from its index row: the record's offset and size
+    in the data file, token counts, access statistics, whether it has a vector, and its
+    current importance score (the one eviction and the level-2 preload rank by)."""
+    from ._index import (F_ACCESS, F_FLAGS, F_LAST_ACCESS, F_LENGTH, F_OFFSET,
+                         F_SUMMARY_TOKENS, F_TEXT_TOKENS)  # fmt: skip
+    with store._lock:
+        store._check()
+        g, row = store._live_row(mid)
+        score = float(store.importance_scores()[g])
+        known = row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS
+        return {
+            "record_offset": int(row[F_OFFSET]),
+            "record_bytes": int(row[F_LENGTH]),
+            "text_tokens": int(row[F_TEXT_TOKENS]) if known else None,
+            "summary_tokens": int(row[F_SUMMARY_TOKENS]) if known else None,
+            "has_vector": bool(row[F_FLAGS] & fmt.FLAG_HAS_VECTOR),
+            "access_count": int(row[F_ACCESS]),
+            "last_access": float(row[F_LAST_ACCESS]) or None,
+            "importance_score": score,
+        }

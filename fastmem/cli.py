@@ -201,6 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("hybrid", "vector", "keyword"), default="hybrid",
                    help="hybrid (default), vector (cosine) or keyword (BM25)")  # fmt: skip
     p.add_argument("--session", help="only this session's memories")
+    p.add_argument("--type", action="append", dest="types", metavar="TYPE",
+                   help="only memories of this type (repeat for several)")  # fmt: skip
     p.set_defaults(func=_cmd_search)
 
     p = command("context", "the packed context a model would get for a question")
@@ -434,13 +436,14 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         raise CliError("give a memory ID or --largest N", EXIT_USAGE)
     if args.id is not None and args.largest is not None:
         raise CliError("give a memory ID or --largest N, not both", EXIT_USAGE)
-    from ._stats import largest
+    from ._stats import largest, record_info
 
     with _open_readonly(args) as store:
         if args.id is not None:
             memory = _memory_dict(store.get(args.id))
+            stored = record_info(store, args.id)
             if out.json:
-                out.emit(memory)
+                out.emit({**memory, "stored": stored})
                 return EXIT_OK
             from rich.table import Table
 
@@ -454,6 +457,13 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
                 elif isinstance(value, (dict, list)):
                     value = json.dumps(value, ensure_ascii=False)
                 table.add_row(name, "-" if value is None else _e(str(value)))
+            table.add_row("stored", f"record of {stored['record_bytes']:,} bytes at offset "
+                          f"{stored['record_offset']:,}; {stored['text_tokens']} text + "
+                          f"{stored['summary_tokens']} summary tokens; "
+                          f"{'a vector' if stored['has_vector'] else 'no vector'}")  # fmt: skip
+            table.add_row("used", f"{stored['access_count']} times in contexts (last "
+                          f"{_when(stored['last_access'])}); importance score "
+                          f"{stored['importance_score']:.3f}")  # fmt: skip
             out.console.print(table)
             return EXIT_OK
         rows = [(mid, size, tokens, store.get(mid)) for mid, size, tokens in largest(store, args.largest)]
@@ -475,7 +485,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
 
 def _cmd_search(args: argparse.Namespace, out: _Out) -> int:
     with _open_for_query(args, out) as store:
-        hits = store.search(args.query, args.k, mode=args.mode, session=args.session)
+        hits = store.search(args.query, args.k, mode=args.mode, session=args.session, types=args.types)
     if out.json:
         out.emit([{"score": h.score, "vector": h.vector, "keyword": h.keyword,
                    **_memory_dict(h.memory)} for h in hits])  # fmt: skip
@@ -831,7 +841,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return EXIT_OK
     except (FastmemError, CliError, OSError) as exc:
-        sys.stderr.write(f"fastmem: error: {_one_line(exc)}\n")
+        message = _one_line(exc)
+        if isinstance(exc, CorruptionError) and args.command not in ("repair", "import"):
+            message += " (fastmem repair PATH keeps every intact record)"
+        sys.stderr.write(f"fastmem: error: {message}\n")
         return exit_code(exc)
     except Exception as exc:  # a bug, or an integration's own error: still one line
         sys.stderr.write(f"fastmem: error: {type(exc).__name__}: {_one_line(exc)}\n")

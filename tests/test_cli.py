@@ -103,9 +103,13 @@ def test_stats(capsys, store):
 
 def test_inspect(capsys, store):
     m = cli_json(capsys, "inspect", store, "m0")
+    stored = m.pop("stored")
     assert m == {"id": "m0", "text": "The user's dog is called Pixel.", "type": "fact",
                  "timestamp": m["timestamp"], "session": "s1", "importance": 0.9, "pinned": True,
                  "metadata": None, "summary": None}  # fmt: skip
+    assert stored["record_offset"] == 64 and stored["record_bytes"] > 0  # the first record
+    assert stored["text_tokens"] == 8 and stored["has_vector"] is False
+    assert stored["access_count"] == 0 and stored["importance_score"] > 0.9  # pinned: a bonus
     largest = cli_json(capsys, "inspect", store, "--largest", "2")
     assert [r["id"] for r in largest] == ["m3", "m2"]
     assert largest[0]["record_bytes"] > largest[1]["record_bytes"]
@@ -126,6 +130,8 @@ def test_search_and_context(capsys, store):
     hits = cli_json(capsys, "search", store, "dog Pixel", "-k", "1")  # hybrid
     assert [h["id"] for h in hits] == ["m0"]
     assert cli_json(capsys, "search", store, "Lisbon", "--session", "s1", "--mode", "keyword") == []
+    assert cli_json(capsys, "search", store, "Lisbon", "--type", "fact", "--type", "plan") == []
+    assert len(cli_json(capsys, "search", store, "Lisbon", "--type", "tool_result")) == 1
     code, out, _ = cli(capsys, "search", store, "Lisbon", "--mode", "keyword")
     assert code == EXIT_OK and "weather_api" in out and "m2" in out
     # No embedder (FASTMEM_EMBEDDER=none), no vectors: a vector search is a usage error.
@@ -175,7 +181,7 @@ def test_missing_and_damaged_stores(capsys, tmp_path):
     for argv in (["stats"], ["verify"], ["compact"]):
         code, _, err = cli(capsys, argv[0], str(junk))
         assert code == EXIT_DAMAGED, argv
-        one_error_line(err)
+        assert "fastmem repair PATH" in one_error_line(err)
 
 
 # --- integrity and maintenance ------------------------------------------------------------

@@ -80,6 +80,8 @@ def test_tools_resource_errors_and_persistence(tmp_path):
         hits = _payload(await session.call_tool("search", {"query": "cat", "mode": "keyword"}))["hits"]
         assert [h["id"] for h in hits] == [out["cat"]]
         assert hits[0]["text"] == "The user's cat is called Miso." and hits[0]["type"] == "fact"
+        r = await session.call_tool("search", {"query": "cat", "mode": "keyword", "types": ["plan"]})
+        assert _payload(r)["hits"] == []
 
         r = _payload(await session.call_tool("pin", {"id": out["plan"]}))
         assert r == {"id": out["plan"], "pinned": True}

@@ -98,12 +98,14 @@ def build_server(store: Any) -> Any:
         return {"id": mid}
 
     @server.tool()
-    def search(query: str, k: int = 10, mode: str = "hybrid", session: str | None = None) -> dict[str, Any]:
+    def search(query: str, k: int = 10, mode: str = "hybrid", session: str | None = None,
+               types: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
         """The k memories that best match the query, best first.
 
         mode: hybrid (default), vector or keyword.
+        types: only memories of these types (e.g. ["fact", "plan"]).
         """
-        hits = call(store.search, query, k, mode=mode, session=session)
+        hits = call(store.search, query, k, mode=mode, session=session, types=types)
         return {"hits": [{"score": h.score, **_memory(h.memory)} for h in hits]}
 
     @server.tool()
