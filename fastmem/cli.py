@@ -355,17 +355,21 @@ def _open_readonly(args: argparse.Namespace, embedder: Any = None, preload: bool
     return fastmem.open(_require_store(args), readonly=True, embedder=embedder, policy=policy)
 
 
-def _query_embedder(out: _Out) -> Any:
-    """The embedder searches and contexts use: the default model (unless
-    ``FASTMEM_EMBEDDER=none``), or ``None`` with a note when it is not installed."""
-    if os.environ.get("FASTMEM_EMBEDDER", "default") == "none":
+def _query_embedder(out: _Out, without: str = "keyword search only") -> Any:
+    """The embedder searches, contexts and imports use: the default model (unless
+    ``FASTMEM_EMBEDDER=none``), or ``None`` with a note (``without``: what that means)
+    when it is not installed."""
+    choice = os.environ.get("FASTMEM_EMBEDDER", "default")
+    if choice not in ("default", "none"):
+        raise CliError(f"FASTMEM_EMBEDDER must be 'default' or 'none', not {choice!r}", EXIT_USAGE)
+    if choice == "none":
         return None
     from .embed import default_embedder
 
     try:
         return default_embedder()
     except EmbedderUnavailableError as exc:
-        out.note(f"keyword search only: {_one_line(exc)}")
+        out.note(f"{without}: {_one_line(exc)}")
         return None
 
 
@@ -734,7 +738,7 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
         from .namespaces import make_private_dirs
 
         make_private_dirs(os.path.dirname(base))
-    embedder = _query_embedder(out)
+    embedder = _query_embedder(out, "memories imported without vectors (keyword search only)")
     # summarizer=None: a summary comes back as exported, and a memory exported without one
     # does not get one made up on the way in.
     ids: list[str] = []
