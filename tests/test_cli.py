@@ -461,3 +461,38 @@ def test_demo_search_and_context_with_the_model(tmp_path):
     assert proc.returncode == EXIT_OK and json.loads(proc.stdout)["degraded"] is False
     stats = json.loads(run_process("stats", path, "--json").stdout)
     assert stats["dim"] == 384 and stats["with_vector"] == stats["memories"]
+
+
+def _stderr_on_a_terminal(*argv: str) -> tuple[int, str]:
+    """Run the CLI with its stderr on a pseudo-terminal; returns (exit code, what it drew)."""
+    pty = pytest.importorskip("pty")
+    master, slave = pty.openpty()
+    try:
+        env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_EMBEDDER": "none", "COLUMNS": "100"}
+        proc = subprocess.run([sys.executable, "-m", "fastmem", *argv], stdout=subprocess.PIPE,
+                              stderr=slave, env=env, timeout=120)  # fmt: skip
+        os.close(slave)
+        slave = -1
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end is closed and drained
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        return proc.returncode, drawn.decode("utf-8", "replace")
+    finally:
+        os.close(master)
+        if slave >= 0:
+            os.close(slave)
+
+
+def test_progress_bars_only_on_a_terminal_and_never_with_json(tmp_path):
+    lines = tmp_path / "in.jsonl"
+    lines.write_text("".join(json.dumps({"text": f"memory {i}"}) + "\n" for i in range(3000)))
+    code, drawn = _stderr_on_a_terminal("import", str(tmp_path / "a"), str(lines))
+    assert code == EXIT_OK and "importing" in drawn and "3000" in drawn
+    code, drawn = _stderr_on_a_terminal("import", str(tmp_path / "b"), str(lines), "--json")
+    assert code == EXIT_OK and drawn == ""
