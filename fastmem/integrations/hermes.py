@@ -310,7 +310,7 @@ class _Writer:
 
 
 def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
-            old_text: str, metadata: dict[str, Any]) -> str | None:  # fmt: skip
+            old_text: str, metadata: dict[str, Any], timestamp: float | None = None) -> str | None:  # fmt: skip
     """Apply a built-in ``memory`` tool write (add/replace/remove of one entry)."""
     source = f"{_MIRROR_SOURCE}:{target}"
 
@@ -327,7 +327,7 @@ def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
             store.forget(mid)
     if action in ("add", "replace") and content:
         meta = {"source": source, **{k: v for k, v in metadata.items() if isinstance(v, str)}}
-        return store.add(content[:TOOL_TEXT_MAX_CHARS], type="fact", metadata=meta)
+        return store.add(content[:TOOL_TEXT_MAX_CHARS], type="fact", metadata=meta, timestamp=timestamp)
     return None
 
 
@@ -711,7 +711,8 @@ class FastmemProvider(_Base):
         meta = dict(metadata or {})
         old_text = meta.pop("old_text", None) or kwargs.get("old_text") or ""
         args = {"action": action, "target": str(target or "memory"), "content": _text_of(content),
-                "old_text": str(old_text), "metadata": {k: v for k, v in meta.items() if isinstance(v, str)}}  # fmt: skip
+                "old_text": str(old_text), "metadata": {k: v for k, v in meta.items() if isinstance(v, str)},
+                "timestamp": time.time()}  # fmt: skip
         future = self._shared.writer.submit("mirror", args)
         future.add_done_callback(self._note_written)
 
@@ -724,6 +725,7 @@ class FastmemProvider(_Base):
         for fact in facts:
             future = self._shared.writer.submit("add_unique", {
                 "text": fact, "type": "fact", "session": session, "importance": 0.8,
+                "timestamp": time.time(),
                 "metadata": {"source": "hermes-consolidation"},
             })  # fmt: skip
             future.add_done_callback(self._note_written)
@@ -731,6 +733,7 @@ class FastmemProvider(_Base):
         if text:
             self._shared.writer.submit("add_unique", {
                 "text": text, "type": "session_summary", "session": session, "importance": 0.5,
+                "timestamp": time.time(),
                 "metadata": {"source": "hermes-consolidation"},
             })  # fmt: skip
         return facts
@@ -808,7 +811,7 @@ class FastmemProvider(_Base):
         pin = _arg_bool(args, "pin", default=False)
         if not self._writes:
             return _error("memory is read-only in this agent context")
-        future = self._submit_add({"text": text, "type": kind, "pinned": pin,
+        future = self._submit_add({"text": text, "type": kind, "pinned": pin, "timestamp": time.time(),
                                    "session": self._session_id[:256] or None,
                                    "metadata": {"source": "hermes-tool"}})  # fmt: skip
         assert future is not None
