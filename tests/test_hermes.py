@@ -644,3 +644,23 @@ def test_end_to_end_a_restarted_agent_remembers_and_users_stay_apart(home):
     system = [m for m in model.requests[-1]["messages"] if m["role"] == "system"][0]["content"]
     assert "fastmem_remember" in system
     assert elapsed < 60
+
+
+def test_the_entry_point_for_later_hermes_versions_registers_the_provider():
+    import tomllib
+    from importlib.metadata import EntryPoint
+
+    with open(os.path.join(FASTMEM_ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    value = project["entry-points"]["hermes_agent.memory_providers"]["fastmem"]
+    register = EntryPoint("fastmem", value, "hermes_agent.memory_providers").load()
+
+    class Ctx:
+        provider = None
+
+        def register_memory_provider(self, provider: Any) -> None:
+            self.provider = provider
+
+    ctx = Ctx()
+    register(ctx)
+    assert isinstance(ctx.provider, FastmemProvider) and isinstance(ctx.provider, MemoryProvider)
