@@ -499,6 +499,27 @@ def test_a_store_locked_past_shutdown_keeps_the_writes_for_the_next_writer(home,
     assert not [f for f in os.listdir(os.path.dirname(path)) if f.startswith("pending-")]
 
 
+def test_a_backlog_past_the_shutdown_deadline_is_kept_not_dropped(home, monkeypatch):
+    monkeypatch.setattr(hermes, "SHUTDOWN_TIMEOUT", 0.3)
+    monkeypatch.setattr(hermes, "MAX_BATCH", 1)
+    slow_add = hermes._Writer._add_run
+
+    def slow(self, store, ops):  # an embedding model on a busy CPU
+        time.sleep(0.1)
+        return slow_add(self, store, ops)
+
+    monkeypatch.setattr(hermes._Writer, "_add_run", slow)
+    p = _provider(home)
+    for i in range(20):
+        p.sync_turn(f"turn {i}", "ok")
+    p.shutdown()  # returns within the deadline (and the join's second)
+    written = len(_texts(home))
+    assert written < 20
+    monkeypatch.setattr(hermes._Writer, "_add_run", slow_add)
+    _provider(home, "s2").shutdown()  # the next writer imports what was kept
+    assert _texts(home) == [f"User: turn {i}\nAssistant: ok" for i in range(20)]
+
+
 # --- end to end: real agents, a fake model, separate processes ------------------------------------
 
 

@@ -76,6 +76,7 @@ IDLE_RELEASE = 1.0  # seconds the writer keeps the lock after its last write
 SHUTDOWN_TIMEOUT = 4.0  # Hermes drains its own queue for 5 s before calling shutdown()
 CACHE_SECONDS = 120.0  # a queued prefetch older than this is computed again
 FACTS_PER_SESSION = 20
+MAX_BATCH = 64  # writes per commit: bounds one batch's embedding time (~1 s on a laptop CPU)
 
 _TOOL_PREFIX = "fastmem_"
 _MIRROR_SOURCE = "hermes-memory"  # metadata["source"] of mirrored built-in memory writes
@@ -148,7 +149,7 @@ class _Writer:
                 continue
             stopping = op is None
             batch = [] if op is None else [op]
-            while len(batch) < 512:  # what else is queued joins this batch (one fsync)
+            while len(batch) < MAX_BATCH:  # what else is queued joins this batch (one fsync)
                 try:
                     more = self._queue.get_nowait()
                 except queue.Empty:
@@ -157,6 +158,10 @@ class _Writer:
                     stopping = True
                 else:
                     batch.append(more)
+            if batch and self._deadline is not None and time.monotonic() >= self._deadline:
+                # Out of time (embedding a backlog): keep the rest for the next writer.
+                self._spill(batch + self._drain(), "was not written before the shutdown deadline")
+                batch = []
             if batch:
                 self._write(batch)
             # A write that gave up (see _write) may have taken the stop sentinel with it.
@@ -165,19 +170,22 @@ class _Writer:
                 self._close()
                 return
 
+    def _drain(self) -> list[_Op]:
+        """Everything still queued (the stop sentinel dropped: nothing behind it is lost)."""
+        rest = []
+        while True:
+            try:
+                op = self._queue.get_nowait()
+            except queue.Empty:
+                return rest
+            if op is not None:
+                rest.append(op)
+
     def _write(self, batch: list[_Op]) -> None:
         try:
             store = self._acquire()
         except _GiveUp:
-            rest = []
-            while True:  # the whole queue: nothing behind the stop sentinel is lost either
-                try:
-                    op = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if op is not None:
-                    rest.append(op)
-            self._spill(batch + rest)
+            self._spill(batch + self._drain(), "stayed locked by another process")
             return
         results: list[tuple[_Op, Any, BaseException | None]] = []
         i = 0
@@ -269,7 +277,7 @@ class _Writer:
 
     # Pending files: what a writer could not write before its deadline, as JSON lines.
 
-    def _spill(self, ops: list[_Op]) -> None:
+    def _spill(self, ops: list[_Op], why: str) -> None:
         lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind != "barrier"]
         directory = os.path.dirname(self.path)
         name = os.path.join(directory, f"pending-{os.getpid()}-{uuid.uuid4().hex}.jsonl")
@@ -281,8 +289,8 @@ class _Writer:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, name)  # whole or absent: the importer never sees half a file
-                logger.warning("fastmem: %s stayed locked; %d writes kept in %s for the "
-                               "next writer", self.path, len(lines), name)  # fmt: skip
+                logger.warning("fastmem: %s %s; %d writes kept in %s for the next writer",
+                               self.path, why, len(lines), name)  # fmt: skip
         except Exception as exc:
             logger.error("fastmem: could not keep %d writes for %s: %s", len(lines), self.path, exc)
         for op in ops:
@@ -342,6 +350,8 @@ class _Shared:
         self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fastmem-prefetch")
         self._reader: fastmem.MemoryStore | None = None
         self._reader_lock = threading.Lock()
+        if glob.glob(os.path.join(os.path.dirname(path), "pending-*.jsonl")):
+            self.writer.submit("barrier", None)  # import what an earlier writer could not write
 
     def reader(self) -> fastmem.MemoryStore:
         """The read-only handle: opened on first use; readers never wait for a writer."""
