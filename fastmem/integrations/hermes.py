@@ -172,7 +172,7 @@ class _Writer:
 
     def _drain(self) -> list[_Op]:
         """Everything still queued (the stop sentinel dropped: nothing behind it is lost)."""
-        rest = []
+        rest: list[_Op] = []
         while True:
             try:
                 op = self._queue.get_nowait()
