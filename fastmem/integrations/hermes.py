@@ -11,12 +11,13 @@ never enter another's searches or contexts (see :func:`user_namespace`).
 Threads and processes. Hermes calls a provider from its turn thread, a prefetch thread
 and its ``mem-sync`` worker, and the gateway keeps one provider per cached agent. Every
 provider of one store in a process shares one :class:`_Shared` entry (refcounted): a
-read-only handle for reads and one writer thread that applies writes in order, each batch
-fsynced before it is acknowledged. The writer holds the store's lock only while it has
-work (and :data:`IDLE_RELEASE` seconds after), so a CLI and a gateway on one profile take
-turns instead of failing; a writer that cannot get the lock before its shutdown deadline
-writes what is left to a ``pending-*.jsonl`` file beside the store, which the next writer
-to get the lock imports. Nothing acknowledged or queued is dropped.
+read-only handle for reads (recall never waits for a write) and one writer thread that
+applies writes in order, each batch fsynced before it is acknowledged. One process at a
+time holds a store's writer lock; another process on the same profile (a CLI beside the
+gateway) writes its batches to durable ``pending-*.jsonl`` files beside the store, which
+the lock holder imports within about a second and the next holder imports otherwise.
+What is still queued at the shutdown deadline is kept the same way: nothing queued is
+dropped.
 
 This module imports without hermes-agent (the base class falls back to ``object``), so
 ``fastmem`` never needs Hermes.
@@ -71,8 +72,9 @@ TURN_MAX_CHARS = 16_000  # per side of a stored turn; the rest of a pasted file 
 TOOL_TEXT_MAX_CHARS = 8_000
 QUERY_MAX_CHARS = 4_000
 TOOL_WAIT = 10.0  # seconds a tool call waits for its write to be on disk
-LOCK_WAIT = 0.25  # seconds per attempt at the store's writer lock
-IDLE_RELEASE = 1.0  # seconds the writer keeps the lock after its last write
+LOCK_WAIT = 0.05  # seconds per attempt at the store's writer lock (rides over a reopen)
+RETRY_LOCK = 1.0  # seconds between attempts while another process holds the lock
+IDLE_TICK = 1.0  # seconds between imports of other processes' pending writes
 SHUTDOWN_TIMEOUT = 4.0  # Hermes drains its own queue for 5 s before calling shutdown()
 CACHE_SECONDS = 120.0  # a queued prefetch older than this is computed again
 FACTS_PER_SESSION = 20
@@ -95,8 +97,14 @@ def user_namespace(user_id: Any = None, platform: Any = None) -> str:
 # --- the shared store: one read handle and one writer per store per process --------------
 
 
-class _GiveUp(Exception):
-    """The writer's shutdown deadline passed while another process held the lock."""
+class _Pending:
+    """A write kept in a pending file: it reaches the store when a writer imports it."""
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING = _Pending()
 
 
 @dataclass
@@ -117,15 +125,24 @@ def _open_store(path: str, **kwargs: Any) -> fastmem.MemoryStore:
 
 
 class _Writer:
-    """One thread that applies a store's writes in order and acknowledges each batch
-    only after an fsync; it holds the writer lock only while it has work."""
+    """One thread that applies a store's writes in order and acknowledges each batch only
+    after an fsync.
+
+    It keeps the store's writer lock for as long as the store is in use here: closing a
+    store checkpoints its index (~130 ms and the whole index rewritten at 100k memories),
+    too much to do after every turn. When another process holds the lock (a gateway beside
+    this CLI), batches go to durable ``pending-*.jsonl`` files beside the store instead; the
+    lock holder imports them within about a second, and whoever takes the lock next imports
+    what is left. The same happens to what is still queued at the shutdown deadline.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._queue: queue.Queue[_Op | None] = queue.Queue()
         self._store: fastmem.MemoryStore | None = None
-        self._deadline: float | None = None  # set by stop(): give up waiting for the lock then
-        self._waiting_since: float | None = None
+        self._deadline: float | None = None  # set by stop(): what is not written by then is kept
+        self._next_try = 0.0  # when to try for the lock again after finding it taken
+        self._warned = False
         self._thread = threading.Thread(target=self._run, name="fastmem-writer", daemon=True)
         self._thread.start()
 
@@ -135,7 +152,7 @@ class _Writer:
         return future
 
     def stop(self, timeout: float) -> None:
-        """Write what is queued (to a pending file if the lock stays taken), then close."""
+        """Write what is queued (to a pending file past ``timeout``), then close."""
         self._deadline = time.monotonic() + timeout
         self._queue.put(None)
         self._thread.join(timeout + 1.0)
@@ -143,9 +160,9 @@ class _Writer:
     def _run(self) -> None:
         while True:
             try:
-                op = self._queue.get(timeout=IDLE_RELEASE)
+                op = self._queue.get(timeout=IDLE_TICK)
             except queue.Empty:
-                self._close()  # idle: let another process (a CLI beside the gateway) write
+                self._idle()
                 continue
             stopping = op is None
             batch = [] if op is None else [op]
@@ -159,13 +176,11 @@ class _Writer:
                 else:
                     batch.append(more)
             if batch and self._deadline is not None and time.monotonic() >= self._deadline:
-                # Out of time (embedding a backlog): keep the rest for the next writer.
+                # Out of time (embedding a backlog, say): keep the rest for the next writer.
                 self._spill(batch + self._drain(), "was not written before the shutdown deadline")
-                batch = []
-            if batch:
+                stopping = True
+            elif batch:
                 self._write(batch)
-            # A write that gave up (see _write) may have taken the stop sentinel with it.
-            stopping = stopping or (self._deadline is not None and self._queue.empty())
             if stopping:
                 self._close()
                 return
@@ -181,12 +196,21 @@ class _Writer:
             if op is not None:
                 rest.append(op)
 
+    def _idle(self) -> None:
+        """Between writes: import other processes' pending writes, or try for the lock."""
+        store = self._acquire()
+        if store is not None:
+            try:
+                self._import_pending(store)
+            except Exception as exc:  # the next tick tries again
+                logger.warning("fastmem: importing pending writes into %s failed: %s", self.path, exc)
+
     def _write(self, batch: list[_Op]) -> None:
-        try:
-            store = self._acquire()
-        except _GiveUp:
-            self._spill(batch + self._drain(), "stayed locked by another process")
+        store = self._acquire()
+        if store is None:
+            self._spill(batch, "is locked by another process")
             return
+        self._import_pending(store)  # older than this batch: first
         results: list[tuple[_Op, Any, BaseException | None]] = []
         i = 0
         while i < len(batch):
@@ -245,42 +269,39 @@ class _Writer:
             return None
         raise ValueError(f"unknown write {kind!r}")
 
-    def _acquire(self) -> fastmem.MemoryStore:
-        """The writable handle; waits for another process's lock, importing any pending
-        file once it has it. Past the shutdown deadline: _GiveUp."""
-        while self._store is None:
-            try:
-                self._store = _open_store(self.path, timeout=LOCK_WAIT)
-            except Exception as exc:  # locked elsewhere, or damaged: keep the writes, retry
-                now = time.monotonic()
-                if self._deadline is not None and now >= self._deadline:
-                    raise _GiveUp from None
-                if self._waiting_since is None:
-                    self._waiting_since = now
-                elif now - self._waiting_since > 10.0:
-                    logger.warning("fastmem: cannot write %s yet: %s", self.path, exc)
-                    self._waiting_since = now
-                if not isinstance(exc, StoreLockedError):
-                    time.sleep(0.5)  # a damaged store does not heal in a millisecond
-                continue
-            self._waiting_since = None
-            self._import_pending(self._store)
+    def _acquire(self) -> fastmem.MemoryStore | None:
+        """The writable handle, or None while another process holds the lock (or the store
+        cannot be opened); tries again at most every RETRY_LOCK seconds."""
+        if self._store is not None:
+            return self._store
+        now = time.monotonic()
+        if now < self._next_try:
+            return None
+        try:
+            self._store = _open_store(self.path, timeout=LOCK_WAIT)
+        except Exception as exc:  # locked elsewhere, or damaged: the writes go to a file
+            self._next_try = now + RETRY_LOCK
+            if not isinstance(exc, StoreLockedError) and not self._warned:
+                logger.warning("fastmem: cannot open %s for writing: %s", self.path, exc)
+                self._warned = True
+            return None
+        self._warned = False
         return self._store
 
     def _close(self) -> None:
         store, self._store = self._store, None
         if store is not None:
-            try:
+            try:  # pending files stay for the next holder: imports take time a shutdown lacks
                 store.close()
             except Exception as exc:
                 logger.warning("fastmem: closing %s failed: %s", self.path, exc)
 
-    # Pending files: what a writer could not write before its deadline, as JSON lines.
+    # Pending files: writes that could not be made to the store, as JSON lines.
 
     def _spill(self, ops: list[_Op], why: str) -> None:
         lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind != "barrier"]
         directory = os.path.dirname(self.path)
-        name = os.path.join(directory, f"pending-{os.getpid()}-{uuid.uuid4().hex}.jsonl")
+        name = os.path.join(directory, f"pending-{time.time():.6f}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl")
         try:
             if lines:
                 fd, tmp = tempfile.mkstemp(dir=directory, prefix=".pending-")
@@ -289,32 +310,36 @@ class _Writer:
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, name)  # whole or absent: the importer never sees half a file
-                logger.warning("fastmem: %s %s; %d writes kept in %s for the next writer",
-                               self.path, why, len(lines), name)  # fmt: skip
+                logger.info("fastmem: %s %s; %d writes kept in %s", self.path, why, len(lines), name)
         except Exception as exc:
             logger.error("fastmem: could not keep %d writes for %s: %s", len(lines), self.path, exc)
         for op in ops:
-            op.future.set_result(None)
+            op.future.set_result(PENDING)
 
     def _import_pending(self, store: fastmem.MemoryStore) -> None:
-        pattern = os.path.join(os.path.dirname(self.path), "pending-*.jsonl")
-        for name in sorted(glob.glob(pattern), key=os.path.getmtime):
+        """Apply the pending files (oldest first, by the time in their names), then delete
+        them; a crash between the two imports a file twice rather than never."""
+        names = sorted(glob.glob(os.path.join(os.path.dirname(self.path), "pending-*.jsonl")))
+        for name in names:
             try:
                 with open(name, encoding="utf-8") as f:
                     entries = [json.loads(line) for line in f if line.strip()]
-                for entry in entries:
-                    try:
-                        if entry["kind"] == "add":
-                            store.add(**entry["args"])
-                        else:
-                            args = entry["args"]
-                            self._apply(store, entry["kind"], tuple(args) if entry["kind"] == "pin" else args)
-                    except (FastmemError, KeyError, TypeError) as exc:
-                        logger.warning("fastmem: a pending write in %s failed: %s", name, exc)
-                store.flush()
-                os.unlink(name)  # after the flush: a crash before it imports the file again
+            except FileNotFoundError:  # imported meanwhile by an earlier holder of the lock
+                continue
             except (OSError, ValueError) as exc:
-                logger.warning("fastmem: could not import %s: %s", name, exc)
+                logger.warning("fastmem: cannot read %s: %s", name, exc)
+                continue
+            for entry in entries:
+                try:
+                    kind, args = entry["kind"], entry["args"]
+                    if kind == "add":
+                        store.add(**args)
+                    else:
+                        self._apply(store, kind, tuple(args) if kind == "pin" else args)
+                except (FastmemError, KeyError, TypeError) as exc:
+                    logger.warning("fastmem: a pending write in %s failed: %s", name, exc)
+            store.flush()
+            os.unlink(name)
 
 
 def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
@@ -596,7 +621,8 @@ class FastmemProvider(_Base):
             _release_shared(shared, SHUTDOWN_TIMEOUT)
 
     def flush(self, timeout: float = TOOL_WAIT) -> bool:
-        """Wait until every write queued so far is on disk; False on timeout."""
+        """Wait until every write queued so far is on disk (in the store, or in a pending
+        file while another process holds the store's lock); False on timeout."""
         if self._shared is None:
             return True
         try:
@@ -809,11 +835,19 @@ class FastmemProvider(_Base):
         except FastmemError as exc:
             return _error(str(exc))
 
-    def _wait(self, future: Future[Any]) -> tuple[Any, bool]:
+    def _wait(self, future: Future[Any]) -> Any:
+        """The write's result, or PENDING if it is still queued or was kept in a pending
+        file (another process holds the store): it will reach the store, later."""
         try:
-            return future.result(TOOL_WAIT), True
+            return future.result(TOOL_WAIT)
         except FutureTimeout:
-            return None, False  # still queued: it will be written
+            return PENDING
+
+    @staticmethod
+    def _pending_reply() -> str:
+        return _json({"ok": True, "pending": True,
+                      "note": "saved; another Hermes process is using this memory store, so it "
+                              "will be stored when that process takes it in (within seconds)"})  # fmt: skip
 
     def _tool_remember(self, args: dict[str, Any]) -> str:
         text = _arg_str(args, "text", TOOL_TEXT_MAX_CHARS)
@@ -825,8 +859,8 @@ class FastmemProvider(_Base):
                                    "session": self._session_id[:256] or None,
                                    "metadata": {"source": "hermes-tool"}})  # fmt: skip
         assert future is not None
-        mid, done = self._wait(future)
-        return _json({"ok": True, "id": mid, "pinned": pin} if done else {"ok": True, "queued": True})
+        mid = self._wait(future)
+        return self._pending_reply() if mid is PENDING else _json({"ok": True, "id": mid, "pinned": pin})
 
     def _tool_search(self, args: dict[str, Any]) -> str:
         query = _arg_str(args, "query", QUERY_MAX_CHARS)
@@ -848,10 +882,10 @@ class FastmemProvider(_Base):
             return _error("memory is read-only in this agent context")
         assert self._shared is not None
         try:
-            _, done = self._wait(self._shared.writer.submit("forget", mid))
+            done = self._wait(self._shared.writer.submit("forget", mid))
         except UnknownMemoryError as exc:
             return _error(str(exc))
-        return _json({"ok": True, "forgotten": mid} if done else {"ok": True, "queued": True})
+        return self._pending_reply() if done is PENDING else _json({"ok": True, "forgotten": mid})
 
     def _tool_pin(self, args: dict[str, Any]) -> str:
         mid = _arg_str(args, "id", 32)
@@ -860,10 +894,12 @@ class FastmemProvider(_Base):
             return _error("memory is read-only in this agent context")
         assert self._shared is not None
         try:
-            _, done = self._wait(self._shared.writer.submit("pin", (mid, pinned)))
+            done = self._wait(self._shared.writer.submit("pin", (mid, pinned)))
         except UnknownMemoryError as exc:
             return _error(str(exc))
-        return _json({"ok": True, "id": mid, "pinned": pinned} if done else {"ok": True, "queued": True})
+        if done is PENDING:
+            return self._pending_reply()
+        return _json({"ok": True, "id": mid, "pinned": pinned})
 
 
 class _BadArgs(ValueError):
