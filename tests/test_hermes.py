@@ -714,3 +714,17 @@ def test_the_entry_point_for_later_hermes_versions_registers_the_provider():
     ctx = Ctx()
     register(ctx)
     assert isinstance(ctx.provider, FastmemProvider) and isinstance(ctx.provider, MemoryProvider)
+
+
+def test_prefetch_leaves_out_the_current_sessions_memories_even_before_their_ids_are_known(home):
+    # A write is readable a moment before the provider learns its id; a second provider on
+    # the same session stands in for that moment: its writes are not in the first one's set.
+    p = _provider(home, "same")
+    other = _provider(home, "same")
+    other.sync_turn("My boat is called Wavelet.", "Nice.", session_id="same")
+    assert other.flush()
+    assert "Wavelet" not in p.prefetch("what is my boat called?")
+    stranger = _provider(home, "another-session")
+    assert "Wavelet" in stranger.prefetch("what is my boat called?")
+    for q in (p, other, stranger):
+        q.shutdown()

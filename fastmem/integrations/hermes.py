@@ -668,7 +668,15 @@ class FastmemProvider(_Base):
         assert self._shared is not None
         with self._lock:
             seen = self._injected | self._written | self._prompt_ids
-        ctx = self._shared.reader().context(query[:QUERY_MAX_CHARS], budget=self._budget, exclude=seen)
+        reader = self._shared.reader()
+        ctx = reader.context(query[:QUERY_MAX_CHARS], budget=self._budget, exclude=seen)
+        # A write of this session is readable a moment before its id reaches _written (the
+        # writer fsyncs in between): leave this session's memories out all the same.
+        own = {i.id for i in ctx.items if self._session_id and i.session == self._session_id[:256]}
+        if own:
+            with self._lock:
+                self._written |= own
+            ctx = reader.context(query[:QUERY_MAX_CHARS], budget=self._budget, exclude=seen | own)
         if not ctx.items:
             return "", set()
         return ctx.text, {item.id for item in ctx.items}
