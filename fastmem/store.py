@@ -1254,6 +1254,7 @@ class MemoryStore:
         *,
         session: str | None = None,
         encoding: str | None = None,
+        exclude: Iterable[str] | None = None,
     ) -> Context:
         """The memories that matter for ``query``, as text within ``budget`` tokens.
 
@@ -1269,6 +1270,8 @@ class MemoryStore:
             budget: tokens, 1 to 1,000,000 (≈1,300 is what fastmem is tuned for).
             session: the current session: its memories rank a little higher.
             encoding: count with another tiktoken encoding than the store's.
+            exclude: ids of memories to leave out (e.g. those the model has already been
+                shown this session); ids of forgotten or unknown memories are ignored.
         """
         started = time.perf_counter()
         self._last_call = time.monotonic()
@@ -1280,25 +1283,33 @@ class MemoryStore:
         counter = self._counter(encoding)
         stored_counts = counter is self.tokens
         policy = self.policy
+        if exclude is not None and (isinstance(exclude, str) or not isinstance(exclude, Iterable)):
+            raise InvalidTypeError("exclude must be a list of memory ids")
+        excluded_ids = set() if exclude is None else set(exclude)
+        for mid in excluded_ids:
+            if not isinstance(mid, str):
+                raise InvalidTypeError(f"exclude holds memory ids (strings), not {type(mid).__name__}")
         with self._lock:
             self._check()
             now = time.time()
             ranked, degraded = self._rank(query, policy.candidates, session=session, now=now)
+            # An excluded row is marked as already placed, so no level takes it.
             levels: dict[int, tuple[int, float]] = {}  # row -> (level, priority)
+            skip = self._rows_of(excluded_ids)
             share = {0: policy.pinned_share * budget, 1: policy.recent_share * budget}
             spent = {0: 0.0, 1: 0.0}
             for level, rows in ((0, self._pinned_rows()), (1, self._level1_rows())):
                 for i, g in enumerate(rows):
                     row = self._index.row(g)
                     cost = row[F_TEXT_TOKENS] if row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS else 64
-                    if g in levels or spent[level] + cost > share[level]:
+                    if g in levels or g in skip or spent[level] + cost > share[level]:
                         continue
                     spent[level] += cost
                     levels[g] = (level, 3.0 - level - i * 1e-6)
             scores = {}
             for g, relevance, _, _ in ranked:
                 scores[g] = relevance
-                if g not in levels:
+                if g not in levels and g not in skip:
                     levels[g] = (3, relevance)
             candidates = self._candidates(levels, scores, counter, stored_counts, budget)
             text, tokens, items = pack(candidates, budget, counter.count)
@@ -1306,6 +1317,18 @@ class MemoryStore:
                 used = [self._index.find(_parse_id(item.id)) for item in items]
                 self._index.touch(used, now)
         return new_context(text, tokens, budget, items, counter.name, degraded, started)
+
+    def _rows_of(self, ids: set[str]) -> set[int]:
+        """The index rows of the memory ids that exist (others are left out silently)."""
+        rows = set()
+        for mid in ids:
+            try:
+                g = self._index.find(_parse_id(mid))
+            except UnknownMemoryError:  # not an id fastmem makes: nothing to leave out
+                continue
+            if g >= 0:
+                rows.add(g)
+        return rows
 
     def _counter(self, encoding: str | None) -> TokenCounter:
         if encoding is not None and not isinstance(encoding, str):

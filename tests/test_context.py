@@ -317,3 +317,21 @@ def test_hybrid_search_reports_each_component_and_honours_filters(store_path):
         with pytest.raises(fastmem.InvalidInputError):
             store.search("flight", 1, mode="vector")
         assert store.search("flight Lisbon", 1)[0].id == a  # keywords alone
+
+
+def test_context_leaves_out_excluded_ids(store_path):
+    with fastmem.open(store_path, embedder=None) as store:
+        pinned = store.add("The user's name is Ada.", type="fact", pinned=True)
+        teal = store.add("Ada's favourite colour is teal.", type="fact")
+        other = store.add("Ada's favourite food is ramen.", type="fact")
+        full = store.context("favourite colour")
+        assert {pinned, teal, other} <= {i.id for i in full.items}
+        ctx = store.context("favourite colour", exclude=[pinned, teal, "m999", "not-an-id"])
+        ids = {i.id for i in ctx.items}
+        assert pinned not in ids and teal not in ids and other in ids
+        assert "teal" not in ctx.text and "Ada." not in ctx.text
+        assert store.context("favourite colour", exclude=()).text == full.text
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.context("x", exclude="m1")
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.context("x", exclude=[1])
