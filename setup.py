@@ -65,6 +65,9 @@ def extensions():
         flags.append("-march=native")
     omp = openmp_flags()
     threaded = {"topk", "scoring"}  # the modules with prange loops
+    sources = sorted((HERE / "src_cython").glob("*.pyx"))
+    if not sources:  # e.g. an sdist without them: never build a wheel without its kernels
+        raise SystemExit("setup.py: no src_cython/*.pyx to build (FASTMEM_NO_EXT=1 builds none)")
     exts = [
         Extension(
             f"fastmem._ext.{pyx.stem}",
@@ -74,7 +77,7 @@ def extensions():
             extra_compile_args=flags + (omp if pyx.stem in threaded else []),
             extra_link_args=omp if pyx.stem in threaded else [],
         )
-        for pyx in sorted((HERE / "src_cython").glob("*.pyx"))
+        for pyx in sources
     ]
     return cythonize(exts, include_path=["src_cython"], compiler_directives=directives)
 
