@@ -403,6 +403,30 @@ def test_errors_in_a_real_process_are_one_line(tmp_path, store):
     assert "imported 4 memories" in proc.stdout
 
 
+def test_hermes_install(capsys, tmp_path):
+    pytest.importorskip("yaml")  # the activation below is checked by parsing the file
+    import yaml
+
+    home = tmp_path / "hermes"
+    result = cli_json(capsys, "hermes", "install", "--hermes-home", str(home))
+    plugin = home / "plugins" / "fastmem"
+    assert result["plugin_dir"] == str(plugin) and not result["activated"]
+    assert "def register(ctx)" in (plugin / "__init__.py").read_text()
+    assert "name: fastmem" in (plugin / "plugin.yaml").read_text()
+    assert "provider: fastmem" in result["message"] and not (home / "config.yaml").exists()
+
+    (home / "config.yaml").write_text("model:\n  default: gpt-x\nmemory:\n  provider: honcho\n")
+    code, out, err = cli(capsys, "hermes", "install", "--hermes-home", str(home), "--activate")
+    assert code == EXIT_OK and "Activated" in out, err
+    config = yaml.safe_load((home / "config.yaml").read_text())
+    assert config == {"model": {"default": "gpt-x"}, "memory": {"provider": "fastmem"}}
+
+    (home / "config.yaml").write_text("- not a mapping\n")  # refused, and left as it was
+    code, out, err = cli(capsys, "hermes", "install", "--hermes-home", str(home), "--activate")
+    assert code == EXIT_USAGE and "config.yaml" in one_error_line(err)
+    assert (home / "config.yaml").read_text() == "- not a mapping\n"
+
+
 def test_demo_end_to_end(tmp_path):
     path = tmp_path / "demo_store"
     proc = run_process("demo", "--json", "--path", str(path))
