@@ -697,13 +697,11 @@ def test_end_to_end_a_restarted_agent_remembers_and_users_stay_apart(home):
 
 
 def test_the_entry_point_for_later_hermes_versions_registers_the_provider():
-    import tomllib
-    from importlib.metadata import EntryPoint
+    from importlib.metadata import entry_points
 
-    with open(os.path.join(FASTMEM_ROOT, "pyproject.toml"), "rb") as f:
-        project = tomllib.load(f)["project"]
-    value = project["entry-points"]["hermes_agent.memory_providers"]["fastmem"]
-    register = EntryPoint("fastmem", value, "hermes_agent.memory_providers").load()
+    # The installed distribution's metadata (editable or wheel), as Hermes would look it up.
+    (entry,) = entry_points(group="hermes_agent.memory_providers", name="fastmem")
+    register = entry.load()
 
     class Ctx:
         provider = None
