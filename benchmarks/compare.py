@@ -22,7 +22,8 @@ insertion order). Per system and size, one fresh process generates the data, the
   and a context for 20 questions (p50): fastmem's ``context(question, 1300)``; for a peer
   the same ingredients done the simple way: its 20 newest memories, its vector top-10 and
   keyword top-10, packed whole, best first, up to 1,300 tokens counted with tiktoken;
-* peak RSS: the process's peak above what it held after generating the workload.
+* peak RSS: the process's peak above what it held after generating the workload (each
+  batch's inputs are built as it is added).
 
 Restart is measured apart, as in storage_peers.py: a fresh process, after its imports, opens
 the store and reads the 20 newest memories with their text; median of 5 processes. For a
@@ -63,6 +64,15 @@ EXACT = 0.99  # recall@10 from which a vector search counts as exact (the ratio'
 # --- the systems, one adapter each: rows are workload row numbers ------------------------
 
 
+def blocks(w: workload.Workload) -> Any:
+    """(first row, ``add_many`` items) per batch, built as they are added: inputs built all
+    ahead would count in the peak RSS (1 M dicts, or 1.5 GB of SQLite BLOB bytes)."""
+    for start in range(0, len(w), workload.BATCH):
+        rows = range(start, min(start + workload.BATCH, len(w)))
+        yield start, [{"text": w.texts[i], "type": workload.TYPES[w.types[i]],
+                       "timestamp": float(w.timestamps[i]), "embedding": w.vectors[i]} for i in rows]  # fmt: skip
+
+
 class LookupEmbedder:
     """Gives fastmem the question's precomputed vector (as the peers are given it)."""
 
@@ -85,7 +95,7 @@ class Fastmem:
         self.store = fastmem.open(path, embedder=self.embedder)
 
     def add(self, w: workload.Workload) -> None:
-        for batch in w.fastmem_batches():
+        for _, batch in blocks(w):
             self.store.add_many(batch)
 
     def recent(self) -> list[str]:
@@ -112,7 +122,7 @@ class Seed:
         self.store = SeedStore(path)
 
     def add(self, w: workload.Workload) -> None:
-        for batch in w.fastmem_batches():
+        for _, batch in blocks(w):
             self.store.add_many(batch)
 
     def recent(self) -> list[str]:
@@ -145,10 +155,12 @@ class Sqlite:
         db.execute("CREATE TABLE memories (id INTEGER PRIMARY KEY, text TEXT, type TEXT, ts REAL, emb BLOB)")
         db.execute("CREATE INDEX memories_ts ON memories (ts)")
         db.execute("CREATE VIRTUAL TABLE fts USING fts5(text, content='memories', content_rowid='id')")
-        for batch in w.sqlite_batches():
+        for start, batch in blocks(w):
+            rows = [(start + j, m["text"], m["type"], m["timestamp"], m["embedding"].tobytes())
+                    for j, m in enumerate(batch)]  # fmt: skip
             with db:
-                db.executemany("INSERT INTO memories VALUES (?, ?, ?, ?, ?)", batch)
-                db.executemany("INSERT INTO fts (rowid, text) VALUES (?, ?)", [(r[0], r[1]) for r in batch])
+                db.executemany("INSERT INTO memories VALUES (?, ?, ?, ?, ?)", rows)
+                db.executemany("INSERT INTO fts (rowid, text) VALUES (?, ?)", [(r[0], r[1]) for r in rows])
 
     def recent(self) -> list[str]:
         return [r[0] for r in self.db.execute("SELECT text FROM memories ORDER BY ts DESC LIMIT 20")]
@@ -183,7 +195,7 @@ class Chroma:
         self.col = self.client.get_or_create_collection("memories", metadata={"hnsw:space": "cosine"})
 
     def add(self, w: workload.Workload) -> None:
-        for start, batch in zip(range(0, len(w), workload.BATCH), w.fastmem_batches()):
+        for start, batch in blocks(w):
             self.col.add(
                 ids=[str(i) for i in range(start, start + len(batch))],
                 embeddings=np.stack([m["embedding"] for m in batch]),
