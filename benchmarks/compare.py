@@ -481,7 +481,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.report_only:
         saved = json.loads((HERE / "results-compare.json").read_text())
-        write_report(saved["command"], saved["machine"], saved["versions"], saved["results"], saved["failed"])
+        write_report(saved["commands"], saved["machine"], saved["versions"], saved["results"], saved["failed"])
         return
     if args.child:
         mode, *rest = args.child
@@ -521,23 +521,24 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    command = " ".join(["python", *sys.argv])
+    commands = [" ".join(["python", *sys.argv])]
     if args.merge:
         saved = json.loads((HERE / "results-compare.json").read_text())
         for size, by_peer in results.items():
             saved["results"].setdefault(size, {}).update(by_peer)
         results, failed = saved["results"], saved["failed"] + failed
-        command = f"{saved['command']}, then {command}"
+        commands = saved["commands"] + commands
     (HERE / "results-compare.json").write_text(json.dumps(
-        {"command": command, "machine": machine(), "versions": versions(), "results": results,
+        {"commands": commands, "machine": machine(), "versions": versions(), "results": results,
          "failed": failed}, indent=1) + "\n")  # fmt: skip
-    write_report(command, machine(), versions(), results, failed)
+    write_report(commands, machine(), versions(), results, failed)
 
 
-def write_report(command: str, machine_line: str, versions_line: str,
+def write_report(commands: list[str], machine_line: str, versions_line: str,
                  results: dict[str, dict[str, dict[str, Any]]], failed: list[str]) -> None:
     peers = list(dict.fromkeys(p for by_peer in results.values() for p in by_peer))
-    text = (f"# fastmem against the peers\n\n`{command}` on {machine_line}; {versions_line}.\n"
+    ran = ", then ".join(f"`{c}`" for c in commands)
+    text = (f"# fastmem against the peers\n\n{ran} on {machine_line}; {versions_line}.\n"
             f"The ratio column is fastmem ÷ the best peer on that row (below 1 is better for times, "
             f"bytes and RSS; above 1 for rates and recall); for vector latency, the best peer of "
             f"those with recall@10 ≥ {EXACT}.\n" + report(results, peers) + "\n"

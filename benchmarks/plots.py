@@ -50,7 +50,7 @@ def _lines(ax: Any, results: dict[str, Any], key: str) -> None:
 
 
 def _command_line(data: dict[str, Any]) -> str:
-    return f"{data['command']}; then python benchmarks/plots.py"
+    return "; ".join([*data["commands"], "python benchmarks/plots.py"])
 
 
 def restart(data: dict[str, Any]) -> None:
