@@ -14,6 +14,8 @@ Per size:
   timed inside the child;
 * hybrid top-10: text queries of two frequent words whose vectors are known (the ranking's
   cost, not the model's), to set beside vector + keyword;
+* ``context(text, 1300)`` for the same texts and vectors: the ≤1,300-token context of
+  benchmarks/compare.py, to catch its regressions between the side-by-side runs;
 * the importance recompute over every row (``store.importance_scores()``);
 * keyword top-10: the keyword benchmarks of bench_keyword.py (frequent and rare words,
   first query), collected here too so that this file covers every search kernel.
@@ -143,6 +145,22 @@ def bench_hybrid(benchmark: Any, record: Any, size: int,
                                   rounds=3 * len(texts), iterations=1)  # fmt: skip
     assert len(hits) == K
     record(size, **_percentiles(benchmark))
+
+
+def bench_context(benchmark: Any, record: Any, size: int,
+                  built_store: tuple[str, list[str]], queries: Any) -> None:  # fmt: skip
+    """A context of at most 1,300 tokens for two frequent words with a query vector: the
+    hybrid ranking, the session neighbours and the packing (compare.py's context row)."""
+    texts = workload.keyword_queries("frequent")
+    embedder = _QueryVectors(texts, queries[0][: len(texts)])
+    with fastmem.open(built_store[0], readonly=True, policy=QUIET, embedder=embedder) as store:
+        for text in texts:  # warm up
+            store.context(text, 1300)
+        cycle = itertools.cycle(texts)
+        context = benchmark.pedantic(lambda: store.context(next(cycle), 1300),
+                                     rounds=3 * len(texts), iterations=1)  # fmt: skip
+    assert 0 < context.tokens <= 1300
+    record(size, **_percentiles(benchmark), tokens=context.tokens)
 
 
 def bench_importance_recompute(benchmark: Any, record: Any, size: int,

@@ -1,0 +1,116 @@
+"""The README's figures, drawn from the results files the benchmarks write.
+
+    python benchmarks/plots.py
+
+* docs/restart.png and docs/query-latency.png from results-compare.json
+  (``python benchmarks/compare.py``, whose command each figure names);
+* docs/locomo-recall.png from RESULTS-locomo.md
+  (``python benchmarks/locomo.py --baselines --out benchmarks/RESULTS-locomo.md``).
+
+Needs matplotlib (``pip install '.[bench]'``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+DOCS = HERE.parent / "docs"
+FASTMEM_RED = "#d62728"
+OTHERS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#7f7f7f", "#17becf"]
+
+
+def _colors(names: list[str]) -> dict[str, str]:
+    """fastmem in red, every other system in a colour of its own."""
+    others = iter(OTHERS)
+    return {n: FASTMEM_RED if n == "fastmem" else next(others) for n in names}
+
+
+def _lines(ax: Any, results: dict[str, Any], key: str) -> None:
+    sizes = sorted(results, key=int)
+    peers = list(dict.fromkeys(p for s in sizes for p in results[s]))
+    colors = _colors(peers)
+    for peer in peers:
+        points = [(int(s), results[s][peer][key]) for s in sizes if key in results[s].get(peer, {})]
+        if points:
+            xs, ys = zip(*points)
+            ax.plot(xs, ys, marker="o", label=peer, color=colors[peer],
+                    linewidth=2.5 if peer == "fastmem" else 1.5, zorder=3 if peer == "fastmem" else 2)  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("memories in the store")
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _command_line(data: dict[str, Any]) -> str:
+    return "; ".join([*data["commands"], "python benchmarks/plots.py"])
+
+
+def restart(data: dict[str, Any]) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    _lines(ax, data["results"], "restart_ms")
+    ax.set_ylabel("ms (median of 5 fresh processes)")
+    ax.set_title("Restart: open + the 20 newest memories with text", fontsize=11)
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, _command_line(data), fontsize=7, alpha=0.7, wrap=True)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(DOCS / "restart.png", dpi=110)
+
+
+def query_latency(data: dict[str, Any]) -> None:
+    fig, (vec, kw) = plt.subplots(1, 2, figsize=(10, 4.2))
+    _lines(vec, data["results"], "vector_p50_ms")
+    vec.set_title("vector top-10, p50", fontsize=11)
+    vec.set_ylabel("ms per query")
+    _lines(kw, data["results"], "keyword_p50_ms")
+    kw.set_title("keyword top-10, p50", fontsize=11)
+    vec.legend(fontsize=8)
+    kw.legend(fontsize=8)
+    fig.text(0.01, 0.01, _command_line(data), fontsize=7, alpha=0.7, wrap=True)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(DOCS / "query-latency.png", dpi=110)
+
+
+def locomo_table(text: str) -> tuple[list[str], dict[str, list[float]]]:
+    """The header and rows of RESULTS-locomo.md's first table."""
+    rows = [line.strip().strip("|").split("|") for line in text.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in rows[0]][1:]
+    return header, {r[0].strip(): [float(c) for c in r[1:]] for r in rows[2:]}
+
+
+def locomo(text: str) -> None:
+    header, table = locomo_table(text)
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    width = 0.8 / len(table)
+    colors = _colors(list(table))
+    for i, (method, values) in enumerate(table.items()):
+        xs = [j + i * width for j in range(len(header))]
+        ax.bar(xs, values, width, label=method, color=colors[method])
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(header))], header)
+    ax.set_ylabel("evidence recall within 1,300 tokens")
+    ax.set_ylim(0, 1)
+    ax.set_title(text.splitlines()[0].replace(" — ", "\n"), fontsize=10)
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.08))
+    fig.text(0.01, 0.01, "python benchmarks/locomo.py --baselines --out benchmarks/RESULTS-locomo.md; "
+             "then python benchmarks/plots.py", fontsize=7, alpha=0.7, wrap=True)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(DOCS / "locomo-recall.png", dpi=110)
+
+
+def main() -> None:
+    data = json.loads((HERE / "results-compare.json").read_text())
+    restart(data)
+    query_latency(data)
+    locomo((HERE / "RESULTS-locomo.md").read_text())
+    print("wrote", ", ".join(str(p.relative_to(HERE.parent)) for p in sorted(DOCS.glob("*.png"))))
+
+
+if __name__ == "__main__":
+    main()
