@@ -68,9 +68,7 @@ def blocks(w: workload.Workload) -> Any:
     """(first row, ``add_many`` items) per batch, built as they are added: inputs built all
     ahead would count in the peak RSS (1 M dicts, or 1.5 GB of SQLite BLOB bytes)."""
     for start in range(0, len(w), workload.BATCH):
-        rows = range(start, min(start + workload.BATCH, len(w)))
-        yield start, [{"text": w.texts[i], "type": workload.TYPES[w.types[i]],
-                       "timestamp": float(w.timestamps[i]), "embedding": w.vectors[i]} for i in rows]  # fmt: skip
+        yield start, w.fastmem_batch(start)
 
 
 class LookupEmbedder:
@@ -152,12 +150,11 @@ class Sqlite:
 
     def add(self, w: workload.Workload) -> None:
         db = self.db
-        db.execute("CREATE TABLE memories (id INTEGER PRIMARY KEY, text TEXT, type TEXT, ts REAL, emb BLOB)")
-        db.execute("CREATE INDEX memories_ts ON memories (ts)")
+        for statement in workload.SQLITE_SCHEMA:
+            db.execute(statement)
         db.execute("CREATE VIRTUAL TABLE fts USING fts5(text, content='memories', content_rowid='id')")
-        for start, batch in blocks(w):
-            rows = [(start + j, m["text"], m["type"], m["timestamp"], m["embedding"].tobytes())
-                    for j, m in enumerate(batch)]  # fmt: skip
+        for start in range(0, len(w), workload.BATCH):
+            rows = w.sqlite_batch(start)  # built as it is added (see blocks)
             with db:
                 db.executemany("INSERT INTO memories VALUES (?, ?, ?, ?, ?)", rows)
                 db.executemany("INSERT INTO fts (rowid, text) VALUES (?, ?)", [(r[0], r[1]) for r in rows])
@@ -167,7 +164,7 @@ class Sqlite:
 
     def vector(self, q: np.ndarray) -> list[int]:
         if self.matrix is None:
-            blobs = b"".join(r[0] for r in self.db.execute("SELECT emb FROM memories ORDER BY id"))
+            blobs = b"".join(r[0] for r in self.db.execute("SELECT embedding FROM memories ORDER BY id"))
             self.matrix = np.frombuffer(blobs, dtype=np.float32).reshape(-1, workload.DIM)
         scores = self.matrix @ q
         top = np.argpartition(-scores, 10)[:10]
@@ -404,11 +401,7 @@ def child_restart(name: str, folder: str) -> dict[str, Any]:
 
 
 def run_child(*args: str) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True,
-                          text=True, env=workload.child_env(), timeout=3600)  # fmt: skip
-    if proc.returncode:
-        raise RuntimeError(f"{args}: child failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return workload.run_python([__file__, "--child", *args], timeout=3600)
 
 
 # --- the report ----------------------------------------------------------------------------

@@ -4,8 +4,7 @@
 
 * docs/restart.png and docs/query-latency.png from results-compare.json
   (``python benchmarks/compare.py``, whose command each figure names);
-* docs/locomo-recall.png from RESULTS-locomo.md
-  (``python benchmarks/locomo.py --baselines --out benchmarks/RESULTS-locomo.md``).
+* docs/locomo-recall.png from RESULTS-locomo.md (``LOCOMO_COMMAND``).
 
 Needs matplotlib (``pip install '.[bench]'``).
 """
@@ -24,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent / "docs"
 FASTMEM_RED = "#d62728"
+LOCOMO_COMMAND = "python benchmarks/locomo.py --baselines --out benchmarks/RESULTS-locomo.md"
 OTHERS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#7f7f7f", "#17becf"]
 
 
@@ -49,8 +49,12 @@ def _lines(ax: Any, results: dict[str, Any], key: str) -> None:
     ax.grid(True, which="both", alpha=0.3)
 
 
-def _command_line(data: dict[str, Any]) -> str:
-    return "; ".join([*data["commands"], "python benchmarks/plots.py"])
+def _save(fig: Any, name: str, commands: list[str]) -> None:
+    """docs/``name``, with the commands that regenerate it along the bottom."""
+    fig.text(0.01, 0.01, "; ".join([*commands, "python benchmarks/plots.py"]), fontsize=7,
+             alpha=0.7, wrap=True)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(DOCS / name, dpi=110)
 
 
 def restart(data: dict[str, Any]) -> None:
@@ -59,9 +63,7 @@ def restart(data: dict[str, Any]) -> None:
     ax.set_ylabel("ms (median of 5 fresh processes)")
     ax.set_title("Restart: open + the 20 newest memories with text", fontsize=11)
     ax.legend(fontsize=8)
-    fig.text(0.01, 0.01, _command_line(data), fontsize=7, alpha=0.7, wrap=True)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(DOCS / "restart.png", dpi=110)
+    _save(fig, "restart.png", data["commands"])
 
 
 def query_latency(data: dict[str, Any]) -> None:
@@ -73,9 +75,7 @@ def query_latency(data: dict[str, Any]) -> None:
     kw.set_title("keyword top-10, p50", fontsize=11)
     vec.legend(fontsize=8)
     kw.legend(fontsize=8)
-    fig.text(0.01, 0.01, _command_line(data), fontsize=7, alpha=0.7, wrap=True)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(DOCS / "query-latency.png", dpi=110)
+    _save(fig, "query-latency.png", data["commands"])
 
 
 def locomo_table(text: str) -> tuple[list[str], dict[str, list[float]]]:
@@ -98,10 +98,7 @@ def locomo(text: str) -> None:
     ax.set_ylim(0, 1)
     ax.set_title(text.splitlines()[0].replace(" — ", "\n"), fontsize=10)
     ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-    fig.text(0.01, 0.01, "python benchmarks/locomo.py --baselines --out benchmarks/RESULTS-locomo.md; "
-             "then python benchmarks/plots.py", fontsize=7, alpha=0.7, wrap=True)  # fmt: skip
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    fig.savefig(DOCS / "locomo-recall.png", dpi=110)
+    _save(fig, "locomo-recall.png", [LOCOMO_COMMAND])
 
 
 def main() -> None:

@@ -46,13 +46,6 @@ SYSTEMS = ("fastmem", "sqlite")
 RESTART_RUNS = 5
 GET_PASSES, GET_PER_PASS, GET_WARMUP = 5, 20_000, 2_000
 
-SQLITE_SCHEMA = (
-    "CREATE TABLE memories (id INTEGER PRIMARY KEY, text TEXT NOT NULL, type TEXT NOT NULL,"
-    " ts REAL NOT NULL, embedding BLOB NOT NULL)",
-    "CREATE INDEX memories_ts ON memories (ts)",
-)
-
-
 # --- workers: each runs in its own fresh process ---------------------------------------
 
 
@@ -73,7 +66,7 @@ def _insert(system: str, n: int, path: str) -> dict[str, Any]:
         db = sqlite3.connect(path)
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=NORMAL")
-        for statement in SQLITE_SCHEMA:
+        for statement in workload.SQLITE_SCHEMA:
             db.execute(statement)
         db.commit()
         for batch in rows:

@@ -140,6 +140,15 @@ def _block(block: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     return texts, vectors, timestamps, types
 
 
+# The SQLite peer's table (storage_peers.py, compare.py): the workload's columns, an index
+# on the timestamp for "the newest first".
+SQLITE_SCHEMA = (
+    "CREATE TABLE memories (id INTEGER PRIMARY KEY, text TEXT NOT NULL, type TEXT NOT NULL,"
+    " ts REAL NOT NULL, embedding BLOB NOT NULL)",
+    "CREATE INDEX memories_ts ON memories (ts)",
+)
+
+
 @dataclass(frozen=True)
 class Workload:
     """N generated memories, column by column (row i is the memory added i-th)."""
@@ -152,27 +161,30 @@ class Workload:
     def __len__(self) -> int:
         return len(self.texts)
 
-    def fastmem_batches(self) -> list[list[dict[str, Any]]]:
-        """``add_many`` arguments, built ahead so that a timed insert only inserts."""
+    def fastmem_batch(self, start: int) -> list[dict[str, Any]]:
+        """The ``add_many`` argument for the batch of rows from ``start``."""
         return [
-            [
-                {"text": self.texts[i], "type": TYPES[self.types[i]],
-                 "timestamp": float(self.timestamps[i]), "embedding": self.vectors[i]}
-                for i in range(start, min(start + BATCH, len(self)))
-            ]  # fmt: skip
-            for start in range(0, len(self), BATCH)
-        ]
+            {"text": self.texts[i], "type": TYPES[self.types[i]],
+             "timestamp": float(self.timestamps[i]), "embedding": self.vectors[i]}
+            for i in range(start, min(start + BATCH, len(self)))
+        ]  # fmt: skip
+
+    def sqlite_batch(self, start: int) -> list[tuple[int, str, str, float, bytes]]:
+        """``executemany`` rows (id, text, type, ts, float32 embedding BLOB) for
+        :data:`SQLITE_SCHEMA`, for the batch of rows from ``start``."""
+        return [
+            (i, self.texts[i], TYPES[self.types[i]], float(self.timestamps[i]),
+             self.vectors[i].tobytes())
+            for i in range(start, min(start + BATCH, len(self)))
+        ]  # fmt: skip
+
+    def fastmem_batches(self) -> list[list[dict[str, Any]]]:
+        """Every batch's ``add_many`` argument, built ahead so that a timed insert only inserts."""
+        return [self.fastmem_batch(start) for start in range(0, len(self), BATCH)]
 
     def sqlite_batches(self) -> list[list[tuple[int, str, str, float, bytes]]]:
-        """``executemany`` rows (id, text, type, ts, float32 embedding BLOB), built ahead."""
-        return [
-            [
-                (i, self.texts[i], TYPES[self.types[i]], float(self.timestamps[i]),
-                 self.vectors[i].tobytes())
-                for i in range(start, min(start + BATCH, len(self)))
-            ]  # fmt: skip
-            for start in range(0, len(self), BATCH)
-        ]
+        """Every batch's ``executemany`` rows, built ahead."""
+        return [self.sqlite_batch(start) for start in range(0, len(self), BATCH)]
 
     def queries(self, count: int = 50, seed: int = 7) -> tuple[np.ndarray, np.ndarray]:
         """``count`` stored vectors plus small Gaussian noise, renormalised (cosine ~0.98 to
@@ -375,8 +387,14 @@ def child_env() -> dict[str, str]:
 def run_child(code: str, *args: str, timeout: float = 600.0) -> dict[str, Any]:
     """Run ``code`` in a fresh interpreter (same venv and environment); its last stdout
     line, parsed as JSON."""
+    return run_python(["-c", code, *map(str, args)], timeout=timeout)
+
+
+def run_python(argv: list[str], *, timeout: float) -> dict[str, Any]:
+    """``python *argv`` in a fresh interpreter (same venv, :func:`child_env`); its last
+    stdout line, parsed as JSON."""
     proc = subprocess.run(
-        [sys.executable, "-c", code, *map(str, args)],
+        [sys.executable, *argv],
         capture_output=True, text=True, timeout=timeout, check=False, env=child_env(),
     )  # fmt: skip
     if proc.returncode:
