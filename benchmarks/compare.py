@@ -143,13 +143,13 @@ class Sqlite:
     def __init__(self, path: str) -> None:
         import sqlite3
 
-        self.db = sqlite3.connect(path + ".db")
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db = sqlite3.connect(path + ".db")  # WAL, once set by add(), stays in the file
         self.matrix: np.ndarray | None = None  # the BLOBs, loaded at the first vector query
 
     def add(self, w: workload.Workload) -> None:
         db = self.db
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
         for statement in workload.SQLITE_SCHEMA:
             db.execute(statement)
         db.execute("CREATE VIRTUAL TABLE fts USING fts5(text, content='memories', content_rowid='id')")
