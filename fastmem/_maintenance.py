@@ -37,6 +37,7 @@ import numpy as np
 from . import _format as fmt
 from . import _kernels
 from ._index import MemoryIndex, Problem, default_importance
+from ._threads import Background
 from .errors import (
     CorruptionError, CorruptRecordError, FormatVersionError, InvalidInputError, InvalidTypeError,
     StoreLockedError, StoreNotFoundError,
@@ -508,7 +509,7 @@ def releaser() -> queue.SimpleQueue[Any]:
     with _releaser_lock:
         if _releaser is None or _releaser[0] != os.getpid():  # none yet, or forked since
             work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            threading.Thread(target=_release_loop, args=(work,), name="fastmem-release", daemon=True).start()
+            Background(lambda: _release_loop(work), "fastmem-release")
             _releaser = (os.getpid(), work)
         return _releaser[1]
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._threads import let_the_caller_return
+from ._threads import Background, let_the_caller_return
 from .errors import EmbedderUnavailableError, InvalidTypeError
 
 __all__ = [
@@ -136,7 +136,7 @@ class MiniLM:
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._query_cache = query_cache
         self._lock = threading.Lock()
-        threading.Thread(target=self._load, name="fastmem-embedder", daemon=True).start()
+        Background(self._load, "fastmem-embedder")
 
     @property
     def ready(self) -> bool:

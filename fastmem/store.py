@@ -46,6 +46,7 @@ from .embed import default_embedder  # light: the model's libraries load in its 
 from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
 from . import _maintenance
 from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
+from ._threads import Background
 from .namespaces import make_private_dirs, namespace_path
 from .summarize import KeySentences
 from .tokens import TokenCounter
@@ -1928,8 +1929,7 @@ class _Preload:
         self.total = 0
         self.finished = threading.Event()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fastmem-preload", daemon=True)
-        self._thread.start()
+        self._thread = Background(self._run, "fastmem-preload")
 
     def _run(self) -> None:
         store = self.store
@@ -1974,7 +1974,7 @@ class _Preload:
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._thread is not threading.current_thread():
+        if not self._thread.is_current():
             self._thread.join()
 
 

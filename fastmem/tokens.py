@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ._threads import let_the_caller_return
+from ._threads import Background, let_the_caller_return
 from .errors import EncodingUnavailableError, InvalidInputError
 
 __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
@@ -71,10 +71,9 @@ class TokenCounter:
         self._short: dict[str, int] = {}
         self._encoding: Any = _loaded.get(encoding)
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._thread: Background | None = None
         if self._encoding is None:
-            self._thread = threading.Thread(target=self._load, name="fastmem-tokens", daemon=True)
-            self._thread.start()
+            self._thread = Background(self._load, "fastmem-tokens")
 
     def _load(self) -> None:
         try:

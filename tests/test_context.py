@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
+import threading
 import time
 
 import numpy as np
@@ -224,6 +227,39 @@ def test_pinned_section_follows_pins_forgets_and_new_memories(store_path):
         assert pinned(store) == ["The user has a dog called Rex.", "The user lives in Porto."]
         store.pin(dog, False)
         assert pinned(store) == ["The user lives in Porto."]
+
+
+def test_background_threads_do_not_make_their_starter_wait(monkeypatch):
+    from fastmem._threads import Background
+
+    release, seen = threading.Event(), []
+
+    def target():
+        seen.append(thread.is_current())
+        release.wait(30)
+
+    thread = Background(target, "test")
+    assert not thread.is_current()
+    assert not thread.join(0.05)  # started, and still blocked in target
+    if hasattr(os, "fork"):  # a forked child has no such thread: join must not wait for it
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if thread.join(5) else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+    release.set()
+    assert thread.join(30) and seen == [True]
+
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+
+    def fails():
+        raise RuntimeError("escaped")
+
+    assert Background(fails, "test").join(30)  # done, though the target raised
+    deadline = time.monotonic() + 30
+    while not reported and time.monotonic() < deadline:  # the hook runs after join returns
+        time.sleep(0.01)
+    assert str(reported[0].exc_value) == "escaped"
 
 
 def test_preload_runs_in_the_background_and_stops_at_close(store_path):
