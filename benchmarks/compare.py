@@ -34,6 +34,7 @@ peers get the same vector), so no system pays for a model.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -62,6 +63,7 @@ EXACT = 0.99  # recall@10 from which a vector search counts as exact (the ratio'
 
 
 # --- the systems, one adapter each: rows are workload row numbers ------------------------
+# IMPORTS: the modules an adapter imports when it is made, imported before a restart's clock.
 
 
 def blocks(w: workload.Workload) -> Any:
@@ -85,6 +87,8 @@ class LookupEmbedder:
 
 
 class Fastmem:
+    IMPORTS = ("fastmem",)
+
     def __init__(self, path: str) -> None:
         import fastmem
 
@@ -114,6 +118,8 @@ class Fastmem:
 
 
 class Seed:
+    IMPORTS = ("seed_peer",)
+
     def __init__(self, path: str) -> None:
         from seed_peer import SeedStore
 
@@ -140,6 +146,8 @@ class Seed:
 
 
 class Sqlite:
+    IMPORTS = ("sqlite3",)
+
     def __init__(self, path: str) -> None:
         import sqlite3
 
@@ -185,6 +193,8 @@ class Sqlite:
 
 
 class Chroma:
+    IMPORTS = ("chromadb",)
+
     def __init__(self, path: str) -> None:
         import chromadb
 
@@ -228,6 +238,8 @@ class Chroma:
 
 
 class Lance:
+    IMPORTS = ("lancedb", "pyarrow")
+
     def __init__(self, path: str) -> None:
         import lancedb
 
@@ -273,6 +285,8 @@ class Lance:
 
 
 class Faiss:
+    IMPORTS = ("faiss",)
+
     def __init__(self, path: str) -> None:
         import faiss
 
@@ -292,6 +306,8 @@ class Faiss:
 
 
 class Hnsw:
+    IMPORTS = ("hnswlib",)
+
     def __init__(self, path: str) -> None:
         import hnswlib
 
@@ -384,13 +400,9 @@ def child_build(name: str, n: int, folder: str) -> dict[str, Any]:
 
 
 def child_restart(name: str, folder: str) -> dict[str, Any]:
-    cls = SYSTEMS[name]  # the imports happen before the clock, as in storage_peers.py
-    if name == "chromadb":
-        import chromadb  # noqa: F401
-    elif name == "lancedb":
-        import lancedb  # noqa: F401
-    elif name == "fastmem":
-        import fastmem  # noqa: F401
+    cls = SYSTEMS[name]
+    for module in cls.IMPORTS:  # imports happen before the clock, as in storage_peers.py
+        importlib.import_module(module)
     t0 = time.perf_counter()
     system = cls(os.path.join(folder, "store"))
     texts = system.recent()
