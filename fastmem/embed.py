@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._threads import Background, let_the_caller_return
+from ._threads import Background
 from .errors import EmbedderUnavailableError, InvalidTypeError
 
 __all__ = [
@@ -201,7 +201,6 @@ class MiniLM:
 
     def _load(self) -> None:
         try:
-            let_the_caller_return()
             from threadpoolctl import ThreadpoolController
             from tokenizers import Tokenizer
 

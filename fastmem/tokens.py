@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ._threads import Background, let_the_caller_return
+from ._threads import Background
 from .errors import EncodingUnavailableError, InvalidInputError
 
 __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
@@ -77,7 +77,6 @@ class TokenCounter:
 
     def _load(self) -> None:
         try:
-            let_the_caller_return()
             self._encoding = _load(self.name)
         except BaseException as exc:  # kept for the caller that waits
             self._error = exc

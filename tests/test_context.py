@@ -230,7 +230,14 @@ def test_pinned_section_follows_pins_forgets_and_new_memories(store_path):
 
 
 def test_background_threads_do_not_make_their_starter_wait(monkeypatch):
+    from fastmem import _threads
     from fastmem._threads import Background
+
+    # Long enough that the joins below come before the starter's delay is out.
+    monkeypatch.setattr(_threads, "START_DELAY", 0.5)
+    ran_in = []
+    early = Background(lambda: ran_in.append(threading.get_ident()), "test")
+    assert early.join(0) and ran_in == [threading.get_ident()]  # not started: run here
 
     release, seen = threading.Event(), []
 
@@ -238,16 +245,20 @@ def test_background_threads_do_not_make_their_starter_wait(monkeypatch):
         seen.append(thread.is_current())
         release.wait(30)
 
-    thread = Background(target, "test")
+    thread = Background(target, "test")  # returns at once; the starter runs it later
     assert not thread.is_current()
-    assert not thread.join(0.05)  # started, and still blocked in target
+    deadline = time.monotonic() + 30
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen == [True]  # in a thread of its own
+    assert not thread.join(0.05)  # still blocked in target
     if hasattr(os, "fork"):  # a forked child has no such thread: join must not wait for it
         pid = os.fork()
         if pid == 0:
             os._exit(0 if thread.join(5) else 1)
         assert os.waitpid(pid, 0)[1] == 0
     release.set()
-    assert thread.join(30) and seen == [True]
+    assert thread.join(30)
 
     reported = []
     monkeypatch.setattr(sys, "unraisablehook", reported.append)
@@ -255,11 +266,10 @@ def test_background_threads_do_not_make_their_starter_wait(monkeypatch):
     def fails():
         raise RuntimeError("escaped")
 
-    assert Background(fails, "test").join(30)  # done, though the target raised
-    deadline = time.monotonic() + 30
-    while not reported and time.monotonic() < deadline:  # the hook runs after join returns
+    failing = Background(fails, "test")
+    while not reported and time.monotonic() < deadline:  # the hook runs once target raised
         time.sleep(0.01)
-    assert str(reported[0].exc_value) == "escaped"
+    assert failing.join(30) and str(reported[0].exc_value) == "escaped"
 
 
 def test_preload_runs_in_the_background_and_stops_at_close(store_path):
