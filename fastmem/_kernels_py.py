@@ -137,7 +137,8 @@ def topk_int8(
         mask &= type_allowed[types[:n]].astype(bool)
     rows = np.nonzero(mask)[0]
     dots = vectors[rows].astype(np.int32) @ query.astype(np.int32)
-    scores = dots.astype(np.float64) * scales[rows].astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a damaged row's scale may be a signalling NaN
+        scores = dots.astype(np.float64) * scales[rows].astype(np.float64)
     best = np.lexsort((rows, -scores))[:k]
     return rows[best].astype(np.int64), scores[best]
 
@@ -288,7 +289,8 @@ def importance(
     flags = flags[:n]
     count = access_count[:n].astype(np.float64)
     decayed = count * np.exp2(-np.maximum(now - last_access[:n], 0.0) * (1.0 / access_half_life))
-    score = base[:n].astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a damaged row's importance may be a signalling NaN
+        score = base[:n].astype(np.float64)
     score = score + np.where(count > 0, access_weight * decayed / (1.0 + decayed), 0.0)
     age = np.maximum(now - timestamps[:n], 0.0)
     score = score + recency_weight * np.exp2(-age * (1.0 / recency_half_life))

@@ -1557,7 +1557,8 @@ class MemoryStore:
         scale = 1.0 / (policy.recency_half_life_days * DAY)
         fields = self._index.gather(rows, ("importance", "timestamp", "session"))
         age = np.fmax(0.0, now - fields["timestamp"].astype(np.float64))  # fmax: a NaN age is 0
-        bonus = policy.importance_weight * fields["importance"].astype(np.float64)
+        with np.errstate(invalid="ignore"):  # a damaged row's importance: a signalling NaN
+            bonus = policy.importance_weight * fields["importance"].astype(np.float64)
         bonus += policy.recency_weight * 2.0 ** (-age * scale)
         if wanted:
             bonus += policy.session_weight * (fields["session"] == wanted)

@@ -149,6 +149,21 @@ def test_an_id_counter_near_the_limit(next_id):
     fuzz_open.one_input(bytes([2]) + bytes(idx))  # "idx-fixed-crc", writable
 
 
+@pytest.mark.parametrize("field", ["importance", "scale"])
+def test_signalling_nans_in_the_rows_float_fields(field):
+    """A float32 field of every row overwritten with a signalling NaN (the header's
+    checksum made to fit): searching and building contexts widen it to float64, which
+    must not turn into a RuntimeWarning (an error under -W error) instead of a result."""
+    idx = bytearray(SEEDS[2][1:])
+    header = fmt.unpack_idx_header(idx, "seed")
+    start = fmt.header_layout(header).rows
+    at = fmt.INDEX_DTYPE.fields[field][1]
+    for row in range(header.rows):
+        offset = start + row * fmt.INDEX_DTYPE.itemsize + at
+        idx[offset : offset + 4] = b"\x01\x00\x80\x7f"  # float32 sNaN: exponent all ones, quiet bit 0
+    fuzz_open.one_input(bytes([2]) + bytes(idx))  # "idx-fixed-crc", writable
+
+
 def _sections() -> dict[str, tuple[int, int]]:
     """Byte ranges of the seed index's sections (and of the header's fields)."""
     idx = SEEDS[2][1:]
