@@ -34,9 +34,12 @@ from .errors import (
     StoreNotFoundError,
     UnknownMemoryError,
 )
-from .context import Context, ContextItem, ContextPolicy
-from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
-from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open, repair
+from .types import (
+    DAY, BackupReport, CompactReport, Context, ContextItem, ContextPolicy, EvictionPolicy, Hit, Level,
+    Memory, Problem, RecordInfo, RecordSize, RepairReport, Report, StoreStats,
+)  # fmt: skip
+
+from .store import DURABILITY, MemoryStore, open, repair
 
 __version__ = "0.1.0"
 
@@ -69,6 +72,10 @@ __all__ = [
     "RepairReport",
     "Report",
     "StoreClosedError",
+    "StoreStats",
+    "RecordInfo",
+    "RecordSize",
+    "Level",
     "StoreForkedError",
     "StoreLockedError",
     "StoreNotFoundError",

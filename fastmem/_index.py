@@ -27,6 +27,7 @@ from . import _kernels
 from ._keyword import KeywordIndex
 from ._vectors import quantize
 from .errors import CorruptIndexError, CorruptRecordError
+from .types import Problem
 
 # Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
@@ -57,14 +58,6 @@ def update_changes(flags: int, payload: dict[str, Any], offset: int) -> dict[int
     if "n" in payload:
         changes[F_FLAGS] = (flags | fmt.FLAG_PINNED) if payload["n"] else (flags & ~fmt.FLAG_PINNED)
     return changes
-
-
-class Problem(NamedTuple):
-    """A damaged or inconsistent place found while reading a store."""
-
-    file: str  # "dat" or "idx"
-    offset: int  # byte offset in that file (row number for index rows)
-    message: str
 
 
 def _write(f: Any, arr: np.ndarray) -> None:

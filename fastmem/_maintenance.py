@@ -36,12 +36,14 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._index import MemoryIndex, Problem, default_importance
+from ._index import MemoryIndex, default_importance
 from ._threads import Background
 from .errors import (
     CorruptionError, CorruptRecordError, FormatVersionError, InvalidInputError, InvalidTypeError,
     StoreLockedError, StoreNotFoundError,
 )  # fmt: skip
+
+from .types import BackupReport, CompactReport, EvictionPolicy, Problem, RepairReport
 
 if TYPE_CHECKING:
     from .store import MemoryStore
@@ -50,87 +52,6 @@ COMPACT_SUFFIX = ".compact"  # <name>.dat.compact, <name>.idx.compact: a compact
 DAMAGED_SUFFIX = ".damaged-"  # <name>.dat.damaged-<UTC time>: what repair() cut away
 DAMAGED_REGION = struct.Struct("<QQ")  # offset in the old .dat, length; then the bytes
 _WRITE_CHUNK = 4 << 20
-
-
-# --- reports and policies ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EvictionPolicy:
-    """What ``evict`` forgets; ``fastmem.open(..., evict=EvictionPolicy(...))`` applies it
-    at every ``checkpoint()`` and at ``close()``. Pinned memories are never evicted.
-
-    Attributes:
-        ttl: seconds a memory of each type lives, by type name (``{"tool_result": 86400}``);
-            types not named live forever.
-        min_importance: forget memories whose current importance score (the one
-            ``importance_scores()`` computes: base importance, accesses, recency) is below.
-        max_count: keep at most this many memories (pinned ones count, but stay), forgetting
-            the lowest scores first (ties: the oldest).
-        max_bytes: keep the live memories' records within this many bytes of the data file
-            (what a compaction keeps), forgetting the lowest scores first.
-    """
-
-    ttl: Mapping[str, float] | None = None
-    min_importance: float | None = None
-    max_count: int | None = None
-    max_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class CompactReport:
-    """What ``compact()`` did. Sizes are the data file's and the index file's as they were
-    on disk before (the index as of the last checkpoint) and after."""
-
-    dat_before: int
-    idx_before: int
-    dat_after: int
-    idx_after: int
-    memories: int  # live memories kept
-    dropped: int  # forgotten memories whose records are gone
-    seconds: float  # the whole compaction
-    lock_seconds: float  # the longest time the store's lock was held for it
-
-    @property
-    def bytes_before(self) -> int:
-        return self.dat_before + self.idx_before
-
-    @property
-    def bytes_after(self) -> int:
-        return self.dat_after + self.idx_after
-
-    @property
-    def reclaimed(self) -> int:
-        """Bytes of both files given back."""
-        return self.bytes_before - self.bytes_after
-
-    @property
-    def reclaimed_fraction(self) -> float:
-        return self.reclaimed / self.bytes_before if self.bytes_before else 0.0
-
-
-@dataclass(frozen=True)
-class RepairReport:
-    """What ``repair()`` did. ``ok`` when nothing had to be cut away (the index was rebuilt
-    all the same)."""
-
-    ok: bool
-    memories: int  # live memories in the repaired store
-    records: int  # intact records found in the damaged data file
-    cut: list[Problem] = field(default_factory=list)  # the regions and records left out
-    cut_bytes: int = 0
-    damaged_path: str | None = None  # where their bytes were kept (see docs/FORMAT.md)
-    bytes_before: int = 0
-    bytes_after: int = 0
-
-
-@dataclass(frozen=True)
-class BackupReport:
-    """What ``backup()`` wrote: ``<path>.dat`` and ``<path>.idx``."""
-
-    path: str
-    memories: int
-    bytes: int  # both files
 
 
 # --- eviction ---------------------------------------------------------------------------

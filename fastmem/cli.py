@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import importlib
 import json
 import math
@@ -392,19 +393,15 @@ def _open_for_query(args: argparse.Namespace, out: _Out) -> Any:
 
 
 def _has_vectors(store: Any) -> bool:
-    from ._stats import store_stats
-
-    return bool(store_stats(store)["with_vector"])
+    return bool(store.stats().with_vector)
 
 
 # --- commands --------------------------------------------------------------------------
 
 
 def _cmd_stats(args: argparse.Namespace, out: _Out) -> int:
-    from ._stats import store_stats
-
     with _open_readonly(args) as store:
-        stats = store_stats(store)
+        stats = dataclasses.asdict(store.stats())
     if args.namespace is not None:
         stats["namespace"] = args.namespace
     if out.json:
@@ -440,12 +437,10 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         raise CliError("give a memory ID or --largest N", EXIT_USAGE)
     if args.id is not None and args.largest is not None:
         raise CliError("give a memory ID or --largest N, not both", EXIT_USAGE)
-    from ._stats import largest, record_info
-
     with _open_readonly(args) as store:
         if args.id is not None:
             memory = _memory_dict(store.get(args.id))
-            stored = record_info(store, args.id)
+            stored = dataclasses.asdict(store.info(args.id))
             if out.json:
                 out.emit({**memory, "stored": stored})
                 return EXIT_OK
@@ -470,7 +465,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
                           f"{stored['importance_score']:.3f}")  # fmt: skip
             out.console.print(table)
             return EXIT_OK
-        rows = [(mid, size, tokens, store.get(mid)) for mid, size, tokens in largest(store, args.largest)]
+        rows = [(mid, size, tokens, store.get(mid)) for mid, size, tokens in store.largest(args.largest)]
     if out.json:
         out.emit([{"id": mid, "record_bytes": size, "text_tokens": tokens, "type": m.type,
                    "preview": _preview(m.text)} for mid, size, tokens, m in rows])  # fmt: skip
@@ -607,9 +602,7 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
     base = _require_store(args)
     with fastmem.open(base, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
         # The new data file holds the live records: their sizes are the bar's total.
-        from ._stats import largest
-
-        total = sum(size for _, size, _ in largest(store, len(store) or 1))
+        total = sum(r.bytes for r in store.largest(len(store)))
         with _file_progress(out, "compacting", base + ".dat.compact", total):
             report = store.compact()
     if out.json:
@@ -767,22 +760,15 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _check_items(store: Any, items: list[dict[str, Any]], path: str) -> None:
-    """Check every item as ``add`` would, before anything is written: the store's own
-    checks (``MemoryStore._prepare``, which writes nothing), so the rules cannot drift."""
-    from ._vectors import to_float16
-
-    now = time.time()
-    dim = store._index.dim
-    for item in items:
-        try:
-            store._prepare(0, {k: v for k, v in item.items() if k != "_line"}, now)
-            if "embedding" in item:  # its length must be the store's (or the first line's)
-                dim = dim or to_float16([item["embedding"]], 0).shape[1]
-                to_float16([item["embedding"]], dim)
-        except InvalidInputError as exc:
-            message = _one_line(exc).removeprefix("item 0: ")
-            raise CliError(f"{path}, line {item['_line']}: {message} (nothing was imported)",
-                           EXIT_USAGE) from None  # fmt: skip
+    """Check every item as ``add`` would, before anything is written (``check_items``
+    writes nothing), so the rules cannot drift."""
+    try:
+        store.check_items([{k: v for k, v in item.items() if k != "_line"} for item in items])
+    except InvalidInputError as exc:
+        line = items[exc.item]["_line"] if exc.item is not None else "?"
+        message = _one_line(exc).removeprefix(f"item {exc.item}: ")
+        raise CliError(f"{path}, line {line}: {message} (nothing was imported)",
+                       EXIT_USAGE) from None  # fmt: skip
 
 
 # --- integrations and the demo ---------------------------------------------------------

@@ -10,131 +10,15 @@ and never a token over the budget — the final text is counted exactly with tik
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ._format import MAX_TIMESTAMP
 from .errors import InvalidInputError
+from .types import Context, ContextItem, Level
 
-__all__ = ["Context", "ContextItem", "ContextPolicy", "pack"]
-
-DAY = 86400.0
-
-
-@dataclass(frozen=True)
-class ContextPolicy:
-    """How a store builds contexts and ranks memories; every field has a default.
-
-    Level 1 (hot restore) is the newest ``recent`` memories, or those of the last
-    ``recent_minutes``, or the whole last session (``recent_session``); they may take
-    ``recent_share`` of a context's budget. Level 2 preloads the summaries of the
-    ``preload`` most important memories in the background, ``preload_chunk`` at a time.
-    Level 3 ranks ``candidates`` memories for the query; a hit's full text is read when its
-    relevance (0 to 1, relative to the best hit) reaches ``full_text_score``, its summary
-    otherwise. Pinned memories may take ``pinned_share`` of the budget.
-
-    Ranking takes the ``candidates`` best memories by vector and by keyword (BM25) and the
-    memories next to them in their sessions, adds the two scores as z-scores with their
-    weights, smooths each with its neighbours' (``neighbour_weight``), lets a memory rank
-    just below (``neighbour_gap``) a neighbour that matches strongly, and adds importance,
-    recency and same-session bonuses with their weights.
-    Importance is the memory's base importance (by type unless given) plus decayed access
-    frequency, a recency bonus and a pin bonus.
-    """
-
-    recent: int = 4
-    recent_minutes: float | None = None
-    recent_session: bool = False
-    recent_share: float = 0.08
-    pinned_share: float = 0.3
-    preload: int = 1000
-    preload_chunk: int = 128
-    candidates: int = 64
-    full_text_score: float = 0.35
-    vector_weight: float = 1.0
-    keyword_weight: float = 0.3
-    neighbour_weight: float = 0.3
-    neighbour_gap: float = 1.0
-    importance_weight: float = 0.1
-    recency_weight: float = 0.05
-    session_weight: float = 0.1
-    near_duplicate: float = 0.97
-    access_half_life_days: float = 30.0
-    access_weight: float = 0.3
-    recency_half_life_days: float = 7.0
-    pin_bonus: float = 1.0
-    type_importance: Mapping[str, float] = field(
-        default_factory=lambda: {"fact": 0.9, "plan": 0.7, "tool_result": 0.5, "conversation": 0.3}
-    )
-    cache_bytes: int = 16 << 20
-
-    def __post_init__(self) -> None:
-        for name in ("recent", "preload", "preload_chunk", "candidates", "cache_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidInputError(f"ContextPolicy.{name} must be an int >= 0, got {value!r}")
-        for name in ("recent_share", "pinned_share", "full_text_score", "near_duplicate"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")
-        for name in ("vector_weight", "keyword_weight", "neighbour_weight", "neighbour_gap",
-                     "importance_weight", "recency_weight", "session_weight", "access_weight",
-                     "pin_bonus"):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1e6:
-                raise InvalidInputError(f"ContextPolicy.{name} must be >= 0, got {value!r}")
-        for name in ("access_half_life_days", "recency_half_life_days"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 < value < 1e6:
-                raise InvalidInputError(f"ContextPolicy.{name} must be > 0, got {value!r}")
-        if self.recent_minutes is not None and not (
-            isinstance(self.recent_minutes, (int, float)) and self.recent_minutes > 0
-        ):
-            raise InvalidInputError("ContextPolicy.recent_minutes must be > 0 or None")
-        for name, value in self.type_importance.items():
-            if not isinstance(name, str) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise InvalidInputError("ContextPolicy.type_importance maps type names to 0..1")
-
-
-@dataclass(frozen=True, slots=True)
-class ContextItem:
-    """One memory in a context: which level brought it, its score and what was shown."""
-
-    id: str
-    level: int  # 0 pinned, 1 recent (hot restore), 3 found by search for the query
-    score: float
-    text: str  # the memory's full text, or its summary when ``summary`` is true
-    summary: bool
-    timestamp: float
-    session: str | None
-    type: str
-
-
-@dataclass(frozen=True)
-class Context:
-    """What ``MemoryStore.context`` returns.
-
-    ``text`` is what to give the model; ``tokens`` is its exact token count, never over the
-    budget. ``degraded`` is true when the embedding model was not loaded yet and the
-    context was built from keywords, recency and importance alone.
-    """
-
-    text: str
-    tokens: int
-    budget: int
-    items: list[ContextItem]
-    encoding: str
-    degraded: bool = False
-    seconds: float = 0.0
-
-    @property
-    def messages(self) -> list[dict[str, str]]:
-        """The context as OpenAI chat messages (one system message; none when empty)."""
-        if not self.text:
-            return []
-        return [{"role": "system", "content": self.text}]
-
+__all__ = ["pack", "render"]
 
 @dataclass(slots=True)
 class Candidate:

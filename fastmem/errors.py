@@ -34,7 +34,14 @@ class FastmemError(Exception):
 
 
 class InvalidInputError(FastmemError, ValueError):
-    """An argument has a value fastmem cannot store or use; nothing was written."""
+    """An argument has a value fastmem cannot store or use; nothing was written.
+
+    Attributes:
+        item: for a batch (``add_many``, ``check_items``), the position of the item at
+            fault, when one is; ``None`` otherwise.
+    """
+
+    item: int | None = None
 
 
 class InvalidTypeError(InvalidInputError, TypeError):

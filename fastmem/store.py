@@ -37,15 +37,21 @@ import numpy as np
 from . import _format as fmt
 from . import _kernels, _vsearch
 from ._index import (
-    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_SESSION,
-    F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, Problem,
+    F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META, F_OFFSET, F_SESSION,
+    F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex,
     default_importance, session_hash, update_changes,
 )  # fmt: skip
 from ._vectors import quantize, to_float16
 from .embed import default_embedder  # light: the model's libraries load in its thread
-from .context import DAY, Candidate, Context, ContextItem, ContextPolicy, check_budget, new_context, pack
+from .context import Candidate, check_budget, new_context, pack
+from .types import (
+    DAY, Context, ContextItem, ContextPolicy, Hit, Level, Memory, Problem, RecordInfo, RecordSize, Report,
+    StoreStats,
+)  # fmt: skip
+
+_new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
 from . import _maintenance
-from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
+from .types import BackupReport, CompactReport, EvictionPolicy, RepairReport
 from ._threads import Background
 from .namespaces import make_private_dirs, namespace_path
 from .summarize import KeySentences
@@ -82,6 +88,7 @@ _ADD_KEYS = frozenset(
      "embedding")
 )  # fmt: skip
 _DEFAULT = object()  # a keyword left out: the documented default
+_IMPORTANCE_FIELDS = ("importance", "flags", "access_count", "last_access", "timestamp")
 
 _fork_generation = 0
 
@@ -115,49 +122,6 @@ def _keyword_worker() -> ThreadPoolExecutor:
         if _keyword_thread is None:
             _keyword_thread = ThreadPoolExecutor(1, thread_name_prefix="fastmem-keyword")
         return _keyword_thread
-
-
-class Memory(NamedTuple):
-    """One stored memory, as ``get``, ``recent``, ``search`` and iteration return it.
-
-    Immutable; a named tuple because ``get`` builds one per call, and a tuple builds
-    several times faster than a frozen dataclass.
-    """
-
-    id: str
-    text: str
-    type: str
-    timestamp: float
-    session: str | None
-    importance: float
-    pinned: bool
-    metadata: dict[str, Any] | None
-    summary: str | None
-
-
-_new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
-
-
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """A search result: the memory and its score (see ``MemoryStore.search``); a hybrid
-    search also reports each component: the approximate cosine and the BM25 score."""
-
-    id: str
-    score: float
-    memory: Memory
-    vector: float | None = None
-    keyword: float | None = None
-
-
-@dataclass(frozen=True)
-class Report:
-    """What ``verify()`` found. ``ok`` is true when ``problems`` is empty."""
-
-    ok: bool
-    problems: list[Problem] = field(default_factory=list)
-    records: int = 0  # valid records in the data file
-    bytes: int = 0  # both files together
 
 
 def open(  # noqa: A001 - the name users expect: fastmem.open(path)
@@ -1295,11 +1259,11 @@ class MemoryStore:
             now = time.time()
             ranked, degraded = self._rank(query, policy.candidates, session=session, now=now)
             # An excluded row is marked as already placed, so no level takes it.
-            levels: dict[int, tuple[int, float]] = {}  # row -> (level, priority)
+            levels: dict[int, tuple[Level, float]] = {}  # row -> (level, priority)
             skip = self._rows_of(excluded_ids)
             share = {0: policy.pinned_share * budget, 1: policy.recent_share * budget}
             spent = {0: 0.0, 1: 0.0}
-            for level, rows in ((0, self._pinned_rows()), (1, self._level1_rows())):
+            for level, rows in ((Level.PINNED, self._pinned_rows()), (Level.RECENT, self._level1_rows())):
                 for i, g in enumerate(rows):
                     row = self._index.row(g)
                     cost = row[F_TEXT_TOKENS] if row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS else 64
@@ -1311,7 +1275,7 @@ class MemoryStore:
             for g, relevance, _, _ in ranked:
                 scores[g] = relevance
                 if g not in levels and g not in skip:
-                    levels[g] = (3, relevance)
+                    levels[g] = (Level.FOUND, relevance)
             candidates = self._candidates(levels, scores, counter, stored_counts, budget)
             text, tokens, items = pack(candidates, budget, counter.count)
             if not self.readonly:
@@ -1343,7 +1307,7 @@ class MemoryStore:
         return counter
 
     def _candidates(
-        self, levels: dict[int, tuple[int, float]], scores: dict[int, float],
+        self, levels: dict[int, tuple[Level, float]], scores: dict[int, float],
         counter: TokenCounter, stored_counts: bool, budget: int,
     ) -> list[Candidate]:  # fmt: skip
         """Context candidates for rows, best first, near-duplicates left out (the better one
@@ -1580,13 +1544,19 @@ class MemoryStore:
             self._check()
             return self._importance(time.time() if now is None else float(now))
 
-    def _importance(self, now: float) -> np.ndarray:
+    def _importance(self, now: float, rows: np.ndarray | None = None) -> np.ndarray:
+        """The importance score of every row, or of ``rows`` only."""
         policy = self.policy
-        out = np.empty(len(self._index), dtype=np.float32)
-        for first, rows, _ in self._index.segments():
+        if rows is None:
+            parts: list[tuple[int, Any]] = [(first, seg) for first, seg, _ in self._index.segments()]
+            out = np.empty(len(self._index), dtype=np.float32)
+        else:
+            parts = [(0, self._index.gather(rows, _IMPORTANCE_FIELDS))]
+            out = np.empty(len(rows), dtype=np.float32)
+        for first, cols in parts:
             _kernels.importance(
-                rows["importance"], rows["flags"], rows["access_count"], rows["last_access"],
-                rows["timestamp"], out[first : first + len(rows)], now,
+                cols["importance"], cols["flags"], cols["access_count"], cols["last_access"],
+                cols["timestamp"], out[first : first + len(cols["flags"])], now,
                 policy.access_half_life_days * DAY, policy.access_weight,
                 policy.recency_half_life_days * DAY, policy.recency_weight, policy.pin_bonus,
                 fmt.FLAG_PINNED, fmt.FLAG_FORGOTTEN,
@@ -1603,6 +1573,133 @@ class MemoryStore:
         """Wait for the level-2 preload to finish; whether it has."""
         preload = self._preload
         return True if preload is None else preload.finished.wait(timeout)
+
+    # --- figures for operators ----------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        """The store's figures, read from the index alone (no record is decoded, so it
+        costs milliseconds even at a million memories): counts by type, pins, sessions,
+        time span, tokens, vectors and file sizes."""
+        with self._lock:
+            self._check()
+            index = self._index
+            cols = self._live_columns(("type", "flags", "session", "timestamp", "text_tokens"))
+            codes, counts = np.unique(cols["type"], return_counts=True)
+            types = {index.type_name(c): n for c, n in zip(codes.tolist(), counts.tolist())}
+            known = cols["text_tokens"][cols["text_tokens"] != fmt.UNKNOWN_TOKENS]
+            ts, sessions, flags = cols["timestamp"], cols["session"], cols["flags"]
+            return StoreStats(
+                path=self.path,
+                memories=int(index.live),
+                forgotten=int(len(index) - index.live),
+                pinned=int(np.count_nonzero(flags & fmt.FLAG_PINNED)),
+                with_vector=int(np.count_nonzero(flags & fmt.FLAG_HAS_VECTOR)),
+                dim=int(index.dim),
+                types=dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
+                sessions=int(len(np.unique(sessions[sessions != 0]))),
+                oldest=float(ts.min()) if len(ts) else None,
+                newest=float(ts.max()) if len(ts) else None,
+                text_tokens=int(known.sum(dtype=np.int64)),
+                dat_bytes=os.path.getsize(self.dat_path),
+                idx_bytes=os.path.getsize(self.idx_path) if os.path.exists(self.idx_path) else 0,
+                backend=_kernels.BACKEND,
+            )
+
+    def largest(self, n: int = 10) -> list[RecordSize]:
+        """The ``n`` live memories with the largest records, largest first (ties: the
+        older id first)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
+        with self._lock:
+            self._check()
+            cols = self._live_columns(("id", "length", "text_tokens"))
+            order = np.lexsort((cols["id"], -cols["length"].astype(np.int64)))[:n]
+            return [
+                RecordSize(f"m{int(cols['id'][i])}", int(cols["length"][i]), int(cols["text_tokens"][i]))
+                for i in order.tolist()
+            ]
+
+    def info(self, mid: str) -> RecordInfo:
+        """Where and how memory ``mid`` is stored, from its index row.
+
+        Raises:
+            UnknownMemoryError: no live memory has this id.
+        """
+        with self._lock:
+            self._check()
+            g, row = self._live_row(mid)
+            score = float(self._importance(time.time(), np.array([g]))[0])
+            known = row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS
+            return RecordInfo(
+                record_offset=int(row[F_OFFSET]),
+                record_bytes=int(row[F_LENGTH]),
+                text_tokens=int(row[F_TEXT_TOKENS]) if known else None,
+                summary_tokens=int(row[F_SUMMARY_TOKENS]) if known else None,
+                has_vector=bool(row[F_FLAGS] & fmt.FLAG_HAS_VECTOR),
+                access_count=int(row[F_ACCESS]),
+                last_access=float(row[F_LAST_ACCESS]) or None,
+                importance_score=score,
+            )
+
+    def pinned(self) -> list[Memory]:
+        """The pinned memories, most important first (ties: the older id first)."""
+        with self._lock:
+            self._check()
+            return [self._memory(g) for g in self._pinned_rows()]
+
+    def check_items(self, items: Iterable[Mapping[str, Any]]) -> None:
+        """Check items as ``add_many`` would, writing nothing: what an import does before
+        its first write, so that a bad line in a file leaves the store as it was. An
+        item's embedding must have the store's dimension (or, in an empty store, the
+        first embedding's).
+
+        Raises:
+            InvalidInputError: an item is invalid; its ``item`` attribute says which.
+            InvalidTypeError: an item has a value of the wrong type (``item`` too).
+        """
+        if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+            raise InvalidTypeError("check_items takes an iterable of dicts")
+        with self._lock:
+            self._check()
+            dim = self._index.dim
+        now = time.time()
+        for i, item in enumerate(items):
+            try:
+                self._prepare(i, item, now)
+                embedding = item.get("embedding")
+                if embedding is not None:
+                    dim = dim or to_float16([embedding], 0).shape[1]
+                    to_float16([embedding], dim)
+            except InvalidInputError as exc:
+                if exc.item is None:
+                    message = str(exc)
+                    exc = type(exc)(message if message.startswith(f"item {i}:") else f"item {i}: {message}")
+                    exc.item = i
+                raise exc from None
+
+    def record_access(self, ids: Iterable[str], now: float | None = None) -> None:
+        """Count one access for each memory of ``ids`` (unknown or forgotten ids are
+        left out): what ``context()`` does for the memories it uses. For a process
+        that reads through a read-only handle (the Hermes provider) and hands the ids
+        to its writer, so that importance still learns from use.
+
+        Raises:
+            ReadOnlyError: the store was opened with ``readonly=True``.
+        """
+        if isinstance(ids, str) or not isinstance(ids, Iterable):
+            raise InvalidTypeError("ids must be a list of memory ids")
+        wanted = set(ids)
+        for mid in wanted:
+            if not isinstance(mid, str):
+                raise InvalidTypeError(f"ids holds memory ids (strings), not {type(mid).__name__}")
+        when = time.time() if now is None else _check_real(now, "now", 0.0, fmt.MAX_TIMESTAMP)
+        with self._lock:
+            self._check_writable()
+            self._index.touch(sorted(self._rows_of(wanted)), when)
+
+    def _live_columns(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        live = (self._index.column("flags") & fmt.FLAG_FORGOTTEN) == 0
+        return {name: self._index.column(name)[live] for name in names}
 
     # --- durability and integrity -------------------------------------------------------
 

@@ -62,7 +62,7 @@ def build_server(store: Any) -> Any:
     writable :class:`fastmem.MemoryStore`."""
     server_class, tool_error = _sdk()
     from .. import __version__
-    from .._stats import store_stats
+    import dataclasses
 
     server = server_class("fastmem", instructions=(
         "Long-term memory that survives restarts. Call `context` with the user's question "
@@ -133,7 +133,7 @@ def build_server(store: Any) -> Any:
     def stats() -> str:
         import json
 
-        return json.dumps({**store_stats(store), "version": __version__})
+        return json.dumps({**dataclasses.asdict(store.stats()), "version": __version__})
 
     return server
 
