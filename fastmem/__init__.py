@@ -35,7 +35,7 @@ from .errors import (
     UnknownMemoryError,
 )
 from .types import (
-    DAY, BackupReport, CompactReport, Context, ContextItem, ContextPolicy, EvictionPolicy, Hit, Level,
+    BackupReport, CompactReport, Context, ContextItem, ContextPolicy, EvictionPolicy, Hit, Level,
     Memory, Problem, RecordInfo, RecordSize, RepairReport, Report, StoreStats,
 )  # fmt: skip
 

@@ -153,12 +153,15 @@ def test_writes_during_compaction_are_kept(store_path: str, monkeypatch: pytest.
     real = _maintenance._new_store
     during: dict[str, Any] = {}
 
-    def new_store_while_writing(store, *args):  # type: ignore[no-untyped-def]
+    stores: list[Any] = []
+
+    def new_store_while_writing(engine, *args):  # type: ignore[no-untyped-def]
+        store = stores[0]
         # Snapshot taken, rows not read yet: changes made now are in the log it reads.
         store.forget(ids[8])
         store.update(ids[9], metadata={"before the read": 1}, importance=0.42)
         store.evict(ttl={"plan": 0}, now=1000.0 + 42)  # ids 1, 5, 9, ... up to 41: pinned 5 stays
-        result = real(store, *args)  # the records are written; the lock is free
+        result = real(engine, *args)  # the records are written; the lock is free
         during["added"] = store.add("written during the compaction", embedding=_vec(99))
         store.update(ids[3], metadata={"during": 1})
         store.forget(ids[4])
@@ -166,6 +169,7 @@ def test_writes_during_compaction_are_kept(store_path: str, monkeypatch: pytest.
 
     monkeypatch.setattr(_maintenance, "_new_store", new_store_while_writing)
     with _open_quietly(store_path) as s:
+        stores.append(s)
         s.compact()
         assert s.get(during["added"]).text == "written during the compaction"
         assert s.get(ids[3]).metadata == {"during": 1}
@@ -313,7 +317,7 @@ def test_evict_by_ttl_importance_count_and_bytes(store_path: str) -> None:
             s.add("x" * 50 + str(i), timestamp=300.0 + i)
         assert s.evict(max_bytes=10**9) == []
         s.evict(max_bytes=300)
-        lengths = s._index.column("length")[(s._index.column("flags") & fmt.FLAG_FORGOTTEN) == 0]
+        lengths = s._engine.index.column("length")[(s._engine.index.column("flags") & fmt.FLAG_FORGOTTEN) == 0]
         assert int(lengths.sum()) <= 300 + lengths.max()  # pinned ones may stay over it
         assert s.verify().ok
         before = os.path.getsize(store_path + ".dat")
@@ -347,7 +351,7 @@ def test_repair_keeps_every_intact_record_and_what_it_cut(store_path: str) -> No
     ids = _build(store_path)
     with _open_quietly(store_path, readonly=True) as r:
         before = _state(r)
-        offsets = {m.id: r._index.row(r._index.find(int(m.id[1:])))[3] for m in r}
+        offsets = {m.id: r.info(m.id).record_offset for m in r}
     dat = bytearray(Path(store_path + ".dat").read_bytes())
     victims = [ids[0], ids[41], ids[50]]
     for mid in victims:

@@ -373,7 +373,7 @@ def test_restart_reads_the_newest_memories_from_the_hot_section(store_path):
         store.add_many({"text": f"memory {i}", "timestamp": ts[i]} for i in range(400))
         store.forget("m7")
     with fastmem.open(store_path, readonly=True) as store:
-        assert store._index.hot_rows() is not None  # a clean checkpoint: the fast path is on
+        assert store._engine.index.hot_rows() is not None  # a clean checkpoint: the fast path is on
         expected = list(store)[::-1]
         assert store.recent(30) == expected[:30]
         assert store.recent(fmt.HOT_MEMORIES + 5) == expected[: fmt.HOT_MEMORIES + 5]
@@ -392,7 +392,7 @@ def test_restart_reads_the_newest_memories_from_the_hot_section(store_path):
     # Any change after the checkpoint turns the copy off until the next one.
     with fastmem.open(store_path) as store:
         store.add("newest", timestamp=1000.0)
-        assert store._index.hot_rows() is None and store.recent(1)[0].text == "newest"
+        assert store._engine.index.hot_rows() is None and store.recent(1)[0].text == "newest"
 
 
 def test_search_checks_its_query_even_on_an_empty_store(store_path):
