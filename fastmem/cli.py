@@ -50,9 +50,9 @@ from typing import Any, NoReturn, TextIO
 
 from .errors import (
     CorruptionError,
+    DependencyUnavailableError,
     EmbedderMismatchError,
     EmbedderUnavailableError,
-    EncodingUnavailableError,
     FastmemError,
     FormatVersionError,
     InvalidInputError,
@@ -95,9 +95,7 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_NOT_FOUND
     if isinstance(exc, (CorruptionError, FormatVersionError)):
         return EXIT_DAMAGED
-    from .integrations.mcp_server import McpUnavailableError  # light: the SDK loads in serve()
-
-    if isinstance(exc, (EmbedderUnavailableError, EncodingUnavailableError, McpUnavailableError)):
+    if isinstance(exc, DependencyUnavailableError):  # the model, an encoding, the mcp package
         return EXIT_MISSING
     if isinstance(exc, InvalidInputError):
         return EXIT_USAGE

@@ -216,6 +216,28 @@ def test_verify_repair_and_exit_codes(capsys, tmp_path):
     assert code == EXIT_OK and "nothing damaged" in out
 
 
+def test_every_missing_dependency_exits_6(capsys, tmp_path, monkeypatch):
+    """The "not installed" errors share one base the CLI maps (the MCP server's error is
+    fastmem's own, still importable where it was)."""
+    from fastmem.cli import EXIT_MISSING, exit_code
+    from fastmem.errors import DependencyUnavailableError
+    from fastmem.integrations import mcp_server
+
+    assert mcp_server.McpUnavailableError is fastmem.errors.McpUnavailableError
+    for error in (fastmem.EmbedderUnavailableError, fastmem.EncodingUnavailableError,
+                  mcp_server.McpUnavailableError):  # fmt: skip
+        assert issubclass(error, DependencyUnavailableError) and not issubclass(error, ImportError)
+        assert exit_code(error("x")) == EXIT_MISSING
+
+    def no_sdk(name: str):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(mcp_server.importlib, "import_module", no_sdk)
+    code, _, err = cli(capsys, "mcp", "--store", str(tmp_path / "mem"))
+    assert code == EXIT_MISSING and "pip install 'fastmem[mcp]'" in one_error_line(err)
+    assert not os.path.exists(tmp_path / "mem.dat")  # refused before opening the store
+
+
 def test_compact(capsys, tmp_path):
     path = str(tmp_path / "mem")
     with fastmem.open(path) as s:

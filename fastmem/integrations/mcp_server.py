@@ -23,14 +23,10 @@ import importlib
 import os
 from typing import Any
 
-from ..errors import EmbedderUnavailableError, FastmemError
+from ..errors import EmbedderUnavailableError, FastmemError, McpUnavailableError
 from ..export import memory_dict  # the same JSON shape as `fastmem export`
 
-__all__ = ["McpUnavailableError", "build_server", "serve"]
-
-
-class McpUnavailableError(FastmemError):
-    """The ``mcp`` package (the official MCP SDK) is not installed."""
+__all__ = ["McpUnavailableError", "build_server", "serve"]  # the error lives in fastmem.errors
 
 
 def _sdk() -> tuple[Any, type[Exception]]:
