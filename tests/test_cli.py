@@ -476,6 +476,26 @@ def test_demo_end_to_end(tmp_path):
     assert "tokens (exact, tiktoken)" in proc.stdout and "Traceback" not in proc.stderr
 
 
+def test_a_failed_demo_process_is_one_line_exit_1(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every child exits 1, printing nothing
+    code, _, err = cli(capsys, "demo", "--path", str(tmp_path / "demo_store"))
+    assert code == EXIT_PROBLEMS
+    assert one_error_line(err) == "fastmem: error: a process of the demo failed: exit status 1\n"
+
+
+def test_the_demo_does_not_import_the_cli():
+    """cli imports _demo to run it; the other way round (even inside a function) is a circle."""
+    import ast
+
+    from fastmem import _demo
+
+    with open(_demo.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported = {(node.level, node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {(0, alias.name) for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert (1, "cli") not in imported and (0, "fastmem.cli") not in imported, imported
+
+
 def _model_installed() -> bool:
     from fastmem import embed
 
