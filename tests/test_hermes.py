@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import fastmem
-from fastmem.integrations import hermes
+from fastmem.integrations import _hermes_install, _writer, hermes
 from fastmem.integrations.hermes import FastmemProvider, install, user_namespace
 
 pytest.importorskip("agent.memory_provider", reason="hermes-agent is not installed")
@@ -100,7 +100,7 @@ def test_install_activate_keeps_the_rest_of_config_yaml(tmp_path):
 
 
 def test_install_without_pyyaml_edits_the_memory_block_in_place():
-    edit = hermes._activated_text_plain
+    edit = _hermes_install._activated_text_plain
     assert edit("") == "memory:\n  provider: fastmem\n"
     assert edit("model: x\n") == "model: x\nmemory:\n  provider: fastmem\n"
     text = "# mine\nmemory:\n  memory_char_limit: 2200\n  provider: honcho\ndisplay: {}\n"
@@ -530,21 +530,21 @@ def test_a_store_locked_by_another_process_gets_the_writes_later(home):
 
 def test_a_backlog_past_the_shutdown_deadline_is_kept_not_dropped(home, monkeypatch):
     monkeypatch.setattr(hermes, "SHUTDOWN_TIMEOUT", 0.3)
-    monkeypatch.setattr(hermes, "MAX_BATCH", 1)
-    slow_add = hermes._Writer._add_run
+    monkeypatch.setattr(_writer, "MAX_BATCH", 1)
+    slow_add = _writer._Writer._add_run
 
     def slow(self, store, ops):  # an embedding model on a busy CPU
         time.sleep(0.1)
         return slow_add(self, store, ops)
 
-    monkeypatch.setattr(hermes._Writer, "_add_run", slow)
+    monkeypatch.setattr(_writer._Writer, "_add_run", slow)
     p = _provider(home)
     for i in range(20):
         p.sync_turn(f"turn {i}", "ok")
     p.shutdown()  # returns within the deadline (and the join's second)
     written = len(_texts(home))
     assert written < 20
-    monkeypatch.setattr(hermes._Writer, "_add_run", slow_add)
+    monkeypatch.setattr(_writer._Writer, "_add_run", slow_add)
     _provider(home, "s2").shutdown()  # the next writer imports what was kept
     assert _texts(home) == [f"User: turn {i}\nAssistant: ok" for i in range(20)]
 
