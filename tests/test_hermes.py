@@ -196,6 +196,39 @@ def test_memory_manager_drives_every_path(home):
     manager.shutdown_all()
 
 
+def _access_counts(home: str) -> dict[str, int]:
+    with fastmem.open(os.path.join(home, "fastmem"), namespace="default", readonly=True) as store:
+        return {m.text: store.info(m.id).access_count for m in store}
+
+
+def test_what_the_provider_recalls_counts_as_an_access(home):
+    """The provider reads through a read-only handle; its writer records the accesses, so
+    importance learns from use (review F6: access_count stayed 0)."""
+    from plugins.memory import load_memory_provider
+
+    manager = MemoryManager()
+    manager.add_provider(load_memory_provider("fastmem"))
+    manager.initialize_all(session_id="sess-1", platform="cli", agent_context="primary")
+    manager.handle_tool_call("fastmem_remember", {"text": "The user is a pilot.", "pin": True})
+    manager.sync_all("I fly an Airbus A320.", "Nice.", session_id="sess-1")
+    manager.sync_all("My cat is called Tom.", "Cute.", session_id="sess-1")
+    manager.shutdown_all()
+    assert set(_access_counts(home).values()) == {0}
+
+    airbus = "User: I fly an Airbus A320.\nAssistant: Nice."
+    for session in ("sess-2", "sess-3"):
+        manager = MemoryManager()
+        manager.add_provider(load_memory_provider("fastmem"))
+        manager.initialize_all(session_id=session, platform="cli")
+        assert "The user is a pilot." in manager.build_system_prompt()
+        assert "Airbus A320" in manager.prefetch_all("Which aircraft do I fly?")
+        manager.shutdown_all()
+    counts = _access_counts(home)
+    assert counts["The user is a pilot."] == 2  # in the system prompt of both sessions
+    assert counts[airbus] >= 2  # recalled in both (and maybe in the prompt's recent ones)
+    assert counts["User: My cat is called Tom.\nAssistant: Cute."] <= counts[airbus]
+
+
 # --- each hook ------------------------------------------------------------------------------
 
 

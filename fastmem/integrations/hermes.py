@@ -111,6 +111,12 @@ def _mirror_write(store: fastmem.MemoryStore, args: dict[str, Any]) -> str | Non
     return _mirror(store, **args)
 
 
+def _record_access(store: fastmem.MemoryStore, args: dict[str, Any]) -> None:
+    """The memories a context gave the model, counted as the store counts its own
+    contexts' (the provider reads through a read-only handle, which counts nothing)."""
+    store.record_access(args["ids"], args["now"])
+
+
 def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
             old_text: str, metadata: dict[str, Any], timestamp: float | None = None) -> str | None:  # fmt: skip
     """Apply a built-in ``memory`` tool write (add/replace/remove of one entry)."""
@@ -135,6 +141,7 @@ def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
 
 _HANDLERS: dict[str, Handler] = {
     "forget": _forget, "pin": _pin, "add_unique": _add_unique, "mirror": _mirror_write,
+    "access": _record_access,
 }  # fmt: skip
 
 
@@ -435,6 +442,7 @@ class FastmemProvider(_Base):
             shown.add(item.id)
         with self._lock:
             self._prompt_ids = shown
+        self._note_used(shown)
         return "\n".join(lines)
 
     def _recall(self, query: str) -> tuple[str, set[str]]:
@@ -490,7 +498,13 @@ class FastmemProvider(_Base):
             if ids and not fresh:  # all shown meanwhile (a queued result raced a turn)
                 return ""
             self._injected |= ids
+        self._note_used(ids)
         return text
+
+    def _note_used(self, ids: set[str]) -> None:
+        """Count the memories given to the model as accessed (queued: no wait)."""
+        if ids and self._shared is not None and self._writes:
+            self._shared.writer.submit("access", {"ids": sorted(ids), "now": time.time()})
 
     # -- writes ------------------------------------------------------------------------
 
