@@ -289,6 +289,21 @@ def test_sync_turn_is_queued_in_order_and_durable(home):
         assert first.session == "sess-9" and first.metadata == {"platform": "cli", "source": "hermes-turn"}
 
 
+def test_a_session_id_longer_than_the_store_allows_is_cut_and_still_its_own(home):
+    long_id = "session-" + "x" * 400
+    p = _provider(home, long_id)
+    p.sync_turn("My boat is called Wanda.", "Nice.")
+    p.handle_tool_call("fastmem_remember", {"text": "The user sails on weekends."})
+    p.on_delegation("find a marina", "Marina Nord has berths.")
+    p.on_session_end([{"role": "user", "content": "I have a boat called Wanda."}])
+    p.flush()
+    assert p.prefetch("boat Wanda sails marina") == ""  # all this session's own
+    p.shutdown()
+    with fastmem.open(os.path.join(home, "fastmem"), namespace="default", readonly=True) as store:
+        sessions = {m.session for m in store}
+    assert sessions == {long_id[: hermes.SESSION_MAX_CHARS]}
+
+
 def test_prefetch_does_not_reinject_and_resets_on_session_switch(home):
     writer = _provider(home, "old")
     for fact in ("My sister is called Ines.", "My sister lives in Porto.", "I play the cello."):

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import fastmem
 from fastmem.errors import FastmemError, StoreNotFoundError, UnknownMemoryError
 from fastmem.namespaces import namespace_path
+from fastmem.types import Level
 
 from ._hermes_install import InstallResult, install
 from ._writer import PENDING, Handler, _open_store, _Writer
@@ -67,8 +68,15 @@ TOOL_WAIT = 10.0  # seconds a tool call waits for its write to be on disk
 SHUTDOWN_TIMEOUT = 4.0  # Hermes drains its own queue for 5 s before calling shutdown()
 CACHE_SECONDS = 120.0  # a queued prefetch older than this is computed again
 FACTS_PER_SESSION = 20
+# The store's limit on a session name (a longer one is refused): Hermes's ids are cut to it.
+# TODO(merge): take a public constant when fastmem grows one (today _format.MAX_SESSION_CHARS).
+SESSION_MAX_CHARS = 256
+PROMPT_CONTEXT_BUDGET = 1000  # tokens of the context the system prompt's pinned facts come from
+PINNED_LINE_MAX_CHARS = 300  # per pinned fact in the system prompt
+SEARCH_TEXT_MAX_CHARS = 1000  # per hit in fastmem_search's reply
+PREFETCH_CACHE_SIZE = 4  # queued prefetches kept per provider (Hermes queues one per turn)
+READER_OPEN_TRIES, READER_OPEN_PAUSE = 100, 0.02  # ~2 s for another process to create the store
 
-_TOOL_PREFIX = "fastmem_"
 _MIRROR_SOURCE = "hermes-memory"  # metadata["source"] of mirrored built-in memory writes
 
 
@@ -163,7 +171,7 @@ class _Shared:
         """The read-only handle: opened on first use; readers never wait for a writer."""
         with self._reader_lock:
             if self._reader is None:
-                for attempt in range(100):
+                for attempt in range(READER_OPEN_TRIES):
                     try:
                         self._reader = _open_store(self.path, readonly=True)
                         break
@@ -171,7 +179,7 @@ class _Shared:
                         if attempt == 0:
                             self.writer.submit("barrier", None).result(TOOL_WAIT)
                         else:
-                            time.sleep(0.02)  # another process is creating it right now
+                            time.sleep(READER_OPEN_PAUSE)  # another process is creating it right now
                 else:
                     raise StoreNotFoundError(f"fastmem: {self.path} was not created in time")
             return self._reader
@@ -268,17 +276,21 @@ def extract_facts(messages: Any, limit: int = FACTS_PER_SESSION) -> list[str]:
     return facts
 
 
+SUMMARY_ASKS, SUMMARY_ASK_CHARS = 8, 160  # a session summary: the first 8 requests, 160 characters each
+
+
 def summarize_session(messages: Any, session_id: str) -> str | None:
-    """A line per user request (first 160 characters), at most 8: what the session was about."""
+    """A line per user request (its first SUMMARY_ASK_CHARS characters), at most
+    SUMMARY_ASKS: what the session was about."""
     asks = _user_texts(messages)
     if not asks:
         return None
     day = time.strftime("%d %b %Y", time.gmtime())
     count = f"{len(asks)} user message" + ("s" if len(asks) != 1 else "")
     lines = [f"Session {session_id or '?'} ({day}, {count}). The user asked:"]
-    for text in asks[:8]:
+    for text in asks[:SUMMARY_ASKS]:
         one = " ".join(text.split("<memory-context>")[0].split())
-        lines.append("- " + (one[:160] + "…" if len(one) > 160 else one))
+        lines.append("- " + (one[:SUMMARY_ASK_CHARS] + "…" if len(one) > SUMMARY_ASK_CHARS else one))
     return "\n".join(lines)
 
 
@@ -425,14 +437,14 @@ class FastmemProvider(_Base):
         ]
         shown: set[str] = set()
         try:
-            ctx = self._shared.reader().context("", budget=1000)
-            pinned = [item for item in ctx.items if item.level == 0]
+            ctx = self._shared.reader().context("", budget=PROMPT_CONTEXT_BUDGET)
+            pinned = [item for item in ctx.items if item.level == Level.PINNED]
         except FastmemError as exc:
             logger.warning("fastmem: pinned facts unavailable: %s", exc)
             pinned = []
         used = 0
         for item in pinned:
-            line = "- " + " ".join(item.text.split())[:300]
+            line = "- " + " ".join(item.text.split())[:PINNED_LINE_MAX_CHARS]
             if used + len(line) > PROMPT_PINNED_CHARS:
                 break
             if not shown:
@@ -454,7 +466,8 @@ class FastmemProvider(_Base):
         ctx = reader.context(query[:QUERY_MAX_CHARS], budget=self._budget, exclude=seen)
         # A write of this session is readable a moment before its id reaches _written (the
         # writer fsyncs in between): leave this session's memories out all the same.
-        own = {i.id for i in ctx.items if self._session_id and i.session == self._session_id[:256]}
+        session = self._session()
+        own = {i.id for i in ctx.items if session and i.session == session}
         if own:
             with self._lock:
                 self._written |= own
@@ -470,7 +483,7 @@ class FastmemProvider(_Base):
         future = self._shared.prefetcher.submit(self._recall, query)
         with self._lock:
             self._cache[query] = (time.monotonic(), future)
-            while len(self._cache) > 4:  # oldest first: dicts keep insertion order
+            while len(self._cache) > PREFETCH_CACHE_SIZE:  # oldest first: dicts keep insertion order
                 del self._cache[next(iter(self._cache))]
 
     def prefetch(self, query: str, *, session_id: str = "", **kwargs: Any) -> str:
@@ -528,10 +541,9 @@ class FastmemProvider(_Base):
         if not (user or assistant):
             return
         text = f"User: {user[:TURN_MAX_CHARS]}\nAssistant: {assistant[:TURN_MAX_CHARS]}"
-        session = (session_id or self._session_id or None)
         self._submit_add({
             "text": text, "type": "conversation", "timestamp": time.time(),
-            "session": session[:256] if session else None,
+            "session": self._session(session_id),
             "metadata": {"platform": self._platform, "source": "hermes-turn"},
         })  # fmt: skip
 
@@ -553,7 +565,7 @@ class FastmemProvider(_Base):
         facts = extract_facts(messages)
         if self._shared is None or not self._writes:
             return facts
-        session = self._session_id[:256] or None
+        session = self._session()
         for fact in facts:
             future = self._shared.writer.submit("add_unique", {
                 "text": fact, "type": "fact", "session": session, "importance": 0.8,
@@ -589,6 +601,11 @@ class FastmemProvider(_Base):
             self._session_id = str(new_session_id)
         self._reset_session()
 
+    def _session(self, session_id: Any = None) -> str | None:
+        """The session name stored with a write: ``session_id`` or this provider's, cut to
+        the store's limit; ``None`` when there is none."""
+        return str(session_id or self._session_id)[:SESSION_MAX_CHARS] or None
+
     def _reset_session(self) -> None:
         with self._lock:
             self._injected.clear()
@@ -599,7 +616,7 @@ class FastmemProvider(_Base):
                       **kwargs: Any) -> None:  # fmt: skip
         """Remember what a subagent was asked and what it found."""
         if _text_of(task).strip() or _text_of(result).strip():
-            session = self._session_id[:256] or None
+            session = self._session()
             self._submit_add({
                 "text": f"Delegated task: {_text_of(task)[:TURN_MAX_CHARS]}\n"
                         f"Result: {_text_of(result)[:TURN_MAX_CHARS]}",
@@ -652,7 +669,7 @@ class FastmemProvider(_Base):
         if not self._writes:
             return _error("memory is read-only in this agent context")
         future = self._submit_add({"text": text, "type": kind, "pinned": pin, "timestamp": time.time(),
-                                   "session": self._session_id[:256] or None,
+                                   "session": self._session(),
                                    "metadata": {"source": "hermes-tool"}})  # fmt: skip
         assert future is not None
         mid = self._wait(future)
@@ -666,7 +683,7 @@ class FastmemProvider(_Base):
         assert self._shared is not None
         hits = self._shared.reader().search(query, limit)
         return _json({"results": [
-            {"id": h.id, "text": h.memory.text[:1000], "type": h.memory.type,
+            {"id": h.id, "text": h.memory.text[:SEARCH_TEXT_MAX_CHARS], "type": h.memory.type,
              "date": time.strftime("%Y-%m-%d", time.gmtime(h.memory.timestamp)),
              "pinned": h.memory.pinned, "score": round(h.score, 3)}
             for h in hits
