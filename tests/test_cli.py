@@ -19,9 +19,11 @@ from fastmem.cli import (EXIT_DAMAGED, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_OK, EXI
 SOURCE = os.path.dirname(os.path.dirname(fastmem.__file__))  # the fastmem under test
 
 
-@pytest.fixture
-def backend():  # the CLI calls the store; the kernels are tested both ways elsewhere
-    yield "default"
+@pytest.fixture(autouse=True)
+def backend():
+    """The CLI (and its demo) exercises no kernel: one run, on the default kernels (the
+    compiled ones when built), not one per backend as tests/conftest.py's fixture would."""
+    yield fastmem.BACKEND
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:

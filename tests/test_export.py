@@ -15,7 +15,8 @@ from fastmem.types import Memory
 
 @pytest.fixture(autouse=True)
 def backend():
-    """Plain data: no kernel runs here; once, with the default kernels."""
+    """The JSON shape exercises no kernel: one run, on the default kernels (the
+    compiled ones when built), not one per backend as tests/conftest.py's fixture would."""
     yield fastmem.BACKEND
 
 

@@ -30,7 +30,8 @@ FASTMEM_ROOT = os.path.dirname(os.path.dirname(fastmem.__file__))
 
 @pytest.fixture(autouse=True)
 def backend():
-    """The kernels are tested both ways elsewhere; here they are only a dependency."""
+    """The Hermes provider exercises no kernel: one run, on the default kernels (the
+    compiled ones when built), not one per backend as tests/conftest.py's fixture would."""
     yield fastmem.BACKEND
 
 
