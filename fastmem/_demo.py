@@ -24,7 +24,7 @@ import tempfile
 import time
 from typing import Any
 
-from .errors import FastmemError, InvalidInputError
+from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError
 
 __all__ = ["run", "SESSION", "QUESTION"]
 
@@ -141,7 +141,6 @@ def _writer_embedder() -> tuple[Any, str | None]:
     if os.environ.get("FASTMEM_EMBEDDER") == "none":
         return None, "FASTMEM_EMBEDDER=none"
     from .embed import default_embedder
-    from .errors import EmbedderUnavailableError
 
     try:
         return default_embedder(), None
