@@ -35,7 +35,6 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
-import base64
 import dataclasses
 import importlib
 import json
@@ -51,9 +50,9 @@ from typing import Any, NoReturn, TextIO
 
 from .errors import (
     CorruptionError,
+    DependencyUnavailableError,
     EmbedderMismatchError,
     EmbedderUnavailableError,
-    EncodingUnavailableError,
     FastmemError,
     FormatVersionError,
     InvalidInputError,
@@ -62,6 +61,7 @@ from .errors import (
     StoreNotFoundError,
     UnknownMemoryError,
 )
+from .export import BYTES_TAG, EMBEDDING_FIELD, EXPORT_FIELDS, from_jsonable, memory_dict
 
 __all__ = ["main", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_DAMAGED",
            "EXIT_NOT_FOUND", "EXIT_MISSING"]
@@ -74,10 +74,6 @@ EXIT_DAMAGED = 4
 EXIT_NOT_FOUND = 5
 EXIT_MISSING = 6
 
-# The fields export writes and import reads back; "id" is written for reference only (a
-# store numbers its memories itself, so imported ones get new ids).
-EXPORT_FIELDS = ("id", "text", "type", "timestamp", "session", "importance", "pinned",
-                 "metadata", "summary")  # fmt: skip
 IMPORT_CHUNK = 512  # memories per add_many: one write and one commit each
 
 
@@ -99,9 +95,7 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_NOT_FOUND
     if isinstance(exc, (CorruptionError, FormatVersionError)):
         return EXIT_DAMAGED
-    from .integrations.mcp_server import McpUnavailableError  # light: the SDK loads in serve()
-
-    if isinstance(exc, (EmbedderUnavailableError, EncodingUnavailableError, McpUnavailableError)):
+    if isinstance(exc, DependencyUnavailableError):  # the model, an encoding, the mcp package
         return EXIT_MISSING
     if isinstance(exc, InvalidInputError):
         return EXIT_USAGE
@@ -428,10 +422,6 @@ def _cmd_stats(args: argparse.Namespace, out: _Out) -> int:
     return EXIT_OK
 
 
-def _memory_dict(memory: Any) -> dict[str, Any]:
-    return {name: _jsonable(getattr(memory, name)) for name in EXPORT_FIELDS}
-
-
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     if args.id is None and args.largest is None:
         raise CliError("give a memory ID or --largest N", EXIT_USAGE)
@@ -439,7 +429,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
         raise CliError("give a memory ID or --largest N, not both", EXIT_USAGE)
     with _open_readonly(args) as store:
         if args.id is not None:
-            memory = _memory_dict(store.get(args.id))
+            memory = memory_dict(store.get(args.id))
             stored = dataclasses.asdict(store.info(args.id))
             if out.json:
                 out.emit({**memory, "stored": stored})
@@ -487,7 +477,7 @@ def _cmd_search(args: argparse.Namespace, out: _Out) -> int:
         hits = store.search(args.query, args.k, mode=args.mode, session=args.session, types=args.types)
     if out.json:
         out.emit([{"score": h.score, "vector": h.vector, "keyword": h.keyword,
-                   **_memory_dict(h.memory)} for h in hits])  # fmt: skip
+                   **memory_dict(h.memory)} for h in hits])  # fmt: skip
         return EXIT_OK
     from rich.table import Table
 
@@ -621,29 +611,6 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
 
 # --- export and import -----------------------------------------------------------------
 
-_BYTES_TAG = "$bytes"  # metadata may hold bytes (msgpack does, JSON does not): base64 under this key
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return {_BYTES_TAG: base64.b64encode(value).decode("ascii")}
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if len(value) == 1 and isinstance(value.get(_BYTES_TAG), str):
-            return base64.b64decode(value[_BYTES_TAG], validate=True)
-        return {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
-
-
 def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
     with _open_readonly(args) as store:
         total = len(store)
@@ -657,10 +624,10 @@ def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
         try:
             with out.progress("exporting", total) as advance:
                 for memory in store:
-                    line = _memory_dict(memory)
+                    line = memory_dict(memory)
                     if args.vectors:
                         vector = store.vector(memory.id)
-                        line["embedding"] = None if vector is None else vector.tolist()
+                        line[EMBEDDING_FIELD] = None if vector is None else vector.tolist()
                     # NaN and infinities in metadata (msgpack floats) are written as JSON's
                     # common extension (NaN, Infinity); Python's json reads them back.
                     target.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -681,7 +648,7 @@ def _open_output(path: str) -> TextIO:
 
 def _read_import(path: str) -> list[dict[str, Any]]:
     """Every memory of a JSON-lines file, checked for shape (the store checks the values)."""
-    allowed = {*EXPORT_FIELDS, "embedding"}
+    allowed = {*EXPORT_FIELDS, EMBEDDING_FIELD}
     items = []
     if path == "-":
         lines = sys.stdin.read().splitlines()
@@ -713,9 +680,9 @@ def _read_import(path: str) -> list[dict[str, Any]]:
         item.pop("id", None)
         try:
             if item.get("metadata") is not None:
-                item["metadata"] = _from_json(item["metadata"])
+                item["metadata"] = from_jsonable(item["metadata"])
         except ValueError as exc:
-            raise CliError(f"{where}: bad {_BYTES_TAG} value in metadata ({exc})", EXIT_USAGE) from None
+            raise CliError(f"{where}: bad {BYTES_TAG} value in metadata ({exc})", EXIT_USAGE) from None
         item["_line"] = number
         # JSON null means "not set": the store's own default (e.g. pinned false).
         items.append({k: v for k, v in item.items() if v is not None})

@@ -23,13 +23,10 @@ import importlib
 import os
 from typing import Any
 
-from ..errors import EmbedderUnavailableError, FastmemError
+from ..errors import EmbedderUnavailableError, FastmemError, McpUnavailableError
+from ..export import memory_dict  # the same JSON shape as `fastmem export`
 
-__all__ = ["McpUnavailableError", "build_server", "serve"]
-
-
-class McpUnavailableError(FastmemError):
-    """The ``mcp`` package (the official MCP SDK) is not installed."""
+__all__ = ["McpUnavailableError", "build_server", "serve"]  # the error lives in fastmem.errors
 
 
 def _sdk() -> tuple[Any, type[Exception]]:
@@ -49,12 +46,6 @@ def _sdk() -> tuple[Any, type[Exception]]:
         raise McpUnavailableError(
             f"the MCP server needs the official MCP SDK ({exc}): pip install 'fastmem[mcp]'"
         ) from None
-
-
-def _memory(memory: Any) -> dict[str, Any]:
-    from ..cli import _memory_dict  # the same JSON shape as `fastmem export`
-
-    return _memory_dict(memory)
 
 
 def build_server(store: Any) -> Any:
@@ -106,7 +97,7 @@ def build_server(store: Any) -> Any:
         types: only memories of these types (e.g. ["fact", "plan"]).
         """
         hits = call(store.search, query, k, mode=mode, session=session, types=types)
-        return {"hits": [{"score": h.score, **_memory(h.memory)} for h in hits]}
+        return {"hits": [{"score": h.score, **memory_dict(h.memory)} for h in hits]}
 
     @server.tool()
     def context(query: str, budget: int = 1300, session: str | None = None) -> dict[str, Any]:
