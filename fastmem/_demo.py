@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError
+from .namespaces import base_path
 
 __all__ = ["run", "SESSION", "QUESTION"]
 
@@ -284,7 +285,7 @@ def run(path: str | None, out: Any) -> int:
         directory = tempfile.mkdtemp(prefix="fastmem-demo-")
         path = os.path.join(directory, "agent_memory")
     else:
-        path = os.path.abspath(path[:-4] if path.endswith((".dat", ".idx")) else path)
+        path = os.path.abspath(base_path(path))
         if os.path.exists(path + ".dat"):
             raise InvalidInputError(f"{path}.dat already exists: the demo writes a new store; "
                                     f"give another --path")  # fmt: skip

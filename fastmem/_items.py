@@ -252,3 +252,37 @@ def vectors_for(prepared: list[Prepared], embedder: Embedder | None, dim: int) -
     for j in given:
         prepared[j].flags |= fmt.FLAG_HAS_VECTOR
     return vectors
+
+
+def check_ids(ids: Any, name: str) -> set[str]:
+    """A list of memory ids, as a set (unknown ids are the caller's to ignore)."""
+    if isinstance(ids, str) or not isinstance(ids, Iterable):
+        raise InvalidTypeError(f"{name} must be a list of memory ids")
+    wanted = set(ids)
+    for mid in wanted:
+        if not isinstance(mid, str):
+            raise InvalidTypeError(f"{name} holds memory ids (strings), not {type(mid).__name__}")
+    return wanted
+
+
+def check_batch(items: Iterable[Mapping[str, Any]], dim: int) -> None:
+    """Check items as ``add_many`` would (see ``MemoryStore.check_items``); an embedding must
+    have ``dim`` floats, or in an empty store (``dim`` 0) the first embedding's length.
+
+    Raises:
+        InvalidInputError: an item is invalid; its ``item`` attribute says which.
+    """
+    now = 0.0  # no timestamp is kept: any time will do
+    for i, item in enumerate(items):
+        try:
+            prepare(i, item, now)
+            embedding = item.get("embedding")
+            if embedding is not None:
+                dim = dim or to_float16([embedding], 0).shape[1]
+                to_float16([embedding], dim)
+        except InvalidInputError as exc:
+            if exc.item is None:
+                message = str(exc)
+                exc = type(exc)(message if message.startswith(f"item {i}:") else f"item {i}: {message}")
+                exc.item = i
+            raise exc from None

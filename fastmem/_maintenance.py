@@ -35,9 +35,8 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._engine import (
-    COMPACT_SUFFIX, Engine, _Retired, build_index, fsync_dir, read_payload, remove_compaction_files,
-)  # fmt: skip
+from ._engine import Engine, read_payload
+from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, remove_compaction_files
 from ._index import F_ID, F_LENGTH, F_OFFSET, MemoryIndex, default_importance
 from ._items import f32
 from .namespaces import base_path
@@ -302,7 +301,7 @@ def _write_index(engine: Engine, fd: int, end: int, snap: _Snapshot) -> None:
         mm.close()
 
 
-def _commit(engine: Engine, fd: int, tail: bytes) -> _Retired:
+def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
     """Append ``tail`` to the new data file, rename both files into place, and continue on
     them. ``fd`` (the new data file) is this function's from the call on: closed on any
     failure; before the commit point the new files are removed too, after it the handle
@@ -319,7 +318,7 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> _Retired:
             # Before any write to the new file is acknowledged. The other modes may lose the
             # last few ms of writes to a power loss anyway: they sync it after the lock.
             fsync_dir(engine.dat_path)
-        try:  # the old index, to drop its pages from the cache later (see _Retired)
+        try:  # the old index, to drop its pages from the cache later (see Retired)
             old_idx = os.open(engine.idx_path, os.O_RDONLY)
         except FileNotFoundError:
             old_idx = -1
@@ -342,7 +341,7 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> _Retired:
     return retired
 
 
-def _after_commit(engine: Engine, retired: _Retired) -> None:
+def _after_commit(engine: Engine, retired: Retired) -> None:
     """Outside the lock: make the renames durable (were the index's lost, the recovery
     rule would rename it again) and let the old files go."""
     fsync_dir(engine.idx_path)

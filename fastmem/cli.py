@@ -320,12 +320,11 @@ def _human_bytes(n: int) -> str:
 
 def _base(args: argparse.Namespace) -> str:
     """The store's name (its files are ``<name>.dat``, ``.idx``), namespace resolved."""
-    from .namespaces import namespace_path
+    from .namespaces import base_path, namespace_path
 
     if args.namespace is not None:
         return namespace_path(args.path, args.namespace, create=False)
-    path = args.path
-    return path[:-4] if path.endswith((".dat", ".idx")) else path
+    return base_path(args.path)
 
 
 def _require_store(args: argparse.Namespace) -> str:

@@ -24,10 +24,11 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels, _vsearch
-from ._index import MemoryIndex, session_hash
+from ._index import F_OFFSET, MemoryIndex, session_hash
 from ._stopwords import QUERY_STOP_WORDS
 from ._vectors import quantize, to_float16
 from .embed import Embedder
+from .errors import CorruptIndexError, CorruptRecordError
 from .types import DAY, ContextPolicy
 
 __all__ = [
@@ -214,16 +215,18 @@ def _vector_candidates(index: MemoryIndex, query: Any, k: int, where: Filters) -
 
 
 def vector_search(
-    index: MemoryIndex, data: Any, query: Any, k: int, where: Filters
-) -> tuple[np.ndarray, np.ndarray]:
+    index: MemoryIndex, data: Any, query: Any, k: int, where: Filters, *,
+    paths: tuple[str, str] = ("", ""),
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Rows and exact cosines (against the stored float16 vectors) of the best matches for
     a query vector, best first (ties: the older row first); more than ``k`` rows, so a
     caller that drops some still has ``k``. ``query`` is checked even when nothing can
-    match.
+    match. ``paths`` (data file, index file) name the files in errors.
 
     Raises:
         InvalidInputError: the query is not a finite vector of the index's dimension.
-        ValueError: an index row points outside ``data`` (a damaged index).
+        CorruptIndexError: an index row points outside ``data``.
+        CorruptRecordError: a stored vector is not finite.
     """
     q16 = to_float16([query], index.dim, "query")
     if not index.dim:
@@ -233,7 +236,17 @@ def vector_search(
     q = q / np.linalg.norm(q)
     want = _vsearch.candidate_count(k, len(index))
     cand, _ = _vsearch.scan(index, q8[0], want, *where)
-    exact = _vsearch.rescore(index, data, cand, q)
+    dat_path, idx_path = paths
+    try:
+        exact = _vsearch.rescore(index, data, cand, q)
+    except ValueError:  # an index row pointing outside the data file
+        raise CorruptIndexError(f"{idx_path}: a row points outside the data file; run repair()",
+                                path=idx_path, offset=0) from None  # fmt: skip
+    if not np.isfinite(exact).all():  # an index row over a damaged vector
+        raise CorruptRecordError(
+            f"{dat_path}: a stored vector is not finite; run repair()", path=dat_path,
+            offset=int(index.row(int(cand[~np.isfinite(exact)][0]))[F_OFFSET]),
+        )  # fmt: skip
     best = np.lexsort((cand, -exact))  # rows are in id order: ties to the older id
     return cand[best], exact[best]
 

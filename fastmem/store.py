@@ -29,28 +29,24 @@ from typing import Any
 import numpy as np
 
 from . import _format as fmt
-from . import _kernels, _maintenance, context as _context, retrieval
+from . import _figures, _maintenance, context as _context, retrieval
 from ._engine import Engine, no_cyclic_gc
 from ._index import (
-    F_ACCESS, F_FLAGS, F_ID, F_LAST_ACCESS, F_LENGTH, F_OFFSET, F_SUMMARY_TOKENS, F_TEXT_TOKENS,
-    update_changes,
+    F_FLAGS, F_ID, F_OFFSET, update_changes,
 )  # fmt: skip
 from ._items import (
     STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8, parse_id,
-    prepare, summarize_and_count, type_names, vectors_for,
+    check_batch, check_ids, prepare, summarize_and_count, type_names, vectors_for,
 )  # fmt: skip
-from ._vectors import to_float16
 from .embed import Embedder, default_embedder  # light: the model's libraries load in its thread
 from .errors import (
-    CorruptIndexError,
-    CorruptRecordError,
     InvalidInputError,
     InvalidTypeError,
     UnknownMemoryError,
 )
 from .namespaces import base_path, namespace_path
 from .summarize import KeySentences, Summarizer
-from .tokens import TokenCounter
+from .tokens import TokenCounter, counter_for
 from .types import (
     BackupReport, CompactReport, Context, ContextPolicy, EvictionPolicy, Hit, Memory,
     RecordInfo, RecordSize, RepairReport, Report, StoreStats,
@@ -189,7 +185,6 @@ class MemoryStore:
         self.policy = policy or ContextPolicy()
         self._embedder = _resolve_embedder(embedder)
         self._preload: _context.Preload | None = None
-        self._counters: dict[str, TokenCounter] = {}
         self._engine = Engine(
             base, readonly=readonly, durability=durability, timeout=timeout, dim=dim,
             identity=_embedder_identity(self._embedder), cache_bytes=self.policy.cache_bytes,
@@ -275,20 +270,7 @@ class MemoryStore:
         with self._engine.lock:
             self._engine.check()
             dim = self._engine.index.dim
-        now = time.time()
-        for i, item in enumerate(items):
-            try:
-                prepare(i, item, now)
-                embedding = item.get("embedding")
-                if embedding is not None:
-                    dim = dim or to_float16([embedding], 0).shape[1]
-                    to_float16([embedding], dim)
-            except InvalidInputError as exc:
-                if exc.item is None:
-                    message = str(exc)
-                    exc = type(exc)(message if message.startswith(f"item {i}:") else f"item {i}: {message}")
-                    exc.item = i
-                raise exc from None
+        check_batch(items, dim)
 
     def update(
         self,
@@ -349,12 +331,7 @@ class MemoryStore:
         Raises:
             ReadOnlyError: the store was opened with ``readonly=True``.
         """
-        if isinstance(ids, str) or not isinstance(ids, Iterable):
-            raise InvalidTypeError("ids must be a list of memory ids")
-        wanted = set(ids)
-        for mid in wanted:
-            if not isinstance(mid, str):
-                raise InvalidTypeError(f"ids holds memory ids (strings), not {type(mid).__name__}")
+        wanted = check_ids(ids, "ids")
         when = time.time() if now is None else check_real(now, "now", 0.0, fmt.MAX_TIMESTAMP)
         with self._engine.lock:
             self._engine.check_writable()
@@ -510,7 +487,10 @@ class MemoryStore:
                 )  # fmt: skip
                 found = [(r.row, r.relevance, r.cosine, r.keyword) for r in ranked]
             else:
-                found = self._vector_hits(vector, k, where)
+                rows, exact = retrieval.vector_search(
+                    index, engine.data(), vector, k, where, paths=(self.dat_path, self.idx_path)
+                )  # fmt: skip
+                found = [(g, score, None, None) for g, score in zip(rows.tolist(), exact.tolist())]
             hits = []
             for g, score, cosine, keyword in found:
                 memory = engine.memory(g)
@@ -520,27 +500,6 @@ class MemoryStore:
                 if len(hits) == k:
                     break
             return hits
-
-    def _vector_hits(
-        self, vector: Any, k: int, where: retrieval.Filters
-    ) -> list[tuple[int, float, float | None, float | None]]:
-        engine = self._engine
-        try:
-            rows, exact = retrieval.vector_search(engine.index, engine.data(), vector, k, where)
-        except ValueError as exc:  # an index row pointing outside the data file
-            if isinstance(exc, InvalidInputError):
-                raise
-            raise CorruptIndexError(
-                f"{self.idx_path}: a row points outside the data file; run repair()",
-                path=self.idx_path, offset=0,
-            ) from None
-        if not np.isfinite(exact).all():  # an index row over a damaged vector
-            raise CorruptRecordError(
-                f"{self.dat_path}: a stored vector is not finite; run repair()",
-                path=self.dat_path,
-                offset=int(engine.index.row(int(rows[~np.isfinite(exact)][0]))[F_OFFSET]),
-            )
-        return [(g, score, None, None) for g, score in zip(rows.tolist(), exact.tolist())]
 
     def _embed_query(self, text: str) -> np.ndarray:
         if self._embedder is None:
@@ -589,12 +548,7 @@ class MemoryStore:
         check_utf8(query, "query")
         session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         counter = self._counter(encoding)
-        if exclude is not None and (isinstance(exclude, str) or not isinstance(exclude, Iterable)):
-            raise InvalidTypeError("exclude must be a list of memory ids")
-        excluded_ids = set() if exclude is None else set(exclude)
-        for mid in excluded_ids:
-            if not isinstance(mid, str):
-                raise InvalidTypeError(f"exclude holds memory ids (strings), not {type(mid).__name__}")
+        excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
         engine = self._engine
         with engine.lock:
             engine.check()
@@ -612,15 +566,9 @@ class MemoryStore:
         return _context.new_context(text, tokens, budget, items, counter.name, degraded, started)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
-        if encoding is not None and not isinstance(encoding, str):
-            raise InvalidTypeError("encoding must be a tiktoken encoding name")
         if encoding is None or encoding == self.tokens.name:
             return self.tokens
-        counter = self._counters.get(encoding)
-        if counter is None:
-            counter = self._counters[encoding] = TokenCounter(encoding)
-        counter.encoding  # noqa: B018 - load it now: an unknown name fails here, clearly
-        return counter
+        return counter_for(encoding)
 
     def importance_scores(self, now: float | None = None) -> np.ndarray:
         """Every row's current importance (float32; forgotten rows ``-inf``), computed by
@@ -658,28 +606,7 @@ class MemoryStore:
         time span, tokens, vectors and file sizes."""
         with self._engine.lock:
             self._engine.check()
-            index = self._engine.index
-            cols = self._live_columns(("type", "flags", "session", "timestamp", "text_tokens"))
-            codes, counts = np.unique(cols["type"], return_counts=True)
-            types = {index.type_name(c): n for c, n in zip(codes.tolist(), counts.tolist())}
-            known = cols["text_tokens"][cols["text_tokens"] != fmt.UNKNOWN_TOKENS]
-            ts, sessions, flags = cols["timestamp"], cols["session"], cols["flags"]
-            return StoreStats(
-                path=self.path,
-                memories=int(index.live),
-                forgotten=int(len(index) - index.live),
-                pinned=int(np.count_nonzero(flags & fmt.FLAG_PINNED)),
-                with_vector=int(np.count_nonzero(flags & fmt.FLAG_HAS_VECTOR)),
-                dim=int(index.dim),
-                types=dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
-                sessions=int(len(np.unique(sessions[sessions != 0]))),
-                oldest=float(ts.min()) if len(ts) else None,
-                newest=float(ts.max()) if len(ts) else None,
-                text_tokens=int(known.sum(dtype=np.int64)),
-                dat_bytes=os.path.getsize(self.dat_path),
-                idx_bytes=os.path.getsize(self.idx_path) if os.path.exists(self.idx_path) else 0,
-                backend=_kernels.BACKEND,
-            )
+            return _figures.stats(self._engine)
 
     def largest(self, n: int = 10) -> list[RecordSize]:
         """The ``n`` live memories with the largest records, largest first (ties: the
@@ -688,12 +615,7 @@ class MemoryStore:
             raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
         with self._engine.lock:
             self._engine.check()
-            cols = self._live_columns(("id", "length", "text_tokens"))
-            order = np.lexsort((cols["id"], -cols["length"].astype(np.int64)))[:n]
-            return [
-                RecordSize(f"m{int(cols['id'][i])}", int(cols["length"][i]), int(cols["text_tokens"][i]))
-                for i in order.tolist()
-            ]
+            return _figures.largest(self._engine.index, n)
 
     def info(self, mid: str) -> RecordInfo:
         """Where and how memory ``mid`` is stored, from its index row.
@@ -706,22 +628,7 @@ class MemoryStore:
             g, row = self._engine.live_row(mid)
             score = retrieval.importance_scores(self._engine.index, self.policy, time.time(),
                                                 np.array([g]))[0]  # fmt: skip
-            known = row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS
-            return RecordInfo(
-                record_offset=int(row[F_OFFSET]),
-                record_bytes=int(row[F_LENGTH]),
-                text_tokens=int(row[F_TEXT_TOKENS]) if known else None,
-                summary_tokens=int(row[F_SUMMARY_TOKENS]) if known else None,
-                has_vector=bool(row[F_FLAGS] & fmt.FLAG_HAS_VECTOR),
-                access_count=int(row[F_ACCESS]),
-                last_access=float(row[F_LAST_ACCESS]) or None,
-                importance_score=float(score),
-            )
-
-    def _live_columns(self, names: tuple[str, ...]) -> dict[str, np.ndarray]:
-        index = self._engine.index
-        live = (index.column("flags") & fmt.FLAG_FORGOTTEN) == 0
-        return {name: index.column(name)[live] for name in names}
+            return _figures.record_info(row, float(score))
 
     # --- durability, maintenance and integrity (fastmem._maintenance) --------------------
 
