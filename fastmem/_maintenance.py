@@ -335,7 +335,12 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
         else:
             remove_compaction_files(engine.dat_path, engine.idx_path)
         raise
-    retired = engine.swap_to(fd, committed=True)
+    try:
+        retired = engine.swap_to(fd, committed=True)
+    except BaseException:
+        if old_idx >= 0:
+            os.close(old_idx)
+        raise
     if old_idx >= 0:
         retired.fds.append(old_idx)
     return retired

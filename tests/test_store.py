@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels_py
+from fastmem import _index, _kernels_py
 
 
 def unit(rng, n, dim=16):
@@ -525,3 +526,37 @@ def test_record_access_feeds_importance_and_survives_reopen(store_path):
             store.record_access("m0")
     with fastmem.open(store_path, readonly=True) as reader, pytest.raises(fastmem.ReadOnlyError):
         reader.record_access([a])
+
+
+# A failure after the append (the review's S4): the same ids again, nothing unacknowledged kept.
+
+
+def test_a_failure_after_the_append_leaves_nothing_behind(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    with fastmem.open(path, embedder=None) as store:
+        first = store.add("acknowledged before")
+        size = os.path.getsize(path + ".dat")
+        real = _index.MemoryIndex.append
+        calls = []
+
+        def failing_append(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise MemoryError("while applying the batch")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(_index.MemoryIndex, "append", failing_append)
+        with pytest.raises(MemoryError):
+            store.add("never acknowledged", type="a-new-type")
+        assert os.path.getsize(path + ".dat") == size  # the records are cut off again
+        second = store.add("acknowledged after")
+        assert int(second[1:]) == int(first[1:]) + 1  # the id was not used
+        assert [m.text for m in store] == ["acknowledged before", "acknowledged after"]
+        assert store.verify().ok
+    for index_file in (True, False):  # from the checkpoint, and rebuilt from the data file
+        if not index_file:
+            os.remove(path + ".idx")
+        with pytest.warns(fastmem.RecoveryWarning) if not index_file else contextlib.nullcontext():
+            with fastmem.open(path, embedder=None) as store:
+                assert [m.text for m in store] == ["acknowledged before", "acknowledged after"]
+                assert store.verify().ok
