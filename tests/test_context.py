@@ -376,3 +376,14 @@ def test_context_leaves_out_excluded_ids(store_path):
             store.context("x", exclude="m1")
         with pytest.raises(fastmem.InvalidTypeError):
             store.context("x", exclude=[1])
+
+
+def test_lines_with_equal_timestamps_follow_the_ids_numerically(store_path):
+    """A batch stamps one time on all its memories: m10 must not come before m9."""
+    with fastmem.open(store_path, policy=ContextPolicy(recent=12, recent_share=1.0)) as store:
+        ids = store.add_many([{"text": f"turn number {i} of the batch", "timestamp": 1_700_000_000.0}
+                              for i in range(12)])  # fmt: skip
+        ctx = store.context("", budget=1000)
+    lines = [line for line in ctx.text.splitlines() if line.startswith("turn number")]
+    assert lines == [f"turn number {i} of the batch" for i in range(12)]
+    assert [i.id for i in ctx.items] != [] and set(i.id for i in ctx.items) == set(ids)
