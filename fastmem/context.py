@@ -67,7 +67,7 @@ def group_header(session: str | None, timestamp: float) -> str:
 def render(items: list[ContextItem]) -> str:
     """Pinned first (by score), then by time under session/day headers."""
     pinned = [i for i in items if i.level == Level.PINNED]
-    rest = sorted((i for i in items if i.level != Level.PINNED), key=lambda i: (i.timestamp, i.id))
+    rest = sorted((i for i in items if i.level != Level.PINNED), key=lambda i: (i.timestamp, int(i.id[1:])))
     lines: list[str] = []
     if pinned:
         lines.append(PINNED_HEADER)
