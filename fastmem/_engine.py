@@ -126,10 +126,13 @@ class Engine:
         self._fd = -1
         fd = self._open_data_file(timeout)
         try:
-            self._adopt(self._build(fd, dim))
+            state = self._build(fd, dim)
         except BaseException:
             os.close(fd)
             raise
+        if state.fd != fd:
+            os.close(fd)  # a reader that found the file replaced moved on to the new one
+        self._adopt(state)
         self.closed = False
         _engines.add(self)
         if not readonly and (self._rebuilt or not os.path.exists(self.idx_path)):

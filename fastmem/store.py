@@ -185,14 +185,14 @@ class MemoryStore:
         self.policy = policy or ContextPolicy()
         self._embedder = _resolve_embedder(embedder)
         self._preload: _context.Preload | None = None
-        self._engine = Engine(
-            base, readonly=readonly, durability=durability, timeout=timeout, dim=dim,
-            identity=_embedder_identity(self._embedder), cache_bytes=self.policy.cache_bytes,
-        )  # fmt: skip
         self.tokens = TokenCounter(STORED_ENCODING)
         self._summarizer: Summarizer | None = (
             KeySentences(SUMMARY_TOKENS, self.tokens.count) if summarizer is _DEFAULT else summarizer
         )
+        self._engine = Engine(
+            base, readonly=readonly, durability=durability, timeout=timeout, dim=dim,
+            identity=_embedder_identity(self._embedder), cache_bytes=self.policy.cache_bytes,
+        )  # fmt: skip
         self._last_call = time.monotonic()  # when a caller last asked for memories (see Preload)
         self._start_preload()
 
