@@ -265,9 +265,6 @@ def test_damaged_index_file_raises_corrupt_index_error(tmp_path, where):
         MemoryIndex.load(path, bytes(16), DIM, b"", fmt.DAT_HEADER_SIZE)
 
 
-@pytest.mark.xfail(strict=True, reason="the .idx header's version is checked before its CRC "
-                   "(fmt.unpack_idx_header): a damaged version byte raises FormatVersionError "
-                   "('install a release that reads it'), not CorruptIndexError as in .dat")
 def test_damaged_version_byte_of_the_index_is_corruption(tmp_path):
     index = MemoryIndex(DIM, UUID)
     append(index, [0, 1, 2])
