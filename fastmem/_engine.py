@@ -67,6 +67,11 @@ __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
+# A write waiting for the lock polls it (flock has no timeout), first often, since writes
+# hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
+# idle for up to a millisecond at every handoff between processes.
+_LOCK_POLL_FIRST = 0.00005
+_LOCK_POLL_MAX = 0.002
 _CACHE_ENTRY_OVERHEAD = 200  # bytes a cached memory costs beyond its text and summary
 
 _new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
@@ -321,6 +326,7 @@ class Engine:
         """Take the OS lock on the data file, waiting up to ``timeout``; when the file was
         replaced meanwhile (a compaction elsewhere), continue on the new one and lock it."""
         deadline = time.monotonic() + self.timeout
+        pause = _LOCK_POLL_FIRST
         while True:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -332,7 +338,8 @@ class Engine:
                         f"{'another process' if holder is None else f'process {holder}'}: "
                         f"pass a longer timeout= to wait for it"
                     ) from None
-                time.sleep(min(0.001, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(2 * pause, _LOCK_POLL_MAX)
                 continue
             if os.fstat(self._fd).st_nlink:
                 return
