@@ -30,7 +30,6 @@ import threading
 import time
 import warnings
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -39,7 +38,8 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._files import Retired, fsync_dir, pending_index, recover, releaser
+from ._cache import ContentCache
+from ._files import Retired, fsync_dir, lock_holder, pending_index, recover, releaser
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
@@ -72,7 +72,6 @@ _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # idle for up to a millisecond at every handoff between processes.
 _LOCK_POLL_FIRST = 0.00005
 _LOCK_POLL_MAX = 0.002
-_CACHE_ENTRY_OVERHEAD = 200  # bytes a cached memory costs beyond its text and summary
 
 _new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
 
@@ -122,7 +121,7 @@ class Engine:
         self.lock = threading.RLock()
         self.maintenance_lock = threading.Lock()  # one compaction or repair at a time
         self.epoch = 0  # counts files or row numberings adopted: row numbers change with it
-        self.cache = _ContentCache(cache_bytes)
+        self.cache = ContentCache(cache_bytes)
         self.closed = True
         self._changes: list[tuple[int, int, int]] | None = None  # see note_change
         self._generation = _fork_generation
@@ -260,7 +259,7 @@ class Engine:
         self._fd, self._map_fd, self._dat, self.index = state.fd, state.map_fd, state.dat, state.memindex
         self.dat_end, self.valid_end, self.uuid = state.dat_end, state.valid_end, state.uuid
         self._rebuilt = state.rebuilt
-        self.cache = _ContentCache(self.cache.max_bytes)  # rows are numbered anew
+        self.cache = ContentCache(self.cache.max_bytes)  # rows are numbered anew
         self.epoch += 1
         return retired
 
@@ -332,7 +331,7 @@ class Engine:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    holder = _lock_holder(self._fd)
+                    holder = lock_holder(self._fd)
                     raise StoreLockedError(
                         f"{self.dat_path} has been locked for writing for {self.timeout:g} s by "
                         f"{'another process' if holder is None else f'process {holder}'}: "
@@ -767,22 +766,6 @@ class Engine:
             self._fd = -1
 
 
-def _lock_holder(fd: int) -> int | None:
-    """The pid of the process holding the flock on ``fd``'s file, from /proc/locks (Linux),
-    or None where the OS does not tell."""
-    st = os.fstat(fd)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
-                    return int(fields[4])
-    except OSError:
-        pass
-    return None
-
-
 def _drop_types_since(index: MemoryIndex, n_types: int) -> None:
     """Forget the type names a failed write added to the index's table."""
     del index.user_types[n_types:]
@@ -840,41 +823,6 @@ class _GroupCommit:
         self._stopping = True
         self._pending.set()
         self._thread.join()
-
-
-class _ContentCache:
-    """Decoded memories by row, least recently used first out, bounded in bytes."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[int, tuple[Memory, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, g: int) -> Memory | None:
-        with self._lock:
-            hit = self._items.get(g)
-            if hit is None:
-                return None
-            self._items.move_to_end(g)
-            return hit[0]
-
-    def put(self, g: int, memory: Memory) -> None:
-        size = len(memory.text) + len(memory.summary or "") + _CACHE_ENTRY_OVERHEAD
-        with self._lock:
-            old = self._items.pop(g, None)
-            if old is not None:
-                self.bytes -= old[1]
-            if size > self.max_bytes:
-                return
-            self._items[g] = (memory, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, dropped) = self._items.popitem(last=False)
-                self.bytes -= dropped
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 @contextmanager

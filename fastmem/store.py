@@ -22,9 +22,9 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -65,11 +65,11 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     path: str | os.PathLike[str],
     *,
     dim: int | None = None,
-    embedder: Any = _DEFAULT,
+    embedder: Embedder | None = _DEFAULT,
     readonly: bool = False,
     durability: str = "batch",
     timeout: float = LOCK_TIMEOUT,
-    summarizer: Any = _DEFAULT,
+    summarizer: Summarizer | None = _DEFAULT,
     policy: ContextPolicy | None = None,
     evict: EvictionPolicy | None = None,
     namespace: str | None = None,
@@ -428,7 +428,7 @@ class MemoryStore:
 
     def search(
         self,
-        query: Any,
+        query: str | Sequence[float] | np.ndarray,
         k: int = 10,
         *,
         types: Iterable[str] | None = None,
@@ -490,7 +490,7 @@ class MemoryStore:
             where = retrieval.filters(index, names, lo, hi, session)
             found: list[tuple[int, float, float | None, float | None]]
             if mode == "keyword":
-                rows, scores = retrieval.keyword_search(index, query, k, where)
+                rows, scores = retrieval.keyword_search(index, cast(str, query), k, where)
                 found = [(g, score, None, None) for g, score in zip(rows.tolist(), scores.tolist())]
             elif mode == "hybrid" and isinstance(query, str):
                 ranked, _ = retrieval.rank(

@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_vectors", "_keyword"),
     ("_index",),
     ("_vsearch",),
-    ("_items", "retrieval", "_files"),  # what add accepts; ranking; files around the store's two
+    ("_items", "retrieval", "_files", "_cache"),  # what add accepts; ranking; files around the store's two
     ("_engine",),  # the storage engine
     ("_figures", "_maintenance", "context"),  # over the engine
     ("store",),  # the facade
