@@ -442,8 +442,8 @@ class MiniLM(_BackgroundModel):
             "runtime": self.runtime or "onnxruntime (not loaded)",
             "precision": "int8 weights (per channel), int8 activations (dynamic), float32 output",
             "weights": str(self.path / "model.onnx"),
-            "source": ("packaged with fastmem, converted from sentence-transformers/"
-                       "all-MiniLM-L6-v2 by tools/build_model.py") if packaged else "a folder given",
+            "source": ("packaged with fastmem (tools/build_model.py, from "
+                       "sentence-transformers/all-MiniLM-L6-v2)") if packaged else "a folder given",
             "sha256": ONNX_SHA256 if self._verify else "not checked (verify=False)",
             "tokenizer": str(self.path / "tokenizer.json"),
             "threads": self.threads,
