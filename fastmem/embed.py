@@ -62,7 +62,7 @@ MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 # that stores written by the old one refuse it until they are re-embedded.
 INT8_NAME = MODEL_NAME + ":onnx-int8-1"
 ONNX_MODEL_DIR = Path(__file__).resolve().parent / "models" / "all-MiniLM-L6-v2-int8"
-ONNX_SHA256 = "ce7ab7b3f9b8479e176e63b332c1fa3c262ecf4eef91ccfa9308ce3c91e118a0"
+ONNX_SHA256 = "852cb01615450440cfa82930efae067f31829f36b28ff49abbaba3541335396a"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as sentence-transformers does
 BATCH = 32  # texts per forward pass of the numpy runtime, sorted by length so padding stays small
 # Up to this many tokens in all (a query, a few short texts), the numpy model runs on one BLAS
