@@ -33,13 +33,15 @@ def _version(dist: str) -> str | None:
 
 def _simd() -> list[str]:
     """The CPU's SIMD features that matter here (numpy's own detection; no /proc parsing)."""
-    try:
-        from numpy._core._multiarray_umath import __cpu_features__ as features
-    except ImportError:  # numpy < 2
+    import importlib
+
+    features: dict[str, bool] = {}
+    for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # 2.x, 1.x
         try:
-            from numpy.core._multiarray_umath import __cpu_features__ as features
-        except ImportError:
-            return []
+            features = importlib.import_module(module).__cpu_features__
+            break
+        except (ImportError, AttributeError):
+            continue
     wanted = ("SSE42", "AVX2", "FMA3", "AVX512F", "AVX512_VNNI", "AVX512_BF16", "NEON", "ASIMD",
               "ASIMDDP", "SVE")  # fmt: skip
     return [name for name in wanted if features.get(name)]
@@ -117,8 +119,9 @@ def diagnose() -> dict[str, Any]:
         "platform": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
         "kernels": _kernels(),
         "embedder": _embedder(),
-        "embedder_tokenizer": {"tokenizers": _version("tokenizers"),
-                               "onnxruntime": _version("onnxruntime")},  # fmt: skip
+        "embedder_tokenizer": {
+            "tokenizers": _version("tokenizers"), "onnxruntime": _version("onnxruntime")
+        },
         "token_counter": _token_counter(),
     }
     problems = []

