@@ -44,8 +44,6 @@ def use(backend: str) -> str:
         try:
             from ._ext import keyword, records, scoring, topk, vectors
         except ImportError as exc:
-            if backend == "auto" and "FASTMEM_BACKEND" not in os.environ:
-                _warn_if_source_tree()
             if backend == "cython":
                 raise ImportError(
                     "FASTMEM_BACKEND=cython, but fastmem's compiled extension is missing: "
@@ -79,8 +77,10 @@ def _warn_if_source_tree() -> None:
             f"built: using the slower numpy fallback. Build them with: cd {root} && python "
             f"setup.py build_ext --inplace (or set FASTMEM_BACKEND=python to silence this)",
             RuntimeWarning,
-            stacklevel=4,
+            stacklevel=2,
         )
 
 
 use(os.environ.get("FASTMEM_BACKEND", "auto"))
+if BACKEND == "python" and "FASTMEM_BACKEND" not in os.environ:  # at import only: once
+    _warn_if_source_tree()
