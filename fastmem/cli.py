@@ -240,8 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_hermes_install)
 
     command("doctor", "what is installed: version, kernels, embedder, tokenizers, load times",
-            store=False).set_defaults(func=lambda args, out: __import__(
-                "fastmem.doctor", fromlist=["run"]).run(out))  # fmt: skip
+            store=False).set_defaults(func=lambda args, out: importlib.import_module(
+                "fastmem.doctor").run(out))  # fmt: skip
 
     p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")

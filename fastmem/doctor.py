@@ -11,6 +11,7 @@ empty when everything a default store needs works.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import os
 import platform
@@ -33,8 +34,6 @@ def _version(dist: str) -> str | None:
 
 def _simd() -> list[str]:
     """The CPU's SIMD features that matter here (numpy's own detection; no /proc parsing)."""
-    import importlib
-
     features: dict[str, bool] = {}
     for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # 2.x, 1.x
         try:
@@ -54,7 +53,7 @@ def _kernels() -> dict[str, Any]:
     modules = {}
     for name in ("records", "scoring", "topk", "vectors", "keyword"):
         try:
-            module = __import__(f"fastmem._ext.{name}", fromlist=[name])
+            module = importlib.import_module(f"fastmem._ext.{name}")
             modules[name] = getattr(module, "__file__", None)
         except ImportError as exc:
             modules[name] = f"missing ({exc})"
