@@ -43,17 +43,18 @@ path, ids = sys.argv[1], json.loads(sys.stdin.readline())
 store = fastmem.open(path, readonly=True, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
 store.tokens.encoding  # its background load would slow the first calls down
 rng = random.Random(int(sys.argv[2]))
-from fastmem import _maintenance
-follows, real_follow = [], _maintenance.follow
+from fastmem._engine import Engine
+follows, real_swap = [], Engine.swap_to
 
 
-def timed_follow(s):
+def timed_swap(engine, fd, *, committed):  # a reader follows a compaction by a swap
     t = time.perf_counter()
-    real_follow(s)
+    retired = real_swap(engine, fd, committed=committed)
     follows.append(time.perf_counter() - t)
+    return retired
 
 
-_maintenance.follow = timed_follow
+Engine.swap_to = timed_swap
 stop = []
 signal.signal(signal.SIGUSR1, lambda *_: stop.append(1))
 print("ready", flush=True)

@@ -150,8 +150,8 @@ def vector_systems(n: int, X: np.ndarray, store: Any, ids: list[str], folder: Pa
     row_of = {mid: i for i, mid in enumerate(ids)}
     systems["fastmem search()"] = (fm_search, lambda hits: [row_of[h.id] for h in hits])
 
-    index = store._index
-    data = store._data()
+    index = store._engine.index
+    data = store._engine.data()
 
     def fm_kernels(q: np.ndarray) -> Any:  # what search() does before decoding the hits
         q8, _ = _vectors.quantize(_vectors.to_float16([q], index.dim, "query"))

@@ -18,6 +18,7 @@ from .errors import (
     CorruptIndexError,
     CorruptionError,
     CorruptRecordError,
+    DependencyUnavailableError,
     DimensionMismatchError,
     EmbedderMismatchError,
     EmbedderUnavailableError,
@@ -34,48 +35,55 @@ from .errors import (
     StoreNotFoundError,
     UnknownMemoryError,
 )
-from .context import Context, ContextItem, ContextPolicy
-from ._maintenance import BackupReport, CompactReport, EvictionPolicy, RepairReport
-from .store import DURABILITY, Hit, Memory, MemoryStore, Problem, Report, open, repair
+from .types import (
+    BackupReport, CompactReport, Context, ContextItem, ContextPolicy, EvictionPolicy, Hit, Level,
+    Memory, Problem, RecordInfo, RecordSize, RepairReport, Report, StoreStats,
+)  # fmt: skip
+from .store import DURABILITY, MemoryStore, open, repair
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "__version__",
     "BACKEND",
     "BackupReport",
     "CompactReport",
-    "DURABILITY",
     "Context",
     "ContextItem",
     "ContextPolicy",
+    "CorruptIndexError",
+    "CorruptionError",
+    "CorruptRecordError",
+    "DependencyUnavailableError",
+    "DimensionMismatchError",
+    "DURABILITY",
     "EmbedderMismatchError",
     "EmbedderUnavailableError",
     "EncodingUnavailableError",
     "EvictionPolicy",
-    "CorruptIndexError",
-    "CorruptionError",
-    "CorruptRecordError",
-    "DimensionMismatchError",
     "FastmemError",
     "FormatVersionError",
     "Hit",
     "InvalidInputError",
     "InvalidTypeError",
+    "Level",
     "Memory",
     "MemoryStore",
+    "open",
     "Problem",
     "ReadOnlyError",
+    "RecordInfo",
+    "RecordSize",
     "RecoveryWarning",
+    "repair",
     "RepairReport",
     "Report",
     "StoreClosedError",
     "StoreForkedError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreStats",
     "UnknownMemoryError",
-    "__version__",
-    "open",
-    "repair",
 ]
 
 

@@ -24,6 +24,9 @@ import tempfile
 import time
 from typing import Any
 
+from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError
+from .namespaces import base_path
+
 __all__ = ["run", "SESSION", "QUESTION"]
 
 DAY = 86400.0
@@ -130,12 +133,15 @@ HISTORY: list[tuple[str, str, str]] = [
 HISTORY_DAYS = 6  # each earlier day repeats the topics with that day's turns
 
 
+class DemoFailedError(FastmemError):
+    """A process of the demo failed (the CLI reports it as one line, exit 1)."""
+
+
 def _writer_embedder() -> tuple[Any, str | None]:
     """The default embedder, or ``None`` and why the demo runs on keywords."""
     if os.environ.get("FASTMEM_EMBEDDER") == "none":
         return None, "FASTMEM_EMBEDDER=none"
     from .embed import default_embedder
-    from .errors import EmbedderUnavailableError
 
     try:
         return default_embedder(), None
@@ -264,25 +270,30 @@ def _child(args: list[str], on_event: Any) -> None:
             on_event(json.loads(line))
         err = proc.stderr.read()  # read after stdout: it holds a warning or an error at most
     if proc.returncode != 0:
-        from .cli import EXIT_PROBLEMS, CliError
-
         last = err.strip().splitlines()[-1] if err.strip() else f"exit status {proc.returncode}"
-        raise CliError(f"a process of the demo failed: {last}", EXIT_PROBLEMS)
+        raise DemoFailedError(f"a process of the demo failed: {last}")
 
 
 def run(path: str | None, out: Any) -> int:
-    """``fastmem demo``: see the module docstring. ``out`` is the CLI's output (``_Out``)."""
-    from .cli import EXIT_USAGE, CliError
+    """``fastmem demo``: see the module docstring. ``out`` is the CLI's output (``_Out``).
 
+    Returns the exit code: 0, or 1 when the context's recount or ``verify()`` disagrees.
+    Fails with fastmem's errors, which the CLI maps to its exit codes: this module does
+    not import the CLI (which imports it).
+
+    Raises:
+        InvalidInputError: ``path`` already holds a store (exit 2).
+        DemoFailedError: a process of the demo failed (exit 1).
+    """
     temporary = path is None
     if path is None:
         directory = tempfile.mkdtemp(prefix="fastmem-demo-")
         path = os.path.join(directory, "agent_memory")
     else:
-        path = os.path.abspath(path[:-4] if path.endswith((".dat", ".idx")) else path)
+        path = os.path.abspath(base_path(path))
         if os.path.exists(path + ".dat"):
-            raise CliError(f"{path}.dat already exists: the demo writes a new store; give "
-                           f"another --path", EXIT_USAGE)  # fmt: skip
+            raise InvalidInputError(f"{path}.dat already exists: the demo writes a new store; "
+                                    f"give another --path")  # fmt: skip
     events: dict[str, Any] = {"path": path, "temporary": temporary}
     try:
         return _run(path, out, events, temporary)
@@ -327,14 +338,11 @@ def _run(path: str, out: Any, events: dict[str, Any], temporary: bool) -> int:
 def _check_kernels(backend: str) -> None:
     """Fail loudly when the fresh process ran the numpy fallback without being asked to:
     the demo's timings would then show the slow kernels, not fastmem's."""
-    from .cli import EXIT_PROBLEMS, CliError
-
     if backend != "cython" and os.environ.get("FASTMEM_BACKEND") != "python":
-        raise CliError(
+        raise DemoFailedError(
             "the demo's processes ran the numpy fallback kernels: fastmem's compiled kernels "
             "did not load (build them with 'python setup.py build_ext --inplace' in a checkout, "
-            "or 'pip install .'); FASTMEM_BACKEND=python runs the demo on the fallback anyway",
-            EXIT_PROBLEMS,
+            "or 'pip install .'); FASTMEM_BACKEND=python runs the demo on the fallback anyway"
         )
 
 

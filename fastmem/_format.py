@@ -22,7 +22,7 @@ import hashlib
 import struct
 import zlib
 from itertools import accumulate
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import lz4.block
 import msgpack
@@ -46,6 +46,23 @@ RECORD_MAGIC = b"\x8fFMR"
 RECORD_HEADER = struct.Struct("<4sBBHIII")
 RECORD_HEADER_SIZE = RECORD_HEADER.size  # 20
 RECORD_CRC_AT = 16  # the CRC covers bytes [0, 16) and [20, end) of the record
+_Offset = TypeVar("_Offset", int, np.ndarray)  # one offset, or an array of them
+RECORD_RAW_LEN_AT = 12  # the payload's length before compression (u32)
+
+
+def vector_start(offset: _Offset) -> _Offset:
+    """Where the vector of the record at ``offset`` starts: right after its header."""
+    return offset + RECORD_HEADER_SIZE
+
+
+def payload_start(offset: int, dim: int) -> int:
+    """Where the payload of the record at ``offset``, whose vector has ``dim`` float16s, starts."""
+    return offset + RECORD_HEADER_SIZE + 2 * dim
+
+
+def record_size(dim: int, payload_len: int) -> int:
+    """The bytes of a whole record: header, vector and stored payload."""
+    return RECORD_HEADER_SIZE + 2 * dim + payload_len
 
 KIND_MEMORY = 1
 KIND_UPDATE = 2
@@ -121,7 +138,8 @@ UNKNOWN_TOKENS = 0xFFFFFFFF
 
 BUILTIN_TYPES = ("conversation", "tool_result", "plan", "fact")
 FIRST_USER_TYPE = 16  # codes 0..15 are reserved for built-in types
-MAX_USER_TYPES = 65536 - FIRST_USER_TYPE
+TYPE_CODES = 1 << 16  # a type code is a u16: the kernels' type masks have an entry for each
+MAX_USER_TYPES = TYPE_CODES - FIRST_USER_TYPE
 DEFAULT_IMPORTANCE = {"fact": 0.9, "plan": 0.7, "tool_result": 0.5, "conversation": 0.3}
 DEFAULT_USER_TYPE_IMPORTANCE = 0.5
 
@@ -298,7 +316,7 @@ def record_vector(buf: Any, offset: int, dim: int, path: str = "") -> np.ndarray
         raise CorruptIndexError(
             f"{path}: a row points at offset {offset}, outside the data file", path=path
         )
-    return np.frombuffer(buf, dtype="<f2", count=dim, offset=offset + RECORD_HEADER_SIZE)
+    return np.frombuffer(buf, dtype="<f2", count=dim, offset=vector_start(offset))
 
 
 # --- index file ------------------------------------------------------------------------

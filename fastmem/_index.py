@@ -18,7 +18,7 @@ import time
 import atexit  # noqa: F401 - now: weakref.finalize imports it at its first use, which
 import weakref  # would wait for the import lock a background loader holds (_threads.py)
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from . import _kernels
 from ._keyword import KeywordIndex
 from ._vectors import quantize
 from .errors import CorruptIndexError, CorruptRecordError
+from .types import Problem
 
 # Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
@@ -57,14 +58,6 @@ def update_changes(flags: int, payload: dict[str, Any], offset: int) -> dict[int
     if "n" in payload:
         changes[F_FLAGS] = (flags | fmt.FLAG_PINNED) if payload["n"] else (flags & ~fmt.FLAG_PINNED)
     return changes
-
-
-class Problem(NamedTuple):
-    """A damaged or inconsistent place found while reading a store."""
-
-    file: str  # "dat" or "idx"
-    offset: int  # byte offset in that file (row number for index rows)
-    message: str
 
 
 def _write(f: Any, arr: np.ndarray) -> None:
@@ -641,12 +634,12 @@ class _Replayer:
             fmt.KIND_UPDATE: self._update,
             fmt.KIND_FORGET: self._forget,
         }
-        dat, head = self.dat, fmt.RECORD_HEADER_SIZE
+        dat, raw_len_at = self.dat, fmt.RECORD_RAW_LEN_AT
         for off, length, kind, dim in zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist()):
             try:
                 # The scan has checked lengths and CRC; only decoding is left.
-                start = off + head + 2 * dim
-                raw_len = int.from_bytes(dat[off + 12 : off + 16], "little")
+                start = fmt.payload_start(off, dim)
+                raw_len = int.from_bytes(dat[off + raw_len_at : off + raw_len_at + 4], "little")
                 payload = fmt.decode_payload(dat[start : off + length], off + length - start, raw_len, off, self.path)
                 apply[kind](off, length, dim, payload)
             except CorruptRecordError as exc:
@@ -691,9 +684,9 @@ class _Replayer:
         if index.dim and vec_rows:
             width = 2 * index.dim
             raw = bytearray(len(rows) * width)  # zeros for the rows without a vector
-            dat, head = self.dat, fmt.RECORD_HEADER_SIZE
+            dat = self.dat
             for pos in vec_rows:
-                start = self.rows[pos][F_OFFSET] + head
+                start = fmt.vector_start(self.rows[pos][F_OFFSET])
                 at = (pos - lo) * width
                 raw[at : at + width] = dat[start : start + width]
             vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)

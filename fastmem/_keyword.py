@@ -8,8 +8,10 @@ Tokenization (the same for memories and queries):
    non-ASCII punctuation touching them: ``"naïve"`` is one token, ``"it's"`` two);
    every other ASCII byte separates tokens;
 3. a term is the 64-bit FNV-1a hash of the token's bytes. There is no stemming and no
-   stop-word list: BM25's idf already makes words that occur everywhere count for little,
-   and a query made only of such words still finds something.
+   stop-word list here: BM25's idf already makes words that occur everywhere count for
+   little, and a query made only of such words still finds something. (The hybrid
+   ranking drops question and function words from its query first:
+   ``fastmem._stopwords`` says where each list applies.)
 
 A memory's token count (its BM25 document length) counts every token, repeats included;
 a repeated query word counts once.

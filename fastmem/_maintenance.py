@@ -1,7 +1,9 @@
 """Forgetting, compaction, repair and backup: the work that rewrites a store's files.
 
 ``MemoryStore.evict``, ``compact``, ``repair`` and ``backup`` are thin methods over the
-functions here. The on-disk rules they follow (the compacted prefix, the rename order and
+functions here, which work on the store's :class:`~fastmem._engine.Engine` through its
+package-internal interface (see ``fastmem._engine``), never on the store itself. The
+on-disk rules they follow (the compacted prefix, the rename order and
 the recovery rule applied at open) are in ``docs/FORMAT.md`` under "Compaction".
 
 Compaction in three steps, so the store's lock is held only briefly:
@@ -19,118 +21,38 @@ unlinked); their next call sees that it is unlinked and opens the new one.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import math
 import mmap
 import os
-import queue
 import struct
-import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from itertools import islice
+from typing import Any
 
 import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._index import MemoryIndex, Problem, default_importance
-from ._threads import Background
+from ._engine import Engine, read_payload
+from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, remove_compaction_files
+from ._index import F_ID, F_LENGTH, F_OFFSET, MemoryIndex, default_importance
+from ._items import f32
+from .namespaces import base_path
+from .retrieval import importance_scores
 from .errors import (
     CorruptionError, CorruptRecordError, FormatVersionError, InvalidInputError, InvalidTypeError,
     StoreLockedError, StoreNotFoundError,
 )  # fmt: skip
 
-if TYPE_CHECKING:
-    from .store import MemoryStore
+from .types import (
+    BackupReport, CompactReport, ContextPolicy, EvictionPolicy, Problem, RepairReport, Report,
+)  # fmt: skip
 
-COMPACT_SUFFIX = ".compact"  # <name>.dat.compact, <name>.idx.compact: a compaction's new files
 DAMAGED_SUFFIX = ".damaged-"  # <name>.dat.damaged-<UTC time>: what repair() cut away
 DAMAGED_REGION = struct.Struct("<QQ")  # offset in the old .dat, length; then the bytes
 _WRITE_CHUNK = 4 << 20
-
-
-# --- reports and policies ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EvictionPolicy:
-    """What ``evict`` forgets; ``fastmem.open(..., evict=EvictionPolicy(...))`` applies it
-    at every ``checkpoint()`` and at ``close()``. Pinned memories are never evicted.
-
-    Attributes:
-        ttl: seconds a memory of each type lives, by type name (``{"tool_result": 86400}``);
-            types not named live forever.
-        min_importance: forget memories whose current importance score (the one
-            ``importance_scores()`` computes: base importance, accesses, recency) is below.
-        max_count: keep at most this many memories (pinned ones count, but stay), forgetting
-            the lowest scores first (ties: the oldest).
-        max_bytes: keep the live memories' records within this many bytes of the data file
-            (what a compaction keeps), forgetting the lowest scores first.
-    """
-
-    ttl: Mapping[str, float] | None = None
-    min_importance: float | None = None
-    max_count: int | None = None
-    max_bytes: int | None = None
-
-
-@dataclass(frozen=True)
-class CompactReport:
-    """What ``compact()`` did. Sizes are the data file's and the index file's as they were
-    on disk before (the index as of the last checkpoint) and after."""
-
-    dat_before: int
-    idx_before: int
-    dat_after: int
-    idx_after: int
-    memories: int  # live memories kept
-    dropped: int  # forgotten memories whose records are gone
-    seconds: float  # the whole compaction
-    lock_seconds: float  # the longest time the store's lock was held for it
-
-    @property
-    def bytes_before(self) -> int:
-        return self.dat_before + self.idx_before
-
-    @property
-    def bytes_after(self) -> int:
-        return self.dat_after + self.idx_after
-
-    @property
-    def reclaimed(self) -> int:
-        """Bytes of both files given back."""
-        return self.bytes_before - self.bytes_after
-
-    @property
-    def reclaimed_fraction(self) -> float:
-        return self.reclaimed / self.bytes_before if self.bytes_before else 0.0
-
-
-@dataclass(frozen=True)
-class RepairReport:
-    """What ``repair()`` did. ``ok`` when nothing had to be cut away (the index was rebuilt
-    all the same)."""
-
-    ok: bool
-    memories: int  # live memories in the repaired store
-    records: int  # intact records found in the damaged data file
-    cut: list[Problem] = field(default_factory=list)  # the regions and records left out
-    cut_bytes: int = 0
-    damaged_path: str | None = None  # where their bytes were kept (see docs/FORMAT.md)
-    bytes_before: int = 0
-    bytes_after: int = 0
-
-
-@dataclass(frozen=True)
-class BackupReport:
-    """What ``backup()`` wrote: ``<path>.dat`` and ``<path>.idx``."""
-
-    path: str
-    memories: int
-    bytes: int  # both files
 
 
 # --- eviction ---------------------------------------------------------------------------
@@ -172,63 +94,55 @@ def _checked(
 
 
 def evict(
-    store: MemoryStore, ttl: Any, min_importance: Any, max_count: Any, max_bytes: Any,
-    now: float | None,
+    engine: Engine, policy: ContextPolicy, ttl: Any, min_importance: Any, max_count: Any,
+    max_bytes: Any, now: float | None,
 ) -> list[str]:  # fmt: skip
     """Forget what the policies select (never a pinned memory); the ids, oldest id first.
+    ``policy`` weighs the importance scores the floor and the maxima go by.
 
     The forgets are one write: one tombstone per memory, appended together."""
     ttls, floor, max_count, max_bytes = _checked(ttl, min_importance, max_count, max_bytes)
     now = time.time() if now is None else float(now)
-    with store._lock:
-        store._check_writable()
-        index = store._index
-        flags = index.column("flags")
-        live = (flags & fmt.FLAG_FORGOTTEN) == 0
-        evictable = live & ((flags & fmt.FLAG_PINNED) == 0)
-        chosen = np.zeros(len(index), dtype=bool)
-        if ttls:
-            ts, types = index.column("timestamp"), index.column("type")
-            for name, seconds in ttls.items():
-                code = index.type_code(name, create=False)
-                if code >= 0:
-                    chosen |= evictable & (types == code) & (ts < now - seconds)
-        scores = store._importance(now)
-        if floor is not None:
-            chosen |= evictable & (scores < floor)
-        if max_count is not None or max_bytes is not None:
-            # Lowest score first, then the oldest, then the smallest id.
-            order = np.lexsort((index.column("id"), index.column("timestamp"), scores))
-            order = order[(evictable & ~chosen)[order]]
-            if max_count is not None:
-                excess = int(np.count_nonzero(live & ~chosen)) - max_count
-                if excess > 0:
-                    chosen[order[:excess]] = True
-                    order = order[excess:]
-            if max_bytes is not None:
-                lengths = index.column("length").astype(np.int64)
-                excess = int(lengths[live & ~chosen].sum()) - max_bytes
-                if excess > 0:
-                    upto = int(np.searchsorted(np.cumsum(lengths[order]), excess)) + 1
-                    chosen[order[:upto]] = True
-        rows = np.nonzero(chosen)[0].tolist()
-        if not rows:
-            return []
-        ids = index.column("id")[rows].tolist()
-        stored, raw_lens = zip(*(fmt.encode_payload({"i": mid, "t": now}) for mid in ids))
-        data, lengths_, crcs = _kernels.frame_records(
-            fmt.KIND_FORGET, list(stored), np.array(raw_lens, dtype=np.uint32), None, None
-        )
-        start = store._append(data)
-        last = start + int(lengths_[:-1].sum())
-        logging = store._changes is not None  # a compaction is running: see _Snapshot
-        for g in rows:
-            if logging:
-                store._note_change(g, index.row(g))
-            index.forget(g, int(flags[g]))
-        index.note_applied(last, int(lengths_[-1]), int(crcs[-1]))
-        store._valid_end = store._dat_end
-        return [f"m{mid}" for mid in ids]
+    with engine.lock:
+        engine.check_writable()
+        rows = _chosen(engine.index, importance_scores(engine.index, policy, now), ttls, floor,
+                       max_count, max_bytes, now)  # fmt: skip
+        return engine.append_tombstones(rows, now) if rows else []
+
+
+def _chosen(
+    index: MemoryIndex, scores: np.ndarray, ttls: dict[str, float], floor: float | None,
+    max_count: int | None, max_bytes: int | None, now: float,
+) -> list[int]:  # fmt: skip
+    """The rows the eviction policies select, in row order."""
+    flags = index.column("flags")
+    live = (flags & fmt.FLAG_FORGOTTEN) == 0
+    evictable = live & ((flags & fmt.FLAG_PINNED) == 0)
+    chosen = np.zeros(len(index), dtype=bool)
+    if ttls:
+        ts, types = index.column("timestamp"), index.column("type")
+        for name, seconds in ttls.items():
+            code = index.type_code(name, create=False)
+            if code >= 0:
+                chosen |= evictable & (types == code) & (ts < now - seconds)
+    if floor is not None:
+        chosen |= evictable & (scores < floor)
+    if max_count is not None or max_bytes is not None:
+        # Lowest score first, then the oldest, then the smallest id.
+        order = np.lexsort((index.column("id"), index.column("timestamp"), scores))
+        order = order[(evictable & ~chosen)[order]]
+        if max_count is not None:
+            excess = int(np.count_nonzero(live & ~chosen)) - max_count
+            if excess > 0:
+                chosen[order[:excess]] = True
+                order = order[excess:]
+        if max_bytes is not None:
+            lengths = index.column("length").astype(np.int64)
+            excess = int(lengths[live & ~chosen].sum()) - max_bytes
+            if excess > 0:
+                upto = int(np.searchsorted(np.cumsum(lengths[order]), excess)) + 1
+                chosen[order[:upto]] = True
+    return np.nonzero(chosen)[0].tolist()
 
 
 # --- writing a compacted data file ----------------------------------------------------------
@@ -238,15 +152,14 @@ class _Snapshot:
     """The live rows to write, as columns, in id order, as they were when it was taken.
 
     Taking it under the store's lock costs nothing: it notes the row count and starts the
-    store's log of in-place changes (``MemoryStore._note_change``). The rows are read later
+    engine's log of in-place changes (``Engine.note_change``). The rows are read later
     without the lock; a row that changed meanwhile gets its values from before the change
     from the log (each change is logged before it is made, so whatever change the read saw
     is in the log when it is consulted after the read)."""
 
-    def __init__(self, store: MemoryStore, index: MemoryIndex) -> None:
+    def __init__(self, engine: Engine, index: MemoryIndex) -> None:
         self.index, self.n, self.next_id = index, len(index), index.next_id
-        self.changes: list[tuple[int, int, int]] = []
-        store._changes = self.changes
+        self.changes = engine.start_change_log()
 
     def fill(self) -> None:
         """Read the rows (outside the lock)."""
@@ -275,13 +188,7 @@ class _Snapshot:
 def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta: Any, path: str) -> bytes:
     """The memory record at ``offset``, byte for byte when its row says what it says; else a
     new memory record with the row's importance and pin and the current metadata."""
-    info = _kernels.check_record(dat, offset, offset + length)
-    if info is None:
-        fmt.read_record(dat, offset, offset + length, path)  # raises the precise error
-        raise CorruptRecordError(f"{path}: bad record at {offset}", path=path, offset=offset)
-    kind, dim, plen, rlen = info
-    start = offset + fmt.RECORD_HEADER_SIZE + 2 * dim
-    payload = fmt.decode_payload(dat[start : start + plen], plen, rlen, offset, path)
+    kind, dim, payload, _ = read_payload(dat, offset, offset + length, path)
     if kind != fmt.KIND_MEMORY or payload.get("i") != row["id"]:
         raise CorruptRecordError(f"{path}: the record at offset {offset} is not memory m{row['id']}",
                                  path=path, offset=offset)  # fmt: skip
@@ -289,7 +196,7 @@ def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta
     importance = np.float32(row["importance"])
     type_default = default_importance(payload.get("y", "conversation"))
     if np.float32(payload.get("p", type_default)) != importance:
-        want["p"] = float(str(importance))  # 0.3, not 0.30000001
+        want["p"] = f32(float(importance))  # 0.3, not 0.30000001
     pinned = bool(row["flags"] & fmt.FLAG_PINNED)
     if bool(payload.get("n", False)) != pinned:
         if pinned:
@@ -347,19 +254,19 @@ def _write_all(fd: int, data: bytes) -> int:
     return len(data)
 
 
-def _new_store(store: MemoryStore, dat: Any, dat_end: int, snap: _Snapshot) -> tuple[int, int]:
+def _new_store(engine: Engine, dat: Any, dat_end: int, snap: _Snapshot) -> tuple[int, int]:
     """Write ``<name>.dat.compact`` (locked, fsynced) and ``<name>.idx.compact`` for the
     snapshot. Returns the new data file's descriptor (open, locked) and its size."""
     snap.fill()
-    header = fmt.unpack_dat_header(dat, store.dat_path)
-    new_dat = store.dat_path + COMPACT_SUFFIX
+    header = fmt.unpack_dat_header(dat, engine.dat_path)
+    new_dat = engine.dat_path + COMPACT_SUFFIX
     fd = os.open(new_dat, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         # Locked before anyone can find it under the store's name: a writer that opens the
         # store after the rename waits for this lock, never writes beside this one.
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, bytes(fmt.DAT_HEADER_SIZE))
-        end = _write_records(dat, dat_end, snap, fd, store.dat_path)
+        end = _write_records(dat, dat_end, snap, fd, engine.dat_path)
         next_id = max(snap.next_id, header.next_id)
         new_header = fmt.pack_dat_header(header.uuid, header.dim, header.created, next_id, end, header.embedder)
         os.pwrite(fd, new_header, 0)
@@ -367,20 +274,20 @@ def _new_store(store: MemoryStore, dat: Any, dat_end: int, snap: _Snapshot) -> t
         # too if it had been set already).
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
         os.fsync(fd)
-        _write_index(store, fd, end, snap)
+        _write_index(engine, fd, end, snap)
     except BaseException:
         os.close(fd)
-        remove_compaction_files(store.dat_path, store.idx_path)
+        remove_compaction_files(engine.dat_path, engine.idx_path)
         raise
     return fd, end
 
 
-def _write_index(store: MemoryStore, fd: int, end: int, snap: _Snapshot) -> None:
+def _write_index(engine: Engine, fd: int, end: int, snap: _Snapshot) -> None:
     """``<name>.idx.compact``: the index of the new data file, with the snapshot's access
     statistics (they live only in the index)."""
     mm = mmap.mmap(fd, end, access=mmap.ACCESS_READ)
     try:
-        index, problems = build_index(mm, end, store.dat_path + COMPACT_SUFFIX)
+        index, problems, _ = build_index(mm, end, engine.dat_path + COMPACT_SUFFIX)
         if problems or len(index) != len(snap):
             raise CorruptionError(f"the compacted data file does not read back: {problems[:3]}")
         tail = index.tail.rows[: index.tail.n]
@@ -388,296 +295,146 @@ def _write_index(store: MemoryStore, fd: int, end: int, snap: _Snapshot) -> None
             raise CorruptionError("the compacted data file lost or reordered memories")
         tail["access_count"] = snap.columns["access_count"]
         tail["last_access"] = snap.columns["last_access"]
-        index.save(store.idx_path + COMPACT_SUFFIX, mm, sync=True)
+        index.save(engine.idx_path + COMPACT_SUFFIX, mm, sync=True)
         del index, tail  # nothing may still look into the map when it closes
     finally:
         mm.close()
 
 
-def build_index(dat: Any, end: int, path: str) -> tuple[MemoryIndex, list[Problem]]:
-    """An index built from a data file alone (its header's compaction fields included)."""
-    header = fmt.unpack_dat_header(dat, path)
-    index = MemoryIndex(header.dim, header.uuid)
-    index.set_compaction(header)
-    problems, _, _ = index.replay(dat, fmt.DAT_HEADER_SIZE, end, path)
-    return index, problems
-
-
-# --- the swap ------------------------------------------------------------------------------
-
-
-def remove_compaction_files(dat_path: str, idx_path: str) -> None:
-    for name in (dat_path + COMPACT_SUFFIX, idx_path + COMPACT_SUFFIX, idx_path + COMPACT_SUFFIX + ".tmp"):
-        try:
-            os.remove(name)
-        except FileNotFoundError:
-            pass
-
-
-def recover(dat_path: str, idx_path: str) -> None:
-    """The recovery rule, applied by a writer at open (holding the lock): a ``.dat.compact``
-    means the compaction never reached its commit point (the rename of the data file): it
-    is removed with its index. A lone ``.idx.compact`` is the committed compaction's index:
-    it is renamed into place."""
-    if os.path.exists(dat_path + COMPACT_SUFFIX):
-        remove_compaction_files(dat_path, idx_path)
-    elif os.path.exists(idx_path + COMPACT_SUFFIX):
-        os.replace(idx_path + COMPACT_SUFFIX, idx_path)
-        fsync_dir(idx_path)
-
-
-def fsync_dir(path: str) -> None:
-    """Make the entries of ``path``'s directory durable (a rename, a new file)."""
-    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _commit(store: MemoryStore, fd: int, tail: bytes) -> _Retired:
+def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
     """Append ``tail`` to the new data file, rename both files into place, and continue on
-    them. The caller holds the store's lock, and calls ``_after_commit`` once it has let
-    it go, with what this returns."""
-    if tail:
-        _write_all(fd, tail)
-        os.fdatasync(fd)  # the rest was synced when it was written
-    os.replace(store.dat_path + COMPACT_SUFFIX, store.dat_path)  # the commit point
-    if store.durability == "always":
-        # Before any write to the new file is acknowledged. The other modes may lose the
-        # last few ms of writes to a power loss anyway: they sync it after the lock.
-        fsync_dir(store.dat_path)
-    try:  # the old index, to drop its pages from the cache later (see _Retired)
-        old_idx = os.open(store.idx_path, os.O_RDONLY)
-    except FileNotFoundError:
-        old_idx = -1
-    os.replace(store.idx_path + COMPACT_SUFFIX, store.idx_path)
-    retired = switch_files(store, fd)
+    them. ``fd`` (the new data file) is this function's from the call on: closed on any
+    failure; before the commit point the new files are removed too, after it the handle
+    is closed (its old files are no longer the store). The caller holds the engine's lock,
+    and calls ``_after_commit`` once it has let it go, with what this returns."""
+    committed = False
+    try:
+        if tail:
+            _write_all(fd, tail)
+            os.fdatasync(fd)  # the rest was synced when it was written
+        os.replace(engine.dat_path + COMPACT_SUFFIX, engine.dat_path)  # the commit point
+        committed = True
+        if engine.durability == "always":
+            # Before any write to the new file is acknowledged. The other modes may lose the
+            # last few ms of writes to a power loss anyway: they sync it after the lock.
+            fsync_dir(engine.dat_path)
+        try:  # the old index, to drop its pages from the cache later (see Retired)
+            old_idx = os.open(engine.idx_path, os.O_RDONLY)
+        except FileNotFoundError:
+            old_idx = -1
+        try:
+            os.replace(engine.idx_path + COMPACT_SUFFIX, engine.idx_path)
+        except BaseException:
+            if old_idx >= 0:
+                os.close(old_idx)
+            raise
+    except BaseException:
+        os.close(fd)
+        if committed:
+            engine.abandon()  # the next open applies the recovery rule to what is on disk
+        else:
+            remove_compaction_files(engine.dat_path, engine.idx_path)
+        raise
+    try:
+        retired = engine.swap_to(fd, committed=True)
+    except BaseException:
+        if old_idx >= 0:
+            os.close(old_idx)
+        raise
     if old_idx >= 0:
         retired.fds.append(old_idx)
     return retired
 
 
-def _after_commit(store: MemoryStore, retired: _Retired) -> None:
+def _after_commit(engine: Engine, retired: Retired) -> None:
     """Outside the lock: make the renames durable (were the index's lost, the recovery
     rule would rename it again) and let the old files go."""
-    fsync_dir(store.idx_path)
+    fsync_dir(engine.idx_path)
     retired.release(drop_cache=True)
 
 
-class _Retired:
-    """The old files' index, maps and descriptors after a swap.
-
-    Letting go of them takes time in proportion to what was read from them: unmapping
-    (which holds the GIL, in ``mmap.close``) and, when the last reference to a replaced
-    file goes, freeing its cached pages. So the pages are first unmapped with
-    ``madvise(MADV_DONTNEED)`` through ctypes (which lets the GIL go), the maps closed
-    after that cost little, and the descriptors, which keep the files alive until then,
-    are closed last (``os.close`` lets the GIL go too). The writer does it outside the
-    store's lock, dropping the old files' cached pages first; a reader, in a thread."""
-
-    def __init__(self, objects: list[Any], fds: list[int]) -> None:
-        self.objects, self.fds = objects, fds
-
-    def release(self, drop_cache: bool) -> None:
-        maps = []
-        for obj in self.objects:
-            if isinstance(obj, mmap.mmap):
-                maps.append(obj)
-            closer = getattr(obj, "file_closer", None)  # an index: its map's descriptor
-            if closer is not None and closer.alive:
-                info = closer.detach()
-                if info is not None:
-                    maps.append(info[0])
-                    self.fds.append(info[2][0])
-        work = (self.objects, maps, self.fds, drop_cache)
-        self.objects, self.fds = [], []
-        if drop_cache:
-            _let_go(*work)
-        else:  # a reader: not on the call that met the swap (nor waiting for a thread to start)
-            releaser().put(work)
-
-
-_releaser: tuple[int, queue.SimpleQueue[Any]] | None = None
-_releaser_lock = threading.Lock()
-
-
-def releaser() -> queue.SimpleQueue[Any]:
-    """The queue of this process's release thread (started once, by the first reader, so
-    that a reader meeting a swap only puts its old files there)."""
-    global _releaser
-    with _releaser_lock:
-        if _releaser is None or _releaser[0] != os.getpid():  # none yet, or forked since
-            work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-            Background(lambda: _release_loop(work), "fastmem-release")
-            _releaser = (os.getpid(), work)
-        return _releaser[1]
-
-
-def _release_loop(work: queue.SimpleQueue[Any]) -> None:
-    while True:
-        item = work.get()
-        try:
-            _let_go(*item)
-        except OSError:  # nothing to report to: the files are gone either way
-            pass
-        del item
-
-
-def _let_go(objects: list[Any], maps: list[mmap.mmap], fds: list[int], drop_cache: bool) -> None:
-    for mm in maps:
-        _unmap_pages(mm)
-    maps.clear()
-    objects.clear()  # the maps close here: cheap now
-    for fd in fds:
-        if drop_cache and hasattr(os, "posix_fadvise"):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)  # a writer's old lock: on the old inode, no one else can want it now
-
-
-_libc: Any = None
-
-
-def _unmap_pages(mm: mmap.mmap) -> None:
-    """``madvise(MADV_DONTNEED)`` over a map that nothing reads any more, without the GIL."""
-    global _libc
-    try:
-        view = np.frombuffer(mm, dtype=np.uint8)
-    except (ValueError, TypeError, BufferError):  # closed, or empty
-        return
-    addr, size = view.ctypes.data, view.size
-    del view  # the map cannot close while a view of it exists
-    if not size or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.MADV_DONTNEED)
-
-
-def switch_files(store: MemoryStore, fd: int) -> _Retired:
-    """Continue on the data file open as ``fd`` (the one now under the store's name): drop
-    the cached memories (rows are numbered anew) and reload. Returns the old index, maps
-    and descriptors, for the caller to release (see ``_Retired``)."""
-    if store._commit is not None:
-        store._commit.stop()
-        store._commit = None
-    retired = _Retired([getattr(store, "_index", None), store._dat, store._cache], [store._fd])
-    if store._map_fd >= 0:
-        retired.fds.append(store._map_fd)
-    store._dat = None
-    store._index = None  # type: ignore[assignment]
-    store._fd, store._map_fd = fd, -1
-    store._cache = type(store._cache)(store._cache.max_bytes)
-    store._epoch += 1
-    store._load(None)
-    return retired
-
-
-def follow(store: MemoryStore) -> None:
-    """A reader whose data file was replaced (it is unlinked): continue on the new one."""
-    switch_files(store, os.open(store.dat_path, os.O_RDONLY)).release(drop_cache=False)
-
-
-def pending_index(store: MemoryStore, header: fmt.DatHeader, size: int) -> MemoryIndex | None:
-    """A reader that opened the new data file before the compaction renamed its index:
-    the index waiting under ``.idx.compact``, if it is the one for this file."""
-    try:
-        return MemoryIndex.load(store.idx_path + COMPACT_SUFFIX, header.uuid, header.dim, store._dat, size)
-    except (OSError, CorruptionError):
-        return None
-
-
-def _sizes(store: MemoryStore) -> tuple[int, int]:
+def _sizes(engine: Engine) -> tuple[int, int]:
     """The data file's and the index file's sizes."""
-    idx = os.path.getsize(store.idx_path) if os.path.exists(store.idx_path) else 0
-    return os.path.getsize(store.dat_path), idx
+    idx = os.path.getsize(engine.idx_path) if os.path.exists(engine.idx_path) else 0
+    return os.path.getsize(engine.dat_path), idx
 
 
-def compact(store: MemoryStore) -> CompactReport:
+def compact(engine: Engine) -> CompactReport:
     """See ``MemoryStore.compact``."""
     started = time.perf_counter()
-    with store._maintenance_lock:
-        store._stop_preload()
+    with engine.maintenance_lock:
         held = time.perf_counter()
-        with store._lock:
-            store._check_writable()
-            if store._valid_end != store._dat_end:
+        with engine.lock:
+            engine.check_writable()
+            if engine.valid_end != engine.dat_end:
                 raise CorruptionError(
-                    f"{store.dat_path} ends with damaged bytes: repair() it first", path=store.dat_path
+                    f"{engine.dat_path} ends with damaged bytes: repair() it first", path=engine.dat_path
                 )
-            before = _sizes(store)
-            dat, dat_end = store._data(), store._dat_end
-            snap = _Snapshot(store, store._index)
+            before = _sizes(engine)
+            dat, dat_end = engine.data(), engine.dat_end
+            snap = _Snapshot(engine, engine.index)
         lock_seconds = time.perf_counter() - held
         try:
-            fd, _ = _new_store(store, dat, dat_end, snap)
+            fd, _ = _new_store(engine, dat, dat_end, snap)
         except BaseException:
-            with store._lock:
-                store._changes = None
+            with engine.lock:
+                engine.stop_change_log()
             raise
         try:
             held = time.perf_counter()
-            with store._lock:
-                store._changes = None
-                store._check_writable()
-                if store._valid_end != store._dat_end:
-                    raise CorruptionError(f"{store.dat_path} was damaged during compaction")
-                tail = os.pread(store._fd, store._dat_end - dat_end, dat_end)
-                retired = _commit(store, fd, tail)
-                fd = -1
-                memories = store._index.live
+            with engine.lock:
+                engine.stop_change_log()
+                engine.check_writable()
+                if engine.valid_end != engine.dat_end:
+                    raise CorruptionError(f"{engine.dat_path} was damaged during compaction")
+                tail = engine.read_since(dat_end)
+                fd, new_fd = -1, fd  # _commit owns it from here, whatever happens
+                retired = _commit(engine, new_fd, tail)
+                memories = engine.index.live
             lock_seconds = max(lock_seconds, time.perf_counter() - held)
             del dat  # the old map's last reference is the retired one
-            _after_commit(store, retired)
+            _after_commit(engine, retired)
         finally:
             if fd >= 0:
                 os.close(fd)
-                remove_compaction_files(store.dat_path, store.idx_path)
-        store._start_preload()
-    return CompactReport(*before, *_sizes(store), memories, snap.dropped,
+                remove_compaction_files(engine.dat_path, engine.idx_path)
+    return CompactReport(*before, *_sizes(engine), memories, snap.dropped,
                          time.perf_counter() - started, lock_seconds)  # fmt: skip
 
 
 # --- repair ------------------------------------------------------------------------------------
 
 
-def repair(store: MemoryStore) -> RepairReport:
+def repair(engine: Engine) -> RepairReport:
     """See ``MemoryStore.repair``."""
-    with store._maintenance_lock:
-        store._stop_preload()
-        with store._lock:
-            store._check_writable()
-            before = _sizes(store)
-            dat, end = store._data(), store._dat_end
-            index, problems = build_index(dat, end, store.dat_path)
+    with engine.maintenance_lock:
+        with engine.lock:
+            engine.check_writable()
+            before = _sizes(engine)
+            dat, end = engine.data(), engine.dat_end
+            index, problems, _ = build_index(dat, end, engine.dat_path)
             found, _, _, _, bad_starts, bad_ends = _kernels.scan_records(dat, fmt.DAT_HEADER_SIZE, end)
             regions = [(int(s), int(e) - int(s)) for s, e in zip(bad_starts, bad_ends)]
             for p in problems:  # whole records the replay refused (e.g. they name a lost memory)
                 info = None if _in(p.offset, regions) else _kernels.check_record(dat, p.offset, end)
                 if info is not None:
-                    regions.append((p.offset, fmt.RECORD_HEADER_SIZE + 2 * info[1] + info[2]))
+                    regions.append((p.offset, fmt.record_size(info[1], info[2])))
             regions.sort()
             records = len(found)
             damaged_path = None
             if regions:
-                damaged_path = f"{store.dat_path}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+                damaged_path = f"{engine.dat_path}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
                 _keep_damaged(damaged_path, dat, regions)
-            snap = _Snapshot(store, index)
-            store._changes = None  # all of the repair holds the lock: nothing changes
-            fd, _ = _new_store(store, dat, end, snap)
-            try:
-                retired = _commit(store, fd, b"")
-            except BaseException:
-                os.close(fd)
-                remove_compaction_files(store.dat_path, store.idx_path)
-                raise
-            memories = store._index.live
+            snap = _Snapshot(engine, index)
+            engine.stop_change_log()  # all of the repair holds the lock: nothing changes
+            fd, _ = _new_store(engine, dat, end, snap)
+            retired = _commit(engine, fd, b"")
+            memories = engine.index.live
         del dat, index
-        _after_commit(store, retired)
-        store._start_preload()
+        _after_commit(engine, retired)
     cut = sorted(problems, key=lambda p: p.offset)
     return RepairReport(not regions and not problems, memories, records, cut,
-                        sum(n for _, n in regions), damaged_path, sum(before), sum(_sizes(store)))  # fmt: skip
+                        sum(n for _, n in regions), damaged_path, sum(before), sum(_sizes(engine)))  # fmt: skip
 
 
 def rebuild_header(dat_path: str, idx_path: str) -> Problem | None:
@@ -770,27 +527,21 @@ def _keep_damaged(path: str, dat: Any, regions: list[tuple[int, int]]) -> None:
 # --- backup ------------------------------------------------------------------------------------
 
 
-def backup(store: MemoryStore, dest: Any) -> BackupReport:
+def backup(engine: Engine, dest: Any) -> BackupReport:
     """See ``MemoryStore.backup``."""
-    if not isinstance(dest, (str, os.PathLike)):
-        raise InvalidTypeError(f"dest must be a str or os.PathLike, not {type(dest).__name__}")
-    base = os.fspath(dest)
-    if not isinstance(base, str) or not base:
-        raise InvalidInputError("dest must be a non-empty file name")
-    if base.endswith((".dat", ".idx")):
-        base = base[:-4]
+    base = base_path(dest)
     dat_path, idx_path = base + ".dat", base + ".idx"
-    if os.path.abspath(dat_path) == os.path.abspath(store.dat_path):
+    if os.path.abspath(dat_path) == os.path.abspath(engine.dat_path):
         raise InvalidInputError("a backup cannot overwrite the store it copies")
     if os.path.exists(dat_path) or os.path.exists(idx_path):
         raise InvalidInputError(f"{base} already holds a store: back up to a new name")
-    with store._lock:
-        store._check()
+    with engine.lock:
+        engine.check()
         # Everything before the last applied record's end is whole records, and the data
         # file is append-only: those bytes never change. A descriptor of its own keeps the
         # same file even if a compaction replaces it meanwhile.
-        end = store._valid_end
-        src = os.dup(store._fd)
+        end = engine.valid_end
+        src = engine.copy_descriptor()
     parent = os.path.dirname(os.path.abspath(dat_path))
     os.makedirs(parent, mode=0o700, exist_ok=True)
     tmp = dat_path + ".tmp"
@@ -800,13 +551,13 @@ def backup(store: MemoryStore, dest: Any) -> BackupReport:
         while at < end:
             chunk = os.pread(src, min(_WRITE_CHUNK, end - at), at)
             if not chunk:
-                raise CorruptionError(f"{store.dat_path} is shorter than it was")
+                raise CorruptionError(f"{engine.dat_path} is shorter than it was")
             _write_all(out, chunk)
             at += len(chunk)
         os.fsync(out)
         mm = mmap.mmap(out, end, access=mmap.ACCESS_READ)
         try:
-            index, _ = build_index(mm, end, dat_path)
+            index, _, _ = build_index(mm, end, dat_path)
             index.save(idx_path, mm, sync=True)
             memories = index.live
             del index
@@ -825,3 +576,126 @@ def backup(store: MemoryStore, dest: Any) -> BackupReport:
         os.close(out)
         os.close(src)
     return BackupReport(base, memories, end + os.path.getsize(idx_path))
+
+
+# --- verify ------------------------------------------------------------------------------------
+
+
+def verify(engine: Engine) -> Report:
+    """See ``MemoryStore.verify``."""
+    with engine.lock:
+        engine.check()
+        dat, index = engine.data(), engine.index
+        fresh, problems, records = build_index(dat, engine.dat_end, engine.dat_path)
+        try:
+            problems += _damaged_rows(index, fresh.damaged)
+            problems += _compare(index, fresh)
+            problems += _compare_keyword(index, fresh)
+            problems += _check_hot(index, dat)
+        except CorruptionError as exc:  # an index too damaged to compare row by row
+            problems.append(Problem("idx", 0, str(exc)))
+        size = engine.dat_end
+        if os.path.exists(engine.idx_path):
+            size += os.path.getsize(engine.idx_path)
+        return Report(ok=not problems, problems=problems, records=records, bytes=size)
+
+
+def _check_hot(index: MemoryIndex, dat: Any) -> list[Problem]:
+    """The index's copy of the newest memories must be those memories, byte for byte."""
+    current = index.hot_rows()
+    if current is None:
+        return []
+    hot, count = current
+    newest = list(islice(index.by_time(newest_first=True), count))
+    if len(newest) != count:
+        return [Problem("idx", 0, f"the hot section holds {count} memories, not {len(newest)}")]
+    size = fmt.INDEX_DTYPE.itemsize
+    for i, g in enumerate(newest):
+        row = index.row(g)
+        start = hot.starts[i]
+        copy = hot.records[start : start + row[F_LENGTH]]
+        if (
+            _without_statistics(fmt.INDEX_ROW.unpack_from(hot.rows, i * size))
+            != _without_statistics(row)
+            or copy != dat[row[F_OFFSET] : row[F_OFFSET] + row[F_LENGTH]]
+        ):
+            return [Problem("idx", i, f"entry {i} of the hot section differs from m{row[F_ID]}")]
+    return []
+
+
+_STATISTICS = frozenset(
+    fmt.INDEX_DTYPE.names.index(name) for name in ("access_count", "last_access")  # type: ignore[union-attr]
+)
+
+
+def _without_statistics(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A row without its access statistics: they change after the hot section is written."""
+    return tuple(v for i, v in enumerate(row) if i not in _STATISTICS)
+
+
+_COMPARED = ("id", "timestamp", "session", "offset", "meta_offset", "length", "importance",
+             "scale", "text_tokens", "summary_tokens", "type", "flags", "reserved")  # fmt: skip
+
+
+def _damaged_rows(index: MemoryIndex, regions: list[tuple[int, int]]) -> list[Problem]:
+    """The records the index points at that lie inside a damaged region, past its start (the
+    region's own problem names its start): one problem per damaged record, at its offset,
+    even when damaged records follow each other."""
+    if not regions or not len(index):
+        return []
+    starts = np.array([s for s, _ in regions], dtype=np.int64)
+    ends = np.array([e for _, e in regions], dtype=np.int64)
+    ids = index.column("id")
+    problems = []
+    for name, what in (("offset", "memory record"), ("meta_offset", "metadata update")):
+        at = index.column(name).astype(np.int64)
+        region = np.maximum(np.searchsorted(starts, at, side="right") - 1, 0)
+        inside = (at > starts[region]) & (at < ends[region])
+        for g in np.nonzero(inside)[0].tolist():
+            problems.append(Problem("dat", int(at[g]), f"the {what} of m{ids[g]} is damaged"))
+    return problems
+
+
+def _compare(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
+    """Where the index in use differs from one rebuilt from the data file."""
+    problems = []
+    if len(live) != len(fresh):
+        return [Problem("idx", 0, f"the index has {len(live)} rows, the data file {len(fresh)}")]
+    if live.user_types != fresh.user_types:
+        problems.append(Problem("idx", 0, "the type table differs from the data file's"))
+    if live.live != fresh.live:
+        problems.append(Problem("idx", 0, f"the index counts {live.live} live memories, the data file {fresh.live}"))
+    bad = np.zeros(len(live), dtype=bool)
+    for name in _COMPARED:
+        bad |= live.column(name) != fresh.column(name)
+    if live.dim == fresh.dim and live.dim:
+        for (first, _, lv), (_, _, fv) in zip(live.segments(), _segments_like(fresh, live)):
+            if lv.shape == fv.shape:
+                bad[first : first + len(lv)] |= (lv != fv).any(axis=1)
+    for g in np.nonzero(bad)[0].tolist():
+        problems.append(Problem("idx", g, f"row {g} (m{fresh.row(g)[F_ID]}) differs from its record"))
+    expected_order = np.argsort(live.base_rows["timestamp"], kind="stable")
+    for i in np.nonzero(live.base_order != expected_order)[0].tolist():
+        problems.append(Problem("idx", i, f"entry {i} of the time order is wrong"))
+    return problems
+
+
+def _compare_keyword(live: MemoryIndex, fresh: MemoryIndex) -> list[Problem]:
+    """Whether the index's keyword postings are those of the data file's texts."""
+    try:
+        mine = live.keyword.section()
+    except CorruptionError as exc:
+        return [Problem("idx", 0, str(exc))]
+    theirs = fresh.keyword.section()
+    for name, a, b in zip(mine._fields, mine, theirs):
+        if not np.array_equal(a, b):
+            return [Problem("idx", 0, f"the keyword section's {name} differ from the data file's texts")]
+    if live.keyword.live_tokens != fresh.keyword.live_tokens:
+        return [Problem("idx", 0, "the keyword section's token total differs from the data file's")]
+    return []
+
+
+def _segments_like(fresh: MemoryIndex, live: MemoryIndex) -> list[tuple[int, Any, np.ndarray]]:
+    """``fresh``'s vectors cut at the same rows as ``live``'s segments."""
+    vectors = np.concatenate([v for _, _, v in fresh.segments()]) if len(fresh) else None
+    return [(first, None, vectors[first : first + len(v)]) for first, _, v in live.segments()]  # type: ignore[index]

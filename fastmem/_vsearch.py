@@ -71,4 +71,4 @@ def rescore(index: MemoryIndex, data: Any, rows: np.ndarray, query: np.ndarray) 
     """Exact cosines of ``rows``' float16 vectors (read from the data file ``data``) with
     ``query`` (float64, unit norm)."""
     offsets = index.gather(rows, ("offset",))["offset"].astype(np.int64)
-    return _kernels.dot_half(data, offsets + fmt.RECORD_HEADER_SIZE, query)
+    return _kernels.dot_half(data, fmt.vector_start(offsets), query)

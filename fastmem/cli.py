@@ -35,7 +35,7 @@ Exit codes:
 from __future__ import annotations
 
 import argparse
-import base64
+import dataclasses
 import importlib
 import json
 import math
@@ -50,9 +50,9 @@ from typing import Any, NoReturn, TextIO
 
 from .errors import (
     CorruptionError,
+    DependencyUnavailableError,
     EmbedderMismatchError,
     EmbedderUnavailableError,
-    EncodingUnavailableError,
     FastmemError,
     FormatVersionError,
     InvalidInputError,
@@ -61,6 +61,7 @@ from .errors import (
     StoreNotFoundError,
     UnknownMemoryError,
 )
+from .export import BYTES_TAG, EMBEDDING_FIELD, EXPORT_FIELDS, from_jsonable, memory_dict
 
 __all__ = ["main", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_DAMAGED",
            "EXIT_NOT_FOUND", "EXIT_MISSING"]
@@ -73,10 +74,6 @@ EXIT_DAMAGED = 4
 EXIT_NOT_FOUND = 5
 EXIT_MISSING = 6
 
-# The fields export writes and import reads back; "id" is written for reference only (a
-# store numbers its memories itself, so imported ones get new ids).
-EXPORT_FIELDS = ("id", "text", "type", "timestamp", "session", "importance", "pinned",
-                 "metadata", "summary")  # fmt: skip
 IMPORT_CHUNK = 512  # memories per add_many: one write and one commit each
 
 
@@ -98,9 +95,7 @@ def exit_code(exc: BaseException) -> int:
         return EXIT_NOT_FOUND
     if isinstance(exc, (CorruptionError, FormatVersionError)):
         return EXIT_DAMAGED
-    from .integrations.mcp_server import McpUnavailableError  # light: the SDK loads in serve()
-
-    if isinstance(exc, (EmbedderUnavailableError, EncodingUnavailableError, McpUnavailableError)):
+    if isinstance(exc, DependencyUnavailableError):  # the model, an encoding, the mcp package
         return EXIT_MISSING
     if isinstance(exc, InvalidInputError):
         return EXIT_USAGE
@@ -329,12 +324,11 @@ def _human_bytes(n: int) -> str:
 
 def _base(args: argparse.Namespace) -> str:
     """The store's name (its files are ``<name>.dat``, ``.idx``), namespace resolved."""
-    from .namespaces import namespace_path
+    from .namespaces import base_path, namespace_path
 
     if args.namespace is not None:
         return namespace_path(args.path, args.namespace, create=False)
-    path = args.path
-    return path[:-4] if path.endswith((".dat", ".idx")) else path
+    return base_path(args.path)
 
 
 def _require_store(args: argparse.Namespace) -> str:
@@ -396,19 +390,15 @@ def _open_for_query(args: argparse.Namespace, out: _Out) -> Any:
 
 
 def _has_vectors(store: Any) -> bool:
-    from ._stats import store_stats
-
-    return bool(store_stats(store)["with_vector"])
+    return bool(store.stats().with_vector)
 
 
 # --- commands --------------------------------------------------------------------------
 
 
 def _cmd_stats(args: argparse.Namespace, out: _Out) -> int:
-    from ._stats import store_stats
-
     with _open_readonly(args) as store:
-        stats = store_stats(store)
+        stats = dataclasses.asdict(store.stats())
     if args.namespace is not None:
         stats["namespace"] = args.namespace
     if out.json:
@@ -435,21 +425,15 @@ def _cmd_stats(args: argparse.Namespace, out: _Out) -> int:
     return EXIT_OK
 
 
-def _memory_dict(memory: Any) -> dict[str, Any]:
-    return {name: _jsonable(getattr(memory, name)) for name in EXPORT_FIELDS}
-
-
 def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
     if args.id is None and args.largest is None:
         raise CliError("give a memory ID or --largest N", EXIT_USAGE)
     if args.id is not None and args.largest is not None:
         raise CliError("give a memory ID or --largest N, not both", EXIT_USAGE)
-    from ._stats import largest, record_info
-
     with _open_readonly(args) as store:
         if args.id is not None:
-            memory = _memory_dict(store.get(args.id))
-            stored = record_info(store, args.id)
+            memory = memory_dict(store.get(args.id))
+            stored = dataclasses.asdict(store.info(args.id))
             if out.json:
                 out.emit({**memory, "stored": stored})
                 return EXIT_OK
@@ -474,7 +458,7 @@ def _cmd_inspect(args: argparse.Namespace, out: _Out) -> int:
                           f"{stored['importance_score']:.3f}")  # fmt: skip
             out.console.print(table)
             return EXIT_OK
-        rows = [(mid, size, tokens, store.get(mid)) for mid, size, tokens in largest(store, args.largest)]
+        rows = [(mid, size, tokens, store.get(mid)) for mid, size, tokens in store.largest(args.largest)]
     if out.json:
         out.emit([{"id": mid, "record_bytes": size, "text_tokens": tokens, "type": m.type,
                    "preview": _preview(m.text)} for mid, size, tokens, m in rows])  # fmt: skip
@@ -496,7 +480,7 @@ def _cmd_search(args: argparse.Namespace, out: _Out) -> int:
         hits = store.search(args.query, args.k, mode=args.mode, session=args.session, types=args.types)
     if out.json:
         out.emit([{"score": h.score, "vector": h.vector, "keyword": h.keyword,
-                   **_memory_dict(h.memory)} for h in hits])  # fmt: skip
+                   **memory_dict(h.memory)} for h in hits])  # fmt: skip
         return EXIT_OK
     from rich.table import Table
 
@@ -611,9 +595,7 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
     base = _require_store(args)
     with fastmem.open(base, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
         # The new data file holds the live records: their sizes are the bar's total.
-        from ._stats import largest
-
-        total = sum(size for _, size, _ in largest(store, len(store) or 1))
+        total = sum(r.bytes for r in store.largest(len(store)))
         with _file_progress(out, "compacting", base + ".dat.compact", total):
             report = store.compact()
     if out.json:
@@ -632,29 +614,6 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
 
 # --- export and import -----------------------------------------------------------------
 
-_BYTES_TAG = "$bytes"  # metadata may hold bytes (msgpack does, JSON does not): base64 under this key
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return {_BYTES_TAG: base64.b64encode(value).decode("ascii")}
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
-
-
-def _from_json(value: Any) -> Any:
-    if isinstance(value, dict):
-        if len(value) == 1 and isinstance(value.get(_BYTES_TAG), str):
-            return base64.b64decode(value[_BYTES_TAG], validate=True)
-        return {k: _from_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_json(v) for v in value]
-    return value
-
-
 def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
     with _open_readonly(args) as store:
         total = len(store)
@@ -668,10 +627,10 @@ def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
         try:
             with out.progress("exporting", total) as advance:
                 for memory in store:
-                    line = _memory_dict(memory)
+                    line = memory_dict(memory)
                     if args.vectors:
                         vector = store.vector(memory.id)
-                        line["embedding"] = None if vector is None else vector.tolist()
+                        line[EMBEDDING_FIELD] = None if vector is None else vector.tolist()
                     # NaN and infinities in metadata (msgpack floats) are written as JSON's
                     # common extension (NaN, Infinity); Python's json reads them back.
                     target.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -692,7 +651,7 @@ def _open_output(path: str) -> TextIO:
 
 def _read_import(path: str) -> list[dict[str, Any]]:
     """Every memory of a JSON-lines file, checked for shape (the store checks the values)."""
-    allowed = {*EXPORT_FIELDS, "embedding"}
+    allowed = {*EXPORT_FIELDS, EMBEDDING_FIELD}
     items = []
     if path == "-":
         lines = sys.stdin.read().splitlines()
@@ -724,9 +683,9 @@ def _read_import(path: str) -> list[dict[str, Any]]:
         item.pop("id", None)
         try:
             if item.get("metadata") is not None:
-                item["metadata"] = _from_json(item["metadata"])
+                item["metadata"] = from_jsonable(item["metadata"])
         except ValueError as exc:
-            raise CliError(f"{where}: bad {_BYTES_TAG} value in metadata ({exc})", EXIT_USAGE) from None
+            raise CliError(f"{where}: bad {BYTES_TAG} value in metadata ({exc})", EXIT_USAGE) from None
         item["_line"] = number
         # JSON null means "not set": the store's own default (e.g. pinned false).
         items.append({k: v for k, v in item.items() if v is not None})
@@ -771,22 +730,15 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _check_items(store: Any, items: list[dict[str, Any]], path: str) -> None:
-    """Check every item as ``add`` would, before anything is written: the store's own
-    checks (``MemoryStore._prepare``, which writes nothing), so the rules cannot drift."""
-    from ._vectors import to_float16
-
-    now = time.time()
-    dim = store._index.dim
-    for item in items:
-        try:
-            store._prepare(0, {k: v for k, v in item.items() if k != "_line"}, now)
-            if "embedding" in item:  # its length must be the store's (or the first line's)
-                dim = dim or to_float16([item["embedding"]], 0).shape[1]
-                to_float16([item["embedding"]], dim)
-        except InvalidInputError as exc:
-            message = _one_line(exc).removeprefix("item 0: ")
-            raise CliError(f"{path}, line {item['_line']}: {message} (nothing was imported)",
-                           EXIT_USAGE) from None  # fmt: skip
+    """Check every item as ``add`` would, before anything is written (``check_items``
+    writes nothing), so the rules cannot drift."""
+    try:
+        store.check_items([{k: v for k, v in item.items() if k != "_line"} for item in items])
+    except InvalidInputError as exc:
+        line = items[exc.item]["_line"] if exc.item is not None else "?"
+        message = _one_line(exc).removeprefix(f"item {exc.item}: ")
+        raise CliError(f"{path}, line {line}: {message} (nothing was imported)",
+                       EXIT_USAGE) from None  # fmt: skip
 
 
 # --- integrations and the demo ---------------------------------------------------------

@@ -1,140 +1,47 @@
-"""The context a model reads after a restart: the memories that matter, in a token budget.
+"""The context a model reads after a restart: the three levels, and the packer.
 
-``MemoryStore.context(query, budget)`` gathers candidates from the three levels (pinned
-memories, the newest memories, and a hybrid search for the query), and this module packs
-them: de-duplicated, pinned facts first, then in time order under one header per session
-and day, full text where it fits and matters, summaries where they let more evidence in,
-and never a token over the budget — the final text is counted exactly with tiktoken.
+``MemoryStore.context(query, budget)`` calls :func:`build`, which gathers candidates from
+the levels — pinned memories, level 1 (the newest memories, :func:`level1_rows`) and
+level 3 (the hybrid ranking of ``fastmem.retrieval``) — and packs them: de-duplicated,
+pinned facts first, then in time order under one header per session and day, full text
+where it fits and matters, summaries where they let more evidence in, and never a token
+over the budget: the final text is counted exactly with tiktoken. Level 2,
+:class:`Preload`, reads the most important memories into the cache in the background.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
-from ._format import MAX_TIMESTAMP
-from .errors import InvalidInputError
+import numpy as np
 
-__all__ = ["Context", "ContextItem", "ContextPolicy", "pack"]
+from . import _format as fmt
+from ._engine import Engine
+from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex
+from ._threads import Background
+from .errors import FastmemError, InvalidInputError
+from .retrieval import Ranked, importance_scores
+from .tokens import TokenCounter
+from .types import Context, ContextItem, ContextPolicy, Level
 
-DAY = 86400.0
+__all__ = ["Preload", "build", "level1_rows", "pack", "pinned_rows", "render"]
 
-
-@dataclass(frozen=True)
-class ContextPolicy:
-    """How a store builds contexts and ranks memories; every field has a default.
-
-    Level 1 (hot restore) is the newest ``recent`` memories, or those of the last
-    ``recent_minutes``, or the whole last session (``recent_session``); they may take
-    ``recent_share`` of a context's budget. Level 2 preloads the summaries of the
-    ``preload`` most important memories in the background, ``preload_chunk`` at a time.
-    Level 3 ranks ``candidates`` memories for the query; a hit's full text is read when its
-    relevance (0 to 1, relative to the best hit) reaches ``full_text_score``, its summary
-    otherwise. Pinned memories may take ``pinned_share`` of the budget.
-
-    Ranking takes the ``candidates`` best memories by vector and by keyword (BM25) and the
-    memories next to them in their sessions, adds the two scores as z-scores with their
-    weights, smooths each with its neighbours' (``neighbour_weight``), lets a memory rank
-    just below (``neighbour_gap``) a neighbour that matches strongly, and adds importance,
-    recency and same-session bonuses with their weights.
-    Importance is the memory's base importance (by type unless given) plus decayed access
-    frequency, a recency bonus and a pin bonus.
-    """
-
-    recent: int = 4
-    recent_minutes: float | None = None
-    recent_session: bool = False
-    recent_share: float = 0.08
-    pinned_share: float = 0.3
-    preload: int = 1000
-    preload_chunk: int = 128
-    candidates: int = 64
-    full_text_score: float = 0.35
-    vector_weight: float = 1.0
-    keyword_weight: float = 0.3
-    neighbour_weight: float = 0.3
-    neighbour_gap: float = 1.0
-    importance_weight: float = 0.1
-    recency_weight: float = 0.05
-    session_weight: float = 0.1
-    near_duplicate: float = 0.97
-    access_half_life_days: float = 30.0
-    access_weight: float = 0.3
-    recency_half_life_days: float = 7.0
-    pin_bonus: float = 1.0
-    type_importance: Mapping[str, float] = field(
-        default_factory=lambda: {"fact": 0.9, "plan": 0.7, "tool_result": 0.5, "conversation": 0.3}
-    )
-    cache_bytes: int = 16 << 20
-
-    def __post_init__(self) -> None:
-        for name in ("recent", "preload", "preload_chunk", "candidates", "cache_bytes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidInputError(f"ContextPolicy.{name} must be an int >= 0, got {value!r}")
-        for name in ("recent_share", "pinned_share", "full_text_score", "near_duplicate"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")
-        for name in ("vector_weight", "keyword_weight", "neighbour_weight", "neighbour_gap",
-                     "importance_weight", "recency_weight", "session_weight", "access_weight",
-                     "pin_bonus"):  # fmt: skip
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1e6:
-                raise InvalidInputError(f"ContextPolicy.{name} must be >= 0, got {value!r}")
-        for name in ("access_half_life_days", "recency_half_life_days"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 < value < 1e6:
-                raise InvalidInputError(f"ContextPolicy.{name} must be > 0, got {value!r}")
-        if self.recent_minutes is not None and not (
-            isinstance(self.recent_minutes, (int, float)) and self.recent_minutes > 0
-        ):
-            raise InvalidInputError("ContextPolicy.recent_minutes must be > 0 or None")
-        for name, value in self.type_importance.items():
-            if not isinstance(name, str) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise InvalidInputError("ContextPolicy.type_importance maps type names to 0..1")
-
-
-@dataclass(frozen=True, slots=True)
-class ContextItem:
-    """One memory in a context: which level brought it, its score and what was shown."""
-
-    id: str
-    level: int  # 0 pinned, 1 recent (hot restore), 3 found by search for the query
-    score: float
-    text: str  # the memory's full text, or its summary when ``summary`` is true
-    summary: bool
-    timestamp: float
-    session: str | None
-    type: str
-
-
-@dataclass(frozen=True)
-class Context:
-    """What ``MemoryStore.context`` returns.
-
-    ``text`` is what to give the model; ``tokens`` is its exact token count, never over the
-    budget. ``degraded`` is true when the embedding model was not loaded yet and the
-    context was built from keywords, recency and importance alone.
-    """
-
-    text: str
-    tokens: int
-    budget: int
-    items: list[ContextItem]
-    encoding: str
-    degraded: bool = False
-    seconds: float = 0.0
-
-    @property
-    def messages(self) -> list[dict[str, str]]:
-        """The context as OpenAI chat messages (one system message; none when empty)."""
-        if not self.text:
-            return []
-        return [{"role": "system", "content": self.text}]
-
+# What a memory whose tokens were never counted (a store written before token counts) is
+# taken to cost when the pinned and recent shares are filled: a summary's bound.
+UNCOUNTED_TOKENS = 64
+# Candidates are read until their tokens reach this many budgets: enough for the packer to
+# choose from when some do not fit, and no more records decoded than that.
+CANDIDATE_BUDGETS = 2
+# The packer's estimate of what a line costs beyond its text: the line break, the
+# "[type] " prefix of a memory that is not a conversation turn, and "(summary) ".
+LINE_BREAK_TOKENS = 1
+TYPE_PREFIX_TOKENS = 3
+SUMMARY_MARK_TOKENS = 3
 
 @dataclass(slots=True)
 class Candidate:
@@ -151,7 +58,7 @@ PINNED_HEADER = "## Pinned"
 
 def group_header(session: str | None, timestamp: float) -> str:
     """One header per session and day, so dates are not repeated on every line."""
-    if not 0 <= timestamp <= MAX_TIMESTAMP:  # a damaged index row: no date rather than an error
+    if not 0 <= timestamp <= fmt.MAX_TIMESTAMP:  # a damaged index row: no date rather than an error
         return f"## {session}" if session else "## (no date)"
     day = time.strftime("%d %b %Y", time.gmtime(timestamp)).lstrip("0")
     return f"## {session} · {day}" if session else f"## {day}"
@@ -159,8 +66,8 @@ def group_header(session: str | None, timestamp: float) -> str:
 
 def render(items: list[ContextItem]) -> str:
     """Pinned first (by score), then by time under session/day headers."""
-    pinned = [i for i in items if i.level == 0]
-    rest = sorted((i for i in items if i.level != 0), key=lambda i: (i.timestamp, i.id))
+    pinned = [i for i in items if i.level == Level.PINNED]
+    rest = sorted((i for i in items if i.level != Level.PINNED), key=lambda i: (i.timestamp, int(i.id[1:])))
     lines: list[str] = []
     if pinned:
         lines.append(PINNED_HEADER)
@@ -202,20 +109,20 @@ def pack(
     header_cost: dict[str, int] = {}
     for i in order:
         c = candidates[i]
-        h = PINNED_HEADER if c.item.level == 0 else group_header(c.item.session, c.item.timestamp)
+        h = PINNED_HEADER if c.item.level == Level.PINNED else group_header(c.item.session, c.item.timestamp)
         extra = 0
         if h not in headers:
             if h not in header_cost:
-                header_cost[h] = count(h) + 1
+                header_cost[h] = count(h) + LINE_BREAK_TOKENS
             extra = header_cost[h]
-        prefix = 0 if c.item.type == "conversation" else 3
-        if used + extra + c.tokens + 1 + prefix <= budget:
+        line = LINE_BREAK_TOKENS + (0 if c.item.type == "conversation" else TYPE_PREFIX_TOKENS)
+        if used + extra + c.tokens + line <= budget:
             chosen[i] = c.item
-            used += extra + c.tokens + 1 + prefix
+            used += extra + c.tokens + line
             headers.add(h)
-        elif c.alternative is not None and used + extra + c.alternative[1] + 4 + prefix <= budget:
+        elif c.alternative is not None and used + extra + c.alternative[1] + SUMMARY_MARK_TOKENS + line <= budget:
             chosen[i] = _as_summary(c.item, c.alternative[0])
-            used += extra + c.alternative[1] + 4 + prefix
+            used += extra + c.alternative[1] + SUMMARY_MARK_TOKENS + line
             headers.add(h)
     kept = sorted(chosen, key=lambda i: -candidates[i].priority)
     while True:
@@ -244,3 +151,205 @@ def check_budget(budget: Any) -> int:
     if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 1_000_000:
         raise InvalidInputError(f"budget must be an int from 1 to 1000000 tokens, got {budget!r}")
     return budget
+
+
+# --- the levels ---------------------------------------------------------------------------
+
+
+def pinned_rows(index: MemoryIndex) -> list[int]:
+    """Pinned live memories, most important first (ties: the older row); kept on the
+    index until a pin or forget changes them."""
+    if index.pinned is None:
+        pinned, importance = [], []
+        for first, rows, _ in index.segments():
+            flags = rows["flags"]
+            hit = np.nonzero((flags & fmt.FLAG_PINNED != 0) & (flags & fmt.FLAG_FORGOTTEN == 0))[0]
+            pinned.append(hit + first)
+            importance.append(rows["importance"][hit])
+        found: list[int] = []
+        if pinned:
+            all_rows = np.concatenate(pinned)
+            found = all_rows[np.lexsort((all_rows, -np.concatenate(importance)))].tolist()
+        index.pinned = found
+    return index.pinned
+
+
+def level1_rows(index: MemoryIndex, policy: ContextPolicy) -> list[int]:
+    """Level 1, newest first: the last ``recent`` memories, or those of the last
+    ``recent_minutes``, or the whole last session (policy)."""
+    newest = index.by_time(newest_first=True)
+    if policy.recent_session:
+        out: list[int] = []
+        last = None
+        for g in newest:
+            row = index.row(g)
+            if last is None:
+                last = row[F_SESSION]
+            elif row[F_SESSION] != last:
+                break
+            out.append(g)
+        return out
+    if policy.recent_minutes is not None:
+        out, since = [], None
+        for g in newest:
+            ts = index.row(g)[F_TS]
+            since = ts - policy.recent_minutes * 60 if since is None else since
+            if ts < since:
+                break
+            out.append(g)
+        return out
+    return list(islice(newest, policy.recent))
+
+
+def _level_priority(level: Level, position: int) -> float:
+    """Pinned, then recent memories go in before any search hit (whose priority is its
+    relevance, at most 1), each level in its own order."""
+    return 3.0 - level - position * 1e-6
+
+
+def build(
+    engine: Engine, policy: ContextPolicy, ranked: list[Ranked], *, budget: int,
+    counter: TokenCounter, stored_counts: bool, exclude: set[int],
+) -> tuple[str, int, list[ContextItem]]:  # fmt: skip
+    """The context from the three levels: pinned memories (up to ``pinned_share`` of the
+    budget), level 1 (up to ``recent_share``) and the ranked search hits, never the rows
+    of ``exclude``; packed into ``budget`` tokens of ``counter``'s encoding. Returns
+    ``(text, tokens, items)``."""
+    index = engine.index
+    levels: dict[int, tuple[Level, float]] = {}  # row -> (level, priority)
+    share = {Level.PINNED: policy.pinned_share * budget, Level.RECENT: policy.recent_share * budget}
+    spent = {Level.PINNED: 0.0, Level.RECENT: 0.0}
+    for level, rows in ((Level.PINNED, pinned_rows(index)), (Level.RECENT, level1_rows(index, policy))):
+        for i, g in enumerate(rows):
+            row = index.row(g)
+            cost = row[F_TEXT_TOKENS] if row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS else UNCOUNTED_TOKENS
+            if g in levels or g in exclude or spent[level] + cost > share[level]:
+                continue
+            spent[level] += cost
+            levels[g] = (level, _level_priority(level, i))
+    scores = {}
+    for hit in ranked:
+        scores[hit.row] = hit.relevance
+        if hit.row not in levels and hit.row not in exclude:
+            levels[hit.row] = (Level.FOUND, hit.relevance)
+    candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget)
+    return pack(candidates, budget, counter.count)
+
+
+def _candidates(
+    engine: Engine, policy: ContextPolicy, levels: dict[int, tuple[Level, float]],
+    scores: dict[int, float], counter: TokenCounter, stored_counts: bool, budget: int,
+) -> list[Candidate]:  # fmt: skip
+    """Context candidates for rows, best first, near-duplicates left out (the better one
+    stays); enough of them to fill the budget ``CANDIDATE_BUDGETS`` times over."""
+    index = engine.index
+    order = sorted(levels, key=lambda g: -levels[g][1])
+    vectors, has_vector = index.unit_vectors(np.array(order, dtype=np.int64))
+    kept = np.zeros((len(order), vectors.shape[1]), dtype=np.float32)
+    n_kept = 0
+    seen_texts: set[str] = set()
+    out: list[Candidate] = []
+    total = 0
+    for j, g in enumerate(order):
+        if total > CANDIDATE_BUDGETS * budget:
+            break
+        level, priority = levels[g]
+        row = index.row(g)
+        memory = engine.cached_memory(g)
+        key = " ".join(memory.text.casefold().split())
+        if key in seen_texts:
+            continue
+        if has_vector[j]:
+            if (level == Level.FOUND and n_kept
+                    and float((kept[:n_kept] @ vectors[j]).max()) >= policy.near_duplicate):  # fmt: skip
+                continue
+            kept[n_kept] = vectors[j]
+            n_kept += 1
+        seen_texts.add(key)
+        if stored_counts and row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS:
+            text_tokens, summary_tokens = row[F_TEXT_TOKENS], row[F_SUMMARY_TOKENS]
+        else:
+            text_tokens = counter.count(memory.text)
+            summary_tokens = counter.count(memory.summary) if memory.summary else 0
+        score = scores.get(g, 0.0)
+        item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
+                           memory.session, memory.type)  # fmt: skip
+        summary = (memory.summary, summary_tokens) if memory.summary else None
+        if summary is not None and level == Level.FOUND and score < policy.full_text_score:
+            # Weakly related: its summary first (more evidence fits), its text if room.
+            item = _as_summary(item, memory.summary or "")
+            out.append(Candidate(item, summary_tokens, priority))
+            total += summary_tokens
+        else:
+            out.append(Candidate(item, text_tokens, priority, summary))
+            total += text_tokens
+    return out
+
+
+class Preload:
+    """Level 2: a background thread that reads the most important memories (their summaries
+    and texts) into the engine's cache, a chunk at a time, taking the lock only per chunk
+    so callers never wait long; stopped by ``stop()`` (the store's ``close()``).
+
+    It works for later calls, so it gives way to the call being made: each step waits until
+    callers have left the store alone for ``_QUIET`` seconds (at most ``_MAX_DEFER``, so a
+    busy caller does not starve it). The first search after a restart would otherwise wait
+    for the importance pass over every row (at 1 M rows, faulting in 80 MB of rows).
+    """
+
+    _QUIET = 0.05
+    _MAX_DEFER = 0.5
+
+    def __init__(self, engine: Engine, policy: ContextPolicy, last_call: Callable[[], float]) -> None:
+        self.engine, self.policy, self.last_call = engine, policy, last_call
+        self.done = 0
+        self.total = 0
+        self.finished = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = Background(self._run, "fastmem-preload")
+
+    def _run(self) -> None:
+        engine, policy = self.engine, self.policy
+        try:
+            if not self._defer():
+                return
+            with engine.lock:
+                if engine.closed:
+                    return
+                epoch = engine.epoch
+                for g in level1_rows(engine.index, policy):  # level 1 first: loaded whole
+                    engine.cached_memory(g)
+                scores = importance_scores(engine.index, policy, time.time())
+                k = min(policy.preload, int(np.count_nonzero(np.isfinite(scores))))
+                top = np.argpartition(-scores, k - 1)[:k] if k else np.zeros(0, np.int64)
+                top = top[np.lexsort((top, -scores[top]))].tolist()
+            self.total = len(top)
+            chunk = max(1, policy.preload_chunk)
+            for start in range(0, len(top), chunk):
+                if not self._defer():
+                    return
+                with engine.lock:
+                    if engine.closed or engine.epoch != epoch:  # rows were numbered anew
+                        return
+                    for g in top[start : start + chunk]:
+                        engine.cached_memory(g)
+                self.done = min(start + chunk, len(top))
+        except FastmemError:
+            pass  # a damaged record: the caller meets it when it reads that memory
+        finally:
+            self.finished.set()
+
+    def _defer(self) -> bool:
+        """Wait for a quiet moment (see the class); False once the preload is stopped."""
+        deadline = time.monotonic() + self._MAX_DEFER
+        while True:
+            wait = min(self.last_call() + self._QUIET, deadline) - time.monotonic()
+            if wait <= 0:
+                return not self._stopping.is_set()
+            if self._stopping.wait(wait):
+                return False
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if not self._thread.is_current():
+            self._thread.join()

@@ -176,8 +176,3 @@ def run(out: Any) -> int:
         p("[green]everything a default store needs works[/green]")
     return 1 if report["problems"] else 0
 
-
-if __name__ == "__main__":  # python -m fastmem.doctor, where the CLI cannot be changed
-    from fastmem.cli import _Out
-
-    sys.exit(run(_Out("--json" in sys.argv[1:])))

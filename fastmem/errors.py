@@ -22,9 +22,11 @@ __all__ = [
     "StoreClosedError",
     "StoreForkedError",
     "ReadOnlyError",
+    "DependencyUnavailableError",
     "EncodingUnavailableError",
     "EmbedderMismatchError",
     "EmbedderUnavailableError",
+    "McpUnavailableError",
     "RecoveryWarning",
 ]
 
@@ -34,7 +36,14 @@ class FastmemError(Exception):
 
 
 class InvalidInputError(FastmemError, ValueError):
-    """An argument has a value fastmem cannot store or use; nothing was written."""
+    """An argument has a value fastmem cannot store or use; nothing was written.
+
+    Attributes:
+        item: for a batch (``add_many``, ``check_items``), the position of the item at
+            fault, when one is; ``None`` otherwise.
+    """
+
+    item: int | None = None
 
 
 class InvalidTypeError(InvalidInputError, TypeError):
@@ -99,7 +108,17 @@ class ReadOnlyError(FastmemError):
     """A write was attempted on a store opened with ``readonly=True``."""
 
 
-class EncodingUnavailableError(FastmemError):
+class DependencyUnavailableError(FastmemError):
+    """Something fastmem needs for this call is not installed or cannot be loaded: a
+    package, a model or a token encoding. The message says what to install.
+
+    No ``ImportError`` mixin: these are raised by calls, not by imports (fastmem imports
+    without any of them), and one of them also means a damaged model file; an
+    ``except ImportError`` around an import must not start catching them.
+    """
+
+
+class EncodingUnavailableError(DependencyUnavailableError):
     """The token encoding asked for cannot be loaded on this machine (no network is used)."""
 
 
@@ -108,9 +127,13 @@ class EmbedderMismatchError(InvalidInputError):
     its vectors would not be comparable with the stored ones."""
 
 
-class EmbedderUnavailableError(FastmemError):
+class EmbedderUnavailableError(DependencyUnavailableError):
     """The embedding model cannot be used: not installed, failed its checksum, or failed to
     load. A store opened with ``embedder=None`` needs none (keyword search only)."""
+
+
+class McpUnavailableError(DependencyUnavailableError):
+    """The ``mcp`` package (the official MCP SDK) is not installed: ``pip install 'fastmem[mcp]'``."""
 
 
 class RecoveryWarning(UserWarning):

@@ -29,7 +29,7 @@ import re
 
 from .errors import InvalidInputError, InvalidTypeError
 
-__all__ = ["MAX_NAMESPACE_CHARS", "STORE_NAME", "check_namespace", "list_namespaces", "make_private_dirs",
+__all__ = ["MAX_NAMESPACE_CHARS", "STORE_NAME", "base_path", "check_namespace", "list_namespaces", "make_private_dirs",
            "namespace_path"]
 
 MAX_NAMESPACE_CHARS = 64
@@ -99,3 +99,19 @@ def list_namespaces(root: str | os.PathLike[str]) -> list[str]:
         name for name in names
         if _VALID.fullmatch(name) and os.path.exists(os.path.join(base, name, STORE_NAME + ".dat"))
     )  # fmt: skip
+
+
+def base_path(path: object) -> str:
+    """A store's name, checked: what ``fastmem.open`` takes, without a ``.dat`` or ``.idx``
+    suffix (its files are ``<name>.dat`` and ``<name>.idx``)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    base = os.fspath(path)
+    if not isinstance(base, str) or not base:
+        raise InvalidInputError("path must be a non-empty file name")
+    try:
+        if b"\0" in os.fsencode(base):
+            raise ValueError
+    except (UnicodeError, ValueError):
+        raise InvalidInputError(f"path {base!r} is not a valid file name") from None
+    return base[:-4] if base.endswith((".dat", ".idx")) else base

@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from ._stopwords import STOP_WORDS
+
 __all__ = ["Summarizer", "KeySentences", "split_sentences"]
 
 
@@ -23,11 +25,6 @@ class Summarizer(Protocol):
 # A sentence ends at . ! ? or … followed by a space, or at a line break.
 _SENTENCE_END = re.compile(r"(?<=[.!?\u2026])\s+|\s*\n+\s*")
 _WORD = re.compile(r"[^\W_]+")
-_STOP = frozenset(
-    "a an and are as at be but by do for from had has have he her his i if in into is it its "
-    "me my no not of on or our she so than that the their them then there they this to was we "
-    "were what when which who will with you your".split()
-)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -58,7 +55,7 @@ class KeySentences:
         if len(text) <= self.max_tokens or self.count(text) <= self.max_tokens:
             return None
         sentences = split_sentences(text)
-        words = [[w for w in _WORD.findall(s.lower()) if w not in _STOP] for s in sentences]
+        words = [[w for w in _WORD.findall(s.lower()) if w not in STOP_WORDS] for s in sentences]
         freq = Counter(w for ws in words for w in set(ws))
         scores = [
             sum(freq[w] for w in ws) / (len(ws) + 4) ** 0.5 + (1.0 if i == 0 else 0.0)

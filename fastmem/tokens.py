@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ._threads import Background
-from .errors import EncodingUnavailableError, InvalidInputError
+from .errors import EncodingUnavailableError, InvalidInputError, InvalidTypeError
 
 __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
 
@@ -134,3 +134,30 @@ class TokenCounter:
 
     def __repr__(self) -> str:
         return f"<fastmem.TokenCounter {self.name!r}{'' if self.ready else ' loading'}>"
+
+
+_counters: dict[str, TokenCounter] = {}
+_counters_lock = threading.Lock()
+
+
+def counter_for(encoding: Any) -> TokenCounter:
+    """The process's counter for ``encoding``, loaded now: an unknown name fails here,
+    clearly, not in the middle of a context.
+
+    Raises:
+        InvalidTypeError: ``encoding`` is not a string.
+        EncodingUnavailableError: no such encoding can be loaded on this machine.
+    """
+    if not isinstance(encoding, str):
+        raise InvalidTypeError("encoding must be a tiktoken encoding name")
+    with _counters_lock:
+        counter = _counters.get(encoding)
+        if counter is None:
+            counter = _counters[encoding] = TokenCounter(encoding)
+    try:
+        counter.encoding  # noqa: B018 - loads it, or raises
+    except BaseException:
+        with _counters_lock:
+            _counters.pop(encoding, None)  # not kept: a name that never loads is not cached
+        raise
+    return counter

@@ -19,9 +19,11 @@ from fastmem.cli import (EXIT_DAMAGED, EXIT_LOCKED, EXIT_NOT_FOUND, EXIT_OK, EXI
 SOURCE = os.path.dirname(os.path.dirname(fastmem.__file__))  # the fastmem under test
 
 
-@pytest.fixture
-def backend():  # the CLI calls the store; the kernels are tested both ways elsewhere
-    yield "default"
+@pytest.fixture(autouse=True)
+def backend():
+    """The CLI (and its demo) exercises no kernel: one run, on the default kernels (the
+    compiled ones when built), not one per backend as tests/conftest.py's fixture would."""
+    yield fastmem.BACKEND
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -214,6 +216,28 @@ def test_verify_repair_and_exit_codes(capsys, tmp_path):
     assert cli_json(capsys, "verify", path)["ok"] is True
     code, out, _ = cli(capsys, "repair", path)  # nothing left to cut
     assert code == EXIT_OK and "nothing damaged" in out
+
+
+def test_every_missing_dependency_exits_6(capsys, tmp_path, monkeypatch):
+    """The "not installed" errors share one base the CLI maps (the MCP server's error is
+    fastmem's own, still importable where it was)."""
+    from fastmem.cli import EXIT_MISSING, exit_code
+    from fastmem.errors import DependencyUnavailableError
+    from fastmem.integrations import mcp_server
+
+    assert mcp_server.McpUnavailableError is fastmem.errors.McpUnavailableError
+    for error in (fastmem.EmbedderUnavailableError, fastmem.EncodingUnavailableError,
+                  mcp_server.McpUnavailableError):  # fmt: skip
+        assert issubclass(error, DependencyUnavailableError) and not issubclass(error, ImportError)
+        assert exit_code(error("x")) == EXIT_MISSING
+
+    def no_sdk(name: str):
+        raise ImportError(f"No module named {name!r}")
+
+    monkeypatch.setattr(mcp_server.importlib, "import_module", no_sdk)
+    code, _, err = cli(capsys, "mcp", "--store", str(tmp_path / "mem"))
+    assert code == EXIT_MISSING and "pip install 'fastmem[mcp]'" in one_error_line(err)
+    assert not os.path.exists(tmp_path / "mem.dat")  # refused before opening the store
 
 
 def test_compact(capsys, tmp_path):
@@ -452,6 +476,26 @@ def test_demo_end_to_end(tmp_path):
     assert proc.returncode == EXIT_OK, proc.stderr
     assert "keywords only" in proc.stdout and "contains m" in proc.stdout
     assert "tokens (exact, tiktoken)" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_a_failed_demo_process_is_one_line_exit_1(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every child exits 1, printing nothing
+    code, _, err = cli(capsys, "demo", "--path", str(tmp_path / "demo_store"))
+    assert code == EXIT_PROBLEMS
+    assert one_error_line(err) == "fastmem: error: a process of the demo failed: exit status 1\n"
+
+
+def test_the_demo_does_not_import_the_cli():
+    """cli imports _demo to run it; the other way round (even inside a function) is a circle."""
+    import ast
+
+    from fastmem import _demo
+
+    with open(_demo.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported = {(node.level, node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {(0, alias.name) for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert (1, "cli") not in imported and (0, "fastmem.cli") not in imported, imported
 
 
 def _model_installed() -> bool:

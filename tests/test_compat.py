@@ -61,7 +61,7 @@ def test_v1_index_gets_its_keyword_section_at_the_next_checkpoint(v1_copy):
     raw = Path(v1_copy + ".idx").read_bytes()
     assert fmt.unpack_idx_header(raw, "idx").keyword_version == fmt.KEYWORD_VERSION
     with fastmem.open(v1_copy, readonly=True) as store:
-        assert store._index.keyword.base is not None  # mapped, not rebuilt
+        assert store._engine.index.keyword.base is not None  # mapped, not rebuilt
         assert [h.id for h in store.search("lisbon may", mode="keyword")] == ["m0"]
 
 

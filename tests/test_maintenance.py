@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels, _maintenance
+from fastmem import _index, _kernels, _maintenance
 
 DIM = 8
 NO_PRELOAD = fastmem.ContextPolicy(preload=0, recent=0)
@@ -153,12 +154,15 @@ def test_writes_during_compaction_are_kept(store_path: str, monkeypatch: pytest.
     real = _maintenance._new_store
     during: dict[str, Any] = {}
 
-    def new_store_while_writing(store, *args):  # type: ignore[no-untyped-def]
+    stores: list[Any] = []
+
+    def new_store_while_writing(engine, *args):  # type: ignore[no-untyped-def]
+        store = stores[0]
         # Snapshot taken, rows not read yet: changes made now are in the log it reads.
         store.forget(ids[8])
         store.update(ids[9], metadata={"before the read": 1}, importance=0.42)
         store.evict(ttl={"plan": 0}, now=1000.0 + 42)  # ids 1, 5, 9, ... up to 41: pinned 5 stays
-        result = real(store, *args)  # the records are written; the lock is free
+        result = real(engine, *args)  # the records are written; the lock is free
         during["added"] = store.add("written during the compaction", embedding=_vec(99))
         store.update(ids[3], metadata={"during": 1})
         store.forget(ids[4])
@@ -166,6 +170,7 @@ def test_writes_during_compaction_are_kept(store_path: str, monkeypatch: pytest.
 
     monkeypatch.setattr(_maintenance, "_new_store", new_store_while_writing)
     with _open_quietly(store_path) as s:
+        stores.append(s)
         s.compact()
         assert s.get(during["added"]).text == "written during the compaction"
         assert s.get(ids[3]).metadata == {"during": 1}
@@ -313,7 +318,7 @@ def test_evict_by_ttl_importance_count_and_bytes(store_path: str) -> None:
             s.add("x" * 50 + str(i), timestamp=300.0 + i)
         assert s.evict(max_bytes=10**9) == []
         s.evict(max_bytes=300)
-        lengths = s._index.column("length")[(s._index.column("flags") & fmt.FLAG_FORGOTTEN) == 0]
+        lengths = s._engine.index.column("length")[(s._engine.index.column("flags") & fmt.FLAG_FORGOTTEN) == 0]
         assert int(lengths.sum()) <= 300 + lengths.max()  # pinned ones may stay over it
         assert s.verify().ok
         before = os.path.getsize(store_path + ".dat")
@@ -347,7 +352,7 @@ def test_repair_keeps_every_intact_record_and_what_it_cut(store_path: str) -> No
     ids = _build(store_path)
     with _open_quietly(store_path, readonly=True) as r:
         before = _state(r)
-        offsets = {m.id: r._index.row(r._index.find(int(m.id[1:])))[3] for m in r}
+        offsets = {m.id: r.info(m.id).record_offset for m in r}
     dat = bytearray(Path(store_path + ".dat").read_bytes())
     victims = [ids[0], ids[41], ids[50]]
     for mid in victims:
@@ -495,3 +500,72 @@ def test_a_reader_process_reads_through_compactions(store_path: str) -> None:
         out, _ = proc.communicate(timeout=60)
     calls, wrong, ok, count = json.loads(out)
     assert calls > len(expected) and wrong == 0 and ok and count == len(expected)
+
+
+# Swapping files (the review's S3): built aside, adopted whole; past the commit point a
+# failure closes the handle, and every descriptor is closed exactly once.
+
+def _open_fds():
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_a_swap_that_fails_after_the_commit_point_closes_the_handle(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    fds = _open_fds()
+    store = fastmem.open(path, embedder=None)
+    ids = store.add_many([{"text": f"memory {i}"} for i in range(20)])
+    store.forget(ids[3])
+    armed = []
+    real_new_store, real_load = _maintenance._new_store, _index.MemoryIndex.load
+
+    def new_store(*args, **kwargs):
+        result = real_new_store(*args, **kwargs)
+        armed.append(1)  # the new files are written: the next index load is the swap's
+        return result
+
+    def load(cls, *args, **kwargs):
+        if armed:
+            armed.clear()
+            raise OSError(errno.EIO, "injected: the new index cannot be read")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(_maintenance, "_new_store", new_store)
+    monkeypatch.setattr(_index.MemoryIndex, "load", classmethod(load))
+    with pytest.raises(OSError, match="injected"):
+        store.compact()
+    with pytest.raises(fastmem.StoreClosedError):
+        store.get(ids[0])  # the old files are no longer the store: the handle is closed
+    store.close()  # and closing it again is fine
+    assert _open_fds() == fds  # every descriptor closed once, none leaked
+    monkeypatch.undo()
+    with fastmem.open(path, embedder=None) as store:  # the compacted files, as committed
+        assert [m.id for m in store] == [m for i, m in enumerate(ids) if i != 3]
+        assert store.verify().ok
+
+
+def test_a_reader_whose_swap_fails_stays_on_its_files_and_follows_later(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    with fastmem.open(path, embedder=None) as writer:
+        ids = writer.add_many([{"text": f"memory {i}"} for i in range(10)])
+        reader = fastmem.open(path, embedder=None, readonly=True, policy=NO_PRELOAD)
+        assert len(reader) == 10
+        writer.forget(ids[0])
+        writer.compact()
+        writer.add("after the compaction")
+    real_load = _index.MemoryIndex.load
+    failures = []
+
+    def load(cls, *args, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise OSError(errno.EIO, "injected: the new index cannot be read yet")
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(_index.MemoryIndex, "load", classmethod(load))
+    with pytest.raises(OSError, match="injected"):
+        len(reader)  # the call that meets the swap reports it...
+    monkeypatch.undo()
+    try:  # ...and the handle is still whole: the next call follows
+        assert [m.text for m in reader][-1] == "after the compaction" and len(reader) == 10
+    finally:
+        reader.close()

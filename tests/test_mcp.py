@@ -23,9 +23,12 @@ from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 SOURCE = os.path.dirname(os.path.dirname(fastmem.__file__))
 
 
-@pytest.fixture
-def backend():  # the server's process uses the default kernels; one run is enough
-    yield "default"
+@pytest.fixture(autouse=True)
+def backend():
+    """The MCP server exercises no kernel: one run, on the default kernels (the compiled
+    ones when built; its process uses them anyway), not one per backend as
+    tests/conftest.py's fixture would."""
+    yield fastmem.BACKEND
 
 
 def _params(path: str) -> StdioServerParameters:

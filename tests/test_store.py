@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import subprocess
@@ -14,7 +15,7 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels_py
+from fastmem import _index, _kernels_py
 
 
 def unit(rng, n, dim=16):
@@ -373,7 +374,7 @@ def test_restart_reads_the_newest_memories_from_the_hot_section(store_path):
         store.add_many({"text": f"memory {i}", "timestamp": ts[i]} for i in range(400))
         store.forget("m7")
     with fastmem.open(store_path, readonly=True) as store:
-        assert store._index.hot_rows() is not None  # a clean checkpoint: the fast path is on
+        assert store._engine.index.hot_rows() is not None  # a clean checkpoint: the fast path is on
         expected = list(store)[::-1]
         assert store.recent(30) == expected[:30]
         assert store.recent(fmt.HOT_MEMORIES + 5) == expected[: fmt.HOT_MEMORIES + 5]
@@ -392,7 +393,7 @@ def test_restart_reads_the_newest_memories_from_the_hot_section(store_path):
     # Any change after the checkpoint turns the copy off until the next one.
     with fastmem.open(store_path) as store:
         store.add("newest", timestamp=1000.0)
-        assert store._index.hot_rows() is None and store.recent(1)[0].text == "newest"
+        assert store._engine.index.hot_rows() is None and store.recent(1)[0].text == "newest"
 
 
 def test_search_checks_its_query_even_on_an_empty_store(store_path):
@@ -431,3 +432,131 @@ def test_reader_process_follows_a_writer_process(store_path):
         assert writer.returncode == 0
         assert seen == sorted(seen) and seen[-1] == 1501 and reader.verify().ok
         assert len(set(seen)) > 2  # it did read while the writer wrote
+
+
+# --- figures for operators and the edge's needs: stats, largest, info, pinned, check_items,
+# record_access ----------------------------------------------------------------------------
+
+
+def test_stats_counts_live_memories_by_type(store_path):
+    with fastmem.open(store_path, dim=4) as store:
+        store.add("a fact", type="fact", timestamp=100.0, session="s1", pinned=True,
+                  embedding=[1, 0, 0, 0])  # fmt: skip
+        store.add("two turns", timestamp=200.0, session="s1")
+        gone = store.add("three", timestamp=300.0, session="s2")
+        store.add("four", type="plan", timestamp=150.0, session="s2")
+        store.forget(gone)
+        stats = store.stats()
+    assert isinstance(stats, fastmem.StoreStats)
+    assert (stats.memories, stats.forgotten, stats.pinned, stats.with_vector) == (3, 1, 1, 1)
+    assert stats.types == {"conversation": 1, "fact": 1, "plan": 1}
+    assert (stats.sessions, stats.oldest, stats.newest, stats.dim) == (2, 100.0, 200.0, 4)
+    assert stats.dat_bytes == os.path.getsize(store_path + ".dat")
+    assert stats.text_tokens > 0 and stats.backend == fastmem.BACKEND
+
+
+def test_largest_orders_by_record_size_then_id(store_path):
+    with fastmem.open(store_path) as store:
+        small, big, same = store.add("x"), store.add("y" * 500), store.add("z")
+        top = store.largest(3)
+        assert [r.id for r in top] == [big, small, same]
+        assert top[0].bytes > top[1].bytes and top[0] == (big, top[0].bytes, top[0].tokens)
+        assert store.largest(0) == []
+        with pytest.raises(fastmem.InvalidInputError):
+            store.largest(-1)
+
+
+def test_info_reports_the_row_and_the_one_score(store_path):
+    with fastmem.open(store_path) as store:
+        mid = store.add("where is it", type="fact")
+        store.add("another")
+        info = store.info(mid)
+        assert info.record_bytes > 0 and info.text_tokens == 3 and not info.has_vector
+        assert info.access_count == 0 and info.last_access is None
+        scores = store.importance_scores()
+        assert info.importance_score == pytest.approx(float(scores[0]), rel=1e-6)
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.info("m99")
+
+
+def test_pinned_lists_pinned_memories_most_important_first(store_path):
+    with fastmem.open(store_path) as store:
+        low = store.add("low", pinned=True, importance=0.2)
+        store.add("not pinned", importance=1.0)
+        high = store.add("high", pinned=True, importance=0.9)
+        assert [m.id for m in store.pinned()] == [high, low]
+        store.pin(high, False)
+        assert [m.id for m in store.pinned()] == [low]
+
+
+def test_check_items_writes_nothing_and_names_the_item(store_path):
+    with fastmem.open(store_path, dim=3) as store:
+        store.check_items([{"text": "fine"}, {"text": "also", "embedding": [1, 2, 3]}])
+        with pytest.raises(fastmem.InvalidInputError) as err:
+            store.check_items([{"text": "fine"}, {"text": "bad", "embedding": [1, 2]}])
+        assert err.value.item == 1 and str(err.value).startswith("item 1:")
+        with pytest.raises(fastmem.InvalidTypeError) as err:
+            store.check_items([{"text": "ok"}, {"text": "ok"}, {"text": 3}])
+        assert err.value.item == 2
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.check_items({"text": "a dict is not a list"})
+        assert len(store) == 0
+    assert os.path.getsize(store_path + ".dat") == fmt.DAT_HEADER_SIZE
+
+
+def test_check_items_in_an_empty_store_takes_the_first_embeddings_length(store_path):
+    with fastmem.open(store_path) as store:
+        store.check_items([{"text": "a", "embedding": [1, 0]}, {"text": "b", "embedding": [0, 1]}])
+        with pytest.raises(fastmem.DimensionMismatchError) as err:
+            store.check_items([{"text": "a", "embedding": [1, 0]}, {"text": "b", "embedding": [0, 1, 0]}])
+        assert err.value.item == 1
+
+
+def test_record_access_feeds_importance_and_survives_reopen(store_path):
+    with fastmem.open(store_path) as store:
+        a, b = store.add("a"), store.add("b")
+        store.record_access([a, a, "m77", "nonsense"], now=1_800_000_000.0)  # unknown ids: left out
+        assert store.info(a).access_count == 1 and store.info(b).access_count == 0
+        assert store.info(a).last_access == 1_800_000_000.0
+        scores = store.importance_scores(now=1_800_000_000.0)
+        assert scores[0] > scores[1]  # the same memory but for the access
+    with fastmem.open(store_path) as store:
+        assert store.info(a).access_count == 1
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.record_access("m0")
+    with fastmem.open(store_path, readonly=True) as reader, pytest.raises(fastmem.ReadOnlyError):
+        reader.record_access([a])
+
+
+# A failure after the append (the review's S4): the same ids again, nothing unacknowledged kept.
+
+
+def test_a_failure_after_the_append_leaves_nothing_behind(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    with fastmem.open(path, embedder=None) as store:
+        first = store.add("acknowledged before")
+        size = os.path.getsize(path + ".dat")
+        real = _index.MemoryIndex.append
+        calls = []
+
+        def failing_append(self, *args, **kwargs):
+            calls.append(1)
+            if len(calls) == 1:
+                raise MemoryError("while applying the batch")
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(_index.MemoryIndex, "append", failing_append)
+        with pytest.raises(MemoryError):
+            store.add("never acknowledged", type="a-new-type")
+        assert os.path.getsize(path + ".dat") == size  # the records are cut off again
+        second = store.add("acknowledged after")
+        assert int(second[1:]) == int(first[1:]) + 1  # the id was not used
+        assert [m.text for m in store] == ["acknowledged before", "acknowledged after"]
+        assert store.verify().ok
+    for index_file in (True, False):  # from the checkpoint, and rebuilt from the data file
+        if not index_file:
+            os.remove(path + ".idx")
+        with pytest.warns(fastmem.RecoveryWarning) if not index_file else contextlib.nullcontext():
+            with fastmem.open(path, embedder=None) as store:
+                assert [m.text for m in store] == ["acknowledged before", "acknowledged after"]
+                assert store.verify().ok

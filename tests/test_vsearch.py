@@ -29,7 +29,7 @@ def test_search_after_reopen_forget_and_add_equals_brute_force(store_path):
         return [f"m{i}" for _, i in scores[:k]], qn
 
     with fastmem.open(store_path) as store:
-        index = store._index
+        index = store._engine.index
         assert index.n_base == n and index.base_scales is None
         q = vecs[7] + 0.2 * _unit(rng, 1, dim)[0]
         want, qn = brute(q, 10, n)

@@ -17,7 +17,8 @@ time holds a store's writer lock; another process on the same profile (a CLI bes
 gateway) writes its batches to durable ``pending-*.jsonl`` files beside the store, which
 the lock holder imports within about a second and the next holder imports otherwise.
 What is still queued at the shutdown deadline is kept the same way: nothing queued is
-dropped.
+dropped. The write queue and its pending files are :mod:`fastmem.integrations._writer`;
+the installer is :mod:`fastmem.integrations._hermes_install` (:func:`install` here).
 
 This module imports without hermes-agent (the base class falls back to ``object``), so
 ``fastmem`` never needs Hermes.
@@ -31,28 +32,20 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import re
-import tempfile
 import threading
 import time
-import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fastmem
-from fastmem.errors import (
-    EmbedderUnavailableError,
-    FastmemError,
-    InvalidInputError,
-    InvalidTypeError,
-    StoreLockedError,
-    StoreNotFoundError,
-    UnknownMemoryError,
-)
+from fastmem.errors import FastmemError, StoreNotFoundError, UnknownMemoryError
 from fastmem.namespaces import namespace_path
+from fastmem.types import Level
+
+from ._hermes_install import InstallResult, install
+from ._writer import PENDING, Handler, _open_store, _Writer
 
 if TYPE_CHECKING:
     _Base = object
@@ -72,15 +65,18 @@ TURN_MAX_CHARS = 16_000  # per side of a stored turn; the rest of a pasted file 
 TOOL_TEXT_MAX_CHARS = 8_000
 QUERY_MAX_CHARS = 4_000
 TOOL_WAIT = 10.0  # seconds a tool call waits for its write to be on disk
-LOCK_WAIT = 0.05  # seconds per attempt at the store's writer lock (rides over a reopen)
-RETRY_LOCK = 1.0  # seconds between attempts while another process holds the lock
-IDLE_TICK = 1.0  # seconds between imports of other processes' pending writes
 SHUTDOWN_TIMEOUT = 4.0  # Hermes drains its own queue for 5 s before calling shutdown()
 CACHE_SECONDS = 120.0  # a queued prefetch older than this is computed again
 FACTS_PER_SESSION = 20
-MAX_BATCH = 64  # writes per commit: bounds one batch's embedding time (~1 s on a laptop CPU)
+# The store's limit on a session name (a longer one is refused): Hermes's ids are cut to it.
+# TODO(merge): take a public constant when fastmem grows one (today _format.MAX_SESSION_CHARS).
+SESSION_MAX_CHARS = 256
+PROMPT_CONTEXT_BUDGET = 1000  # tokens of the context the system prompt's pinned facts come from
+PINNED_LINE_MAX_CHARS = 300  # per pinned fact in the system prompt
+SEARCH_TEXT_MAX_CHARS = 1000  # per hit in fastmem_search's reply
+PREFETCH_CACHE_SIZE = 4  # queued prefetches kept per provider (Hermes queues one per turn)
+READER_OPEN_TRIES, READER_OPEN_PAUSE = 100, 0.02  # ~2 s for another process to create the store
 
-_TOOL_PREFIX = "fastmem_"
 _MIRROR_SOURCE = "hermes-memory"  # metadata["source"] of mirrored built-in memory writes
 
 
@@ -95,251 +91,38 @@ def user_namespace(user_id: Any = None, platform: Any = None) -> str:
 
 
 # --- the shared store: one read handle and one writer per store per process --------------
+# The writer (fastmem.integrations._writer) applies "add" itself; the provider's other
+# writes are these handlers. Their arguments may come back from a pending file (JSON).
 
 
-class _Pending:
-    """A write kept in a pending file: it reaches the store when a writer imports it."""
-
-    def __repr__(self) -> str:
-        return "PENDING"
+def _forget(store: fastmem.MemoryStore, mid: str) -> str:
+    store.forget(mid)
+    return mid
 
 
-PENDING = _Pending()
+def _pin(store: fastmem.MemoryStore, args: Any) -> str:
+    mid, pinned = args  # a tuple, or a list when read back from a pending file
+    store.pin(mid, pinned)
+    return str(mid)
 
 
-@dataclass
-class _Op:
-    kind: str  # add, add_unique, forget, pin, mirror, barrier
-    args: Any
-    future: Future[Any]
+def _add_unique(store: fastmem.MemoryStore, args: dict[str, Any]) -> str:
+    """Add, unless the same text (case and spacing aside) is stored: consolidated facts."""
+    folded = " ".join(args["text"].casefold().split())
+    for hit in store.search(args["text"], 5, mode="keyword"):
+        if " ".join(hit.memory.text.casefold().split()) == folded:
+            return hit.id
+    return store.add(**args)
 
 
-def _open_store(path: str, **kwargs: Any) -> fastmem.MemoryStore:
-    """Open with the default embedder, or keyword-only when the model is not installed
-    (memories stay readable either way; vectors come back with the model)."""
-    try:
-        return fastmem.open(path, **kwargs)
-    except EmbedderUnavailableError as exc:
-        logger.warning("fastmem: embedding model unavailable (%s); keyword search only", exc)
-        return fastmem.open(path, embedder=None, **kwargs)
+def _mirror_write(store: fastmem.MemoryStore, args: dict[str, Any]) -> str | None:
+    return _mirror(store, **args)
 
 
-class _Writer:
-    """One thread that applies a store's writes in order and acknowledges each batch only
-    after an fsync.
-
-    It keeps the store's writer lock for as long as the store is in use here: closing a
-    store checkpoints its index (~130 ms and the whole index rewritten at 100k memories),
-    too much to do after every turn. When another process holds the lock (a gateway beside
-    this CLI), batches go to durable ``pending-*.jsonl`` files beside the store instead; the
-    lock holder imports them within about a second, and whoever takes the lock next imports
-    what is left. The same happens to what is still queued at the shutdown deadline.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._queue: queue.Queue[_Op | None] = queue.Queue()
-        self._store: fastmem.MemoryStore | None = None
-        self._deadline: float | None = None  # set by stop(): what is not written by then is kept
-        self._next_try = 0.0  # when to try for the lock again after finding it taken
-        self._warned = False
-        self._thread = threading.Thread(target=self._run, name="fastmem-writer", daemon=True)
-        self._thread.start()
-
-    def submit(self, kind: str, args: Any) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._queue.put(_Op(kind, args, future))
-        return future
-
-    def stop(self, timeout: float) -> None:
-        """Write what is queued (to a pending file past ``timeout``), then close."""
-        self._deadline = time.monotonic() + timeout
-        self._queue.put(None)
-        self._thread.join(timeout + 1.0)
-
-    def _run(self) -> None:
-        while True:
-            try:
-                op = self._queue.get(timeout=IDLE_TICK)
-            except queue.Empty:
-                self._idle()
-                continue
-            stopping = op is None
-            batch = [] if op is None else [op]
-            while len(batch) < MAX_BATCH:  # what else is queued joins this batch (one fsync)
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stopping = True
-                else:
-                    batch.append(more)
-            if batch and self._deadline is not None and time.monotonic() >= self._deadline:
-                # Out of time (embedding a backlog, say): keep the rest for the next writer.
-                self._spill(batch + self._drain(), "was not written before the shutdown deadline")
-                stopping = True
-            elif batch:
-                self._write(batch)
-            if stopping:
-                self._close()
-                return
-
-    def _drain(self) -> list[_Op]:
-        """Everything still queued (the stop sentinel dropped: nothing behind it is lost)."""
-        rest: list[_Op] = []
-        while True:
-            try:
-                op = self._queue.get_nowait()
-            except queue.Empty:
-                return rest
-            if op is not None:
-                rest.append(op)
-
-    def _idle(self) -> None:
-        """Between writes: import other processes' pending writes, or try for the lock."""
-        store = self._acquire()
-        if store is not None:
-            try:
-                self._import_pending(store)
-            except Exception as exc:  # the next tick tries again
-                logger.warning("fastmem: importing pending writes into %s failed: %s", self.path, exc)
-
-    def _write(self, batch: list[_Op]) -> None:
-        store = self._acquire()
-        if store is None:
-            self._spill(batch, "is locked by another process")
-            return
-        self._import_pending(store)  # older than this batch: first
-        results: list[tuple[_Op, Any, BaseException | None]] = []
-        i = 0
-        while i < len(batch):
-            if batch[i].kind == "add":  # a run of adds: one add_many, one commit
-                j = i
-                while j < len(batch) and batch[j].kind == "add":
-                    j += 1
-                results.extend(self._add_run(store, batch[i:j]))
-                i = j
-                continue
-            op = batch[i]
-            try:
-                results.append((op, self._apply(store, op.kind, op.args), None))
-            except Exception as exc:  # a user error (unknown id...): reported to its caller
-                results.append((op, None, exc))
-            i += 1
-        try:
-            store.flush()  # acknowledged = on disk
-        except Exception as exc:
-            logger.warning("fastmem: flush of %s failed: %s", self.path, exc)
-        for op, value, error in results:
-            if error is None:
-                op.future.set_result(value)
-            else:
-                op.future.set_exception(error)
-
-    def _add_run(self, store: fastmem.MemoryStore, ops: list[_Op]) -> list[tuple[_Op, Any, Any]]:
-        try:
-            ids = store.add_many([op.args for op in ops])
-            return [(op, mid, None) for op, mid in zip(ops, ids)]
-        except FastmemError:  # one bad item refuses the batch: add the others one by one
-            out: list[tuple[_Op, Any, Any]] = []
-            for op in ops:
-                try:
-                    out.append((op, store.add(**op.args), None))
-                except Exception as exc:
-                    out.append((op, None, exc))
-            return out
-
-    def _apply(self, store: fastmem.MemoryStore, kind: str, args: Any) -> Any:
-        if kind == "forget":
-            store.forget(args)
-            return args
-        if kind == "pin":
-            store.pin(args[0], args[1])
-            return args[0]
-        if kind == "add_unique":  # consolidated facts: not again if already stored
-            folded = " ".join(args["text"].casefold().split())
-            for hit in store.search(args["text"], 5, mode="keyword"):
-                if " ".join(hit.memory.text.casefold().split()) == folded:
-                    return hit.id
-            return store.add(**args)
-        if kind == "mirror":
-            return _mirror(store, **args)
-        if kind == "barrier":
-            return None
-        raise ValueError(f"unknown write {kind!r}")
-
-    def _acquire(self) -> fastmem.MemoryStore | None:
-        """The writable handle, or None while another process holds the lock (or the store
-        cannot be opened); tries again at most every RETRY_LOCK seconds."""
-        if self._store is not None:
-            return self._store
-        now = time.monotonic()
-        if now < self._next_try:
-            return None
-        try:
-            self._store = _open_store(self.path, timeout=LOCK_WAIT)
-        except Exception as exc:  # locked elsewhere, or damaged: the writes go to a file
-            self._next_try = now + RETRY_LOCK
-            if not isinstance(exc, StoreLockedError) and not self._warned:
-                logger.warning("fastmem: cannot open %s for writing: %s", self.path, exc)
-                self._warned = True
-            return None
-        self._warned = False
-        return self._store
-
-    def _close(self) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            try:  # pending files stay for the next holder: imports take time a shutdown lacks
-                store.close()
-            except Exception as exc:
-                logger.warning("fastmem: closing %s failed: %s", self.path, exc)
-
-    # Pending files: writes that could not be made to the store, as JSON lines.
-
-    def _spill(self, ops: list[_Op], why: str) -> None:
-        lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind != "barrier"]
-        directory = os.path.dirname(self.path)
-        name = os.path.join(directory, f"pending-{time.time():.6f}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl")
-        try:
-            if lines:
-                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".pending-")
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write("\n".join(lines) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, name)  # whole or absent: the importer never sees half a file
-                logger.info("fastmem: %s %s; %d writes kept in %s", self.path, why, len(lines), name)
-        except Exception as exc:
-            logger.error("fastmem: could not keep %d writes for %s: %s", len(lines), self.path, exc)
-        for op in ops:
-            op.future.set_result(PENDING)
-
-    def _import_pending(self, store: fastmem.MemoryStore) -> None:
-        """Apply the pending files (oldest first, by the time in their names), then delete
-        them; a crash between the two imports a file twice rather than never."""
-        names = sorted(glob.glob(os.path.join(os.path.dirname(self.path), "pending-*.jsonl")))
-        for name in names:
-            try:
-                with open(name, encoding="utf-8") as f:
-                    entries = [json.loads(line) for line in f if line.strip()]
-            except FileNotFoundError:  # imported meanwhile by an earlier holder of the lock
-                continue
-            except (OSError, ValueError) as exc:
-                logger.warning("fastmem: cannot read %s: %s", name, exc)
-                continue
-            for entry in entries:
-                try:
-                    kind, args = entry["kind"], entry["args"]
-                    if kind == "add":
-                        store.add(**args)
-                    else:
-                        self._apply(store, kind, tuple(args) if kind == "pin" else args)
-                except (FastmemError, KeyError, TypeError) as exc:
-                    logger.warning("fastmem: a pending write in %s failed: %s", name, exc)
-            store.flush()
-            os.unlink(name)
+def _record_access(store: fastmem.MemoryStore, args: dict[str, Any]) -> None:
+    """The memories a context gave the model, counted as the store counts its own
+    contexts' (the provider reads through a read-only handle, which counts nothing)."""
+    store.record_access(args["ids"], args["now"])
 
 
 def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
@@ -364,6 +147,12 @@ def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
     return None
 
 
+_HANDLERS: dict[str, Handler] = {
+    "forget": _forget, "pin": _pin, "add_unique": _add_unique, "mirror": _mirror_write,
+    "access": _record_access,
+}  # fmt: skip
+
+
 class _Shared:
     """One store's read handle, writer and prefetch thread, shared by every provider of it
     in this process (the gateway keeps a provider per cached agent)."""
@@ -371,7 +160,7 @@ class _Shared:
     def __init__(self, path: str) -> None:
         self.path = path
         self.refs = 0
-        self.writer = _Writer(path)
+        self.writer = _Writer(path, _HANDLERS)
         self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fastmem-prefetch")
         self._reader: fastmem.MemoryStore | None = None
         self._reader_lock = threading.Lock()
@@ -382,7 +171,7 @@ class _Shared:
         """The read-only handle: opened on first use; readers never wait for a writer."""
         with self._reader_lock:
             if self._reader is None:
-                for attempt in range(100):
+                for attempt in range(READER_OPEN_TRIES):
                     try:
                         self._reader = _open_store(self.path, readonly=True)
                         break
@@ -390,7 +179,7 @@ class _Shared:
                         if attempt == 0:
                             self.writer.submit("barrier", None).result(TOOL_WAIT)
                         else:
-                            time.sleep(0.02)  # another process is creating it right now
+                            time.sleep(READER_OPEN_PAUSE)  # another process is creating it right now
                 else:
                     raise StoreNotFoundError(f"fastmem: {self.path} was not created in time")
             return self._reader
@@ -487,17 +276,21 @@ def extract_facts(messages: Any, limit: int = FACTS_PER_SESSION) -> list[str]:
     return facts
 
 
+SUMMARY_ASKS, SUMMARY_ASK_CHARS = 8, 160  # a session summary: the first 8 requests, 160 characters each
+
+
 def summarize_session(messages: Any, session_id: str) -> str | None:
-    """A line per user request (first 160 characters), at most 8: what the session was about."""
+    """A line per user request (its first SUMMARY_ASK_CHARS characters), at most
+    SUMMARY_ASKS: what the session was about."""
     asks = _user_texts(messages)
     if not asks:
         return None
     day = time.strftime("%d %b %Y", time.gmtime())
     count = f"{len(asks)} user message" + ("s" if len(asks) != 1 else "")
     lines = [f"Session {session_id or '?'} ({day}, {count}). The user asked:"]
-    for text in asks[:8]:
+    for text in asks[:SUMMARY_ASKS]:
         one = " ".join(text.split("<memory-context>")[0].split())
-        lines.append("- " + (one[:160] + "…" if len(one) > 160 else one))
+        lines.append("- " + (one[:SUMMARY_ASK_CHARS] + "…" if len(one) > SUMMARY_ASK_CHARS else one))
     return "\n".join(lines)
 
 
@@ -644,14 +437,14 @@ class FastmemProvider(_Base):
         ]
         shown: set[str] = set()
         try:
-            ctx = self._shared.reader().context("", budget=1000)
-            pinned = [item for item in ctx.items if item.level == 0]
+            ctx = self._shared.reader().context("", budget=PROMPT_CONTEXT_BUDGET)
+            pinned = [item for item in ctx.items if item.level == Level.PINNED]
         except FastmemError as exc:
             logger.warning("fastmem: pinned facts unavailable: %s", exc)
             pinned = []
         used = 0
         for item in pinned:
-            line = "- " + " ".join(item.text.split())[:300]
+            line = "- " + " ".join(item.text.split())[:PINNED_LINE_MAX_CHARS]
             if used + len(line) > PROMPT_PINNED_CHARS:
                 break
             if not shown:
@@ -661,6 +454,7 @@ class FastmemProvider(_Base):
             shown.add(item.id)
         with self._lock:
             self._prompt_ids = shown
+        self._note_used(shown)
         return "\n".join(lines)
 
     def _recall(self, query: str) -> tuple[str, set[str]]:
@@ -672,7 +466,8 @@ class FastmemProvider(_Base):
         ctx = reader.context(query[:QUERY_MAX_CHARS], budget=self._budget, exclude=seen)
         # A write of this session is readable a moment before its id reaches _written (the
         # writer fsyncs in between): leave this session's memories out all the same.
-        own = {i.id for i in ctx.items if self._session_id and i.session == self._session_id[:256]}
+        session = self._session()
+        own = {i.id for i in ctx.items if session and i.session == session}
         if own:
             with self._lock:
                 self._written |= own
@@ -688,7 +483,7 @@ class FastmemProvider(_Base):
         future = self._shared.prefetcher.submit(self._recall, query)
         with self._lock:
             self._cache[query] = (time.monotonic(), future)
-            while len(self._cache) > 4:  # oldest first: dicts keep insertion order
+            while len(self._cache) > PREFETCH_CACHE_SIZE:  # oldest first: dicts keep insertion order
                 del self._cache[next(iter(self._cache))]
 
     def prefetch(self, query: str, *, session_id: str = "", **kwargs: Any) -> str:
@@ -716,7 +511,13 @@ class FastmemProvider(_Base):
             if ids and not fresh:  # all shown meanwhile (a queued result raced a turn)
                 return ""
             self._injected |= ids
+        self._note_used(ids)
         return text
+
+    def _note_used(self, ids: set[str]) -> None:
+        """Count the memories given to the model as accessed (queued: no wait)."""
+        if ids and self._shared is not None and self._writes:
+            self._shared.writer.submit("access", {"ids": sorted(ids), "now": time.time()})
 
     # -- writes ------------------------------------------------------------------------
 
@@ -740,10 +541,9 @@ class FastmemProvider(_Base):
         if not (user or assistant):
             return
         text = f"User: {user[:TURN_MAX_CHARS]}\nAssistant: {assistant[:TURN_MAX_CHARS]}"
-        session = (session_id or self._session_id or None)
         self._submit_add({
             "text": text, "type": "conversation", "timestamp": time.time(),
-            "session": session[:256] if session else None,
+            "session": self._session(session_id),
             "metadata": {"platform": self._platform, "source": "hermes-turn"},
         })  # fmt: skip
 
@@ -765,7 +565,7 @@ class FastmemProvider(_Base):
         facts = extract_facts(messages)
         if self._shared is None or not self._writes:
             return facts
-        session = self._session_id[:256] or None
+        session = self._session()
         for fact in facts:
             future = self._shared.writer.submit("add_unique", {
                 "text": fact, "type": "fact", "session": session, "importance": 0.8,
@@ -801,6 +601,11 @@ class FastmemProvider(_Base):
             self._session_id = str(new_session_id)
         self._reset_session()
 
+    def _session(self, session_id: Any = None) -> str | None:
+        """The session name stored with a write: ``session_id`` or this provider's, cut to
+        the store's limit; ``None`` when there is none."""
+        return str(session_id or self._session_id)[:SESSION_MAX_CHARS] or None
+
     def _reset_session(self) -> None:
         with self._lock:
             self._injected.clear()
@@ -811,7 +616,7 @@ class FastmemProvider(_Base):
                       **kwargs: Any) -> None:  # fmt: skip
         """Remember what a subagent was asked and what it found."""
         if _text_of(task).strip() or _text_of(result).strip():
-            session = self._session_id[:256] or None
+            session = self._session()
             self._submit_add({
                 "text": f"Delegated task: {_text_of(task)[:TURN_MAX_CHARS]}\n"
                         f"Result: {_text_of(result)[:TURN_MAX_CHARS]}",
@@ -864,7 +669,7 @@ class FastmemProvider(_Base):
         if not self._writes:
             return _error("memory is read-only in this agent context")
         future = self._submit_add({"text": text, "type": kind, "pinned": pin, "timestamp": time.time(),
-                                   "session": self._session_id[:256] or None,
+                                   "session": self._session(),
                                    "metadata": {"source": "hermes-tool"}})  # fmt: skip
         assert future is not None
         mid = self._wait(future)
@@ -878,7 +683,7 @@ class FastmemProvider(_Base):
         assert self._shared is not None
         hits = self._shared.reader().search(query, limit)
         return _json({"results": [
-            {"id": h.id, "text": h.memory.text[:1000], "type": h.memory.type,
+            {"id": h.id, "text": h.memory.text[:SEARCH_TEXT_MAX_CHARS], "type": h.memory.type,
              "date": time.strftime("%Y-%m-%d", time.gmtime(h.memory.timestamp)),
              "pinned": h.memory.pinned, "score": round(h.score, 3)}
             for h in hits
@@ -938,169 +743,3 @@ def _arg_bool(args: dict[str, Any], key: str, *, default: bool) -> bool:
 def register(ctx: Any) -> None:
     """Hermes's plugin hook: ``ctx.register_memory_provider(FastmemProvider())``."""
     ctx.register_memory_provider(FastmemProvider())
-
-
-# --- installing into a Hermes profile -------------------------------------------------------
-
-PLUGIN_INIT = '''\
-"""fastmem memory provider for Hermes Agent: a MemoryProvider over a fastmem store.
-
-Written by `fastmem hermes install`; the provider itself is
-fastmem.integrations.hermes.FastmemProvider (fastmem must be installed in the Python that
-runs Hermes). Activate with `memory: {provider: fastmem}` in config.yaml.
-"""
-
-import logging
-
-try:
-    from fastmem.integrations.hermes import FastmemProvider
-except ImportError as exc:  # Hermes reports a failed plugin import only at DEBUG level
-    logging.getLogger(__name__).warning(
-        "fastmem memory provider: cannot import fastmem (%s); pip install fastmem into the "
-        "Python environment that runs Hermes", exc)
-    raise
-
-
-def register(ctx):
-    ctx.register_memory_provider(FastmemProvider())
-'''
-
-PLUGIN_YAML = '''\
-name: fastmem
-version: {version}
-description: "fastmem: unbounded local memory in two files; a bounded, relevant slice (~1,300 tokens) recalled each turn. No server, no LLM calls."
-hooks:
-  - on_session_end
-  - on_pre_compress
-  - on_session_switch
-  - on_memory_write
-  - on_delegation
-'''
-
-
-@dataclass(frozen=True)
-class InstallResult:
-    """What :func:`install` did; ``message`` says it for a person."""
-
-    hermes_home: str
-    plugin_dir: str
-    config_path: str
-    activated: bool
-    message: str
-
-
-def _write_atomic(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".fastmem-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        try:  # keep the mode of the file replaced (mkstemp makes 0600)
-            os.chmod(tmp, os.stat(path).st_mode & 0o777)
-        except FileNotFoundError:
-            os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def _provider_in(text: str) -> str | None:
-    """memory.provider from config.yaml's text (PyYAML when importable)."""
-    try:
-        import yaml  # type: ignore[import-untyped]
-    except ImportError:
-        match = re.search(r"^memory:[ \t]*\n(?:[ \t]+.*\n|[ \t]*\n)*?[ \t]+provider:[ \t]*['\"]?([\w.-]*)", text, re.M)
-        return match.group(1) if match else None
-    data = yaml.safe_load(text) or {}
-    memory = data.get("memory") if isinstance(data, dict) else None
-    return memory.get("provider") if isinstance(memory, dict) else None
-
-
-def _activated_text(text: str) -> str:
-    """config.yaml's text with memory.provider set to fastmem, the rest kept."""
-    try:
-        import yaml
-    except ImportError:
-        return _activated_text_plain(text)
-    data = yaml.safe_load(text) if text.strip() else {}
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise InvalidInputError("config.yaml does not hold a mapping; set memory.provider by hand")
-    memory = data.get("memory")
-    if not isinstance(memory, dict):
-        memory = data["memory"] = {}
-    memory["provider"] = "fastmem"
-    return str(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-
-
-def _activated_text_plain(text: str) -> str:
-    """Without PyYAML: edit the ``memory:`` block's lines (comments and order kept)."""
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if re.match(r"memory:\s*(#.*)?$", line):
-            j = i + 1
-            while j < len(lines) and (not lines[j].strip() or lines[j][:1] in " \t"):
-                if re.match(r"[ \t]+provider:", lines[j]):
-                    indent = lines[j][: len(lines[j]) - len(lines[j].lstrip())]
-                    lines[j] = f"{indent}provider: fastmem"
-                    return "\n".join(lines) + "\n"
-                j += 1
-            lines.insert(i + 1, "  provider: fastmem")
-            return "\n".join(lines) + "\n"
-    return text + ("" if not text or text.endswith("\n") else "\n") + "memory:\n  provider: fastmem\n"
-
-
-def install(hermes_home: str | os.PathLike[str] | None = None, *, activate: bool = False) -> InstallResult:
-    """Install the fastmem provider into a Hermes profile (hermes-agent need not be importable).
-
-    Writes ``<hermes_home>/plugins/fastmem/`` (``__init__.py``, ``plugin.yaml``); with
-    ``activate``, sets ``memory.provider: fastmem`` in ``<hermes_home>/config.yaml``
-    (the rest of the file is kept; the previous file is saved as ``config.yaml.bak``).
-
-    Args:
-        hermes_home: the profile directory; ``$HERMES_HOME`` or ``~/.hermes`` by default.
-        activate: also set the provider in config.yaml.
-
-    Raises:
-        InvalidTypeError: an argument has the wrong type.
-        InvalidInputError: config.yaml is not a YAML mapping (with ``activate``).
-        OSError: the files cannot be written.
-    """
-    if hermes_home is not None and not isinstance(hermes_home, (str, os.PathLike)):
-        raise InvalidTypeError(f"hermes_home must be a path, not {type(hermes_home).__name__}")
-    if not isinstance(activate, bool):
-        raise InvalidTypeError("activate must be True or False")
-    home = os.fspath(hermes_home) if hermes_home is not None else (
-        os.environ.get("HERMES_HOME") or os.path.expanduser("~/.hermes"))  # fmt: skip
-    home = os.path.abspath(home)
-    plugin_dir = os.path.join(home, "plugins", "fastmem")
-    os.makedirs(plugin_dir, exist_ok=True)
-    _write_atomic(os.path.join(plugin_dir, "__init__.py"), PLUGIN_INIT)
-    _write_atomic(os.path.join(plugin_dir, "plugin.yaml"), PLUGIN_YAML.format(version=fastmem.__version__))
-
-    config_path = os.path.join(home, "config.yaml")
-    try:
-        with open(config_path, encoding="utf-8-sig") as f:
-            text = f.read()
-    except FileNotFoundError:
-        text = ""
-    active = _provider_in(text) == "fastmem"
-    notes = [f"Installed the fastmem memory provider in {plugin_dir}."]
-    if activate and not active:
-        new_text = _activated_text(text)
-        if text:
-            _write_atomic(config_path + ".bak", text)
-        _write_atomic(config_path, new_text)
-        active = True
-        notes.append(f"Activated it: memory.provider is fastmem in {config_path}"
-                     + (f" (previous file: {config_path}.bak)." if text else "."))  # fmt: skip
-    elif active:
-        notes.append(f"It is active: memory.provider is fastmem in {config_path}.")
-    else:
-        notes.append(f"To activate it, set this in {config_path} (or run "
-                     f"`fastmem hermes install --activate`):\n  memory:\n    provider: fastmem")  # fmt: skip
-    notes.append("Then restart Hermes (CLI and gateway). fastmem must be installed in the Python "
-                 "that runs Hermes; memories are kept in " + os.path.join(home, "fastmem") + ".")  # fmt: skip
-    return InstallResult(home, plugin_dir, config_path, active, "\n".join(notes))

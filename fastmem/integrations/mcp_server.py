@@ -23,13 +23,10 @@ import importlib
 import os
 from typing import Any
 
-from ..errors import EmbedderUnavailableError, FastmemError
+from ..errors import EmbedderUnavailableError, FastmemError, McpUnavailableError
+from ..export import memory_dict  # the same JSON shape as `fastmem export`
 
-__all__ = ["McpUnavailableError", "build_server", "serve"]
-
-
-class McpUnavailableError(FastmemError):
-    """The ``mcp`` package (the official MCP SDK) is not installed."""
+__all__ = ["McpUnavailableError", "build_server", "serve"]  # the error lives in fastmem.errors
 
 
 def _sdk() -> tuple[Any, type[Exception]]:
@@ -51,18 +48,12 @@ def _sdk() -> tuple[Any, type[Exception]]:
         ) from None
 
 
-def _memory(memory: Any) -> dict[str, Any]:
-    from ..cli import _memory_dict  # the same JSON shape as `fastmem export`
-
-    return _memory_dict(memory)
-
-
 def build_server(store: Any) -> Any:
     """An MCP server (the SDK's object, not started) whose tools work on ``store``, an open
     writable :class:`fastmem.MemoryStore`."""
     server_class, tool_error = _sdk()
     from .. import __version__
-    from .._stats import store_stats
+    import dataclasses
 
     server = server_class("fastmem", instructions=(
         "Long-term memory that survives restarts. Call `context` with the user's question "
@@ -106,7 +97,7 @@ def build_server(store: Any) -> Any:
         types: only memories of these types (e.g. ["fact", "plan"]).
         """
         hits = call(store.search, query, k, mode=mode, session=session, types=types)
-        return {"hits": [{"score": h.score, **_memory(h.memory)} for h in hits]}
+        return {"hits": [{"score": h.score, **memory_dict(h.memory)} for h in hits]}
 
     @server.tool()
     def context(query: str, budget: int = 1300, session: str | None = None) -> dict[str, Any]:
@@ -133,7 +124,7 @@ def build_server(store: Any) -> Any:
     def stats() -> str:
         import json
 
-        return json.dumps({**store_stats(store), "version": __version__})
+        return json.dumps({**dataclasses.asdict(store.stats()), "version": __version__})
 
     return server
 

@@ -1,0 +1,796 @@
+"""The storage engine of one open store: its files, its lock, its index and its writes.
+
+An :class:`Engine` owns the data file's descriptor (and the writer lock on it), the map of
+the data file, the :class:`MemoryIndex`, the group commit, the cache of decoded memories
+and the log of in-place changes a compaction reads. ``MemoryStore`` checks arguments and
+delegates here; ``_maintenance`` rewrites files through the small interface below, never
+through the engine's underscore attributes:
+
+- ``lock`` / ``maintenance_lock``, ``check()`` / ``check_writable()``;
+- ``index``, ``data()``, ``dat_end``, ``valid_end``;
+- ``start_change_log()`` / ``stop_change_log()``, ``note_change(row, values)``;
+- ``append_tombstones(rows, now)``, ``read_since(offset)``, ``copy_descriptor()``;
+- ``swap_to(fd, committed=...)`` (a new data file, built aside and swapped in whole),
+  ``abandon()``.
+
+Two rules hold every write together. Appending records and applying them to the index is
+one step (``commit_memories``): whatever fails after the append cuts the file back and
+reloads the index, so no id is given twice and nothing unacknowledged stays. Moving to new
+files builds the new map and index first and assigns them in one block (``_adopt``): a
+failure leaves the handle on its old files, or, past a compaction's commit point, closed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import mmap
+import os
+import threading
+import time
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _format as fmt
+from . import _kernels
+from ._files import Retired, fsync_dir, pending_index, recover, releaser
+from ._index import (
+    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
+)  # fmt: skip
+from ._items import Prepared, f32, parse_id
+from .errors import (
+    CorruptIndexError,
+    CorruptionError,
+    CorruptRecordError,
+    DimensionMismatchError,
+    EmbedderMismatchError,
+    FormatVersionError,
+    ReadOnlyError,
+    RecoveryWarning,
+    StoreClosedError,
+    StoreForkedError,
+    StoreLockedError,
+    StoreNotFoundError,
+    UnknownMemoryError,
+)
+from .namespaces import make_private_dirs
+from .types import Memory
+
+__all__ = ["Engine", "no_cyclic_gc", "read_payload"]
+
+GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
+CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
+_UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
+_CACHE_ENTRY_OVERHEAD = 200  # bytes a cached memory costs beyond its text and summary
+
+_new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
+
+_fork_generation = 0
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+    # A thread of the parent may have held an engine's lock at fork time; that thread does
+    # not exist here, so the lock would never be released and the child would hang
+    # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
+    for engine in list(_engines):
+        engine.lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _State(NamedTuple):
+    """What a handle works on, built aside and adopted whole (see ``Engine._adopt``)."""
+
+    fd: int  # the data file, locked by a writer
+    map_fd: int  # the descriptor the map was made from (never the locked one)
+    dat: mmap.mmap
+    memindex: MemoryIndex
+    dat_end: int
+    valid_end: int
+    uuid: bytes
+    rebuilt: bool  # the index was rebuilt from the data file: worth a checkpoint
+
+
+class Engine:
+    """The files, lock, index and write path of one open store (see the module)."""
+
+    def __init__(
+        self, base: str, *, readonly: bool, durability: str, timeout: float,
+        dim: int | None, identity: tuple[str, int] | None, cache_bytes: int,
+    ) -> None:  # fmt: skip
+        self.path = base
+        self.dat_path, self.idx_path = base + ".dat", base + ".idx"
+        self.readonly = readonly
+        self.durability = durability
+        self.identity = identity
+        self.lock = threading.RLock()
+        self.maintenance_lock = threading.Lock()  # one compaction or repair at a time
+        self.epoch = 0  # counts files or row numberings adopted: row numbers change with it
+        self.cache = _ContentCache(cache_bytes)
+        self.closed = True
+        self._changes: list[tuple[int, int, int]] | None = None  # see note_change
+        self._generation = _fork_generation
+        self._commit: _GroupCommit | None = None
+        self._dat: mmap.mmap | None = None
+        self._map_fd = -1
+        self._fd = -1
+        fd = self._open_data_file(timeout)
+        try:
+            self._adopt(self._build(fd, dim))
+        except BaseException:
+            os.close(fd)
+            raise
+        self.closed = False
+        _engines.add(self)
+        if not readonly and (self._rebuilt or not os.path.exists(self.idx_path)):
+            self.checkpoint()
+
+    # --- opening and swapping ---------------------------------------------------------
+
+    def _open_data_file(self, timeout: float) -> int:
+        if self.readonly:
+            releaser()  # ready before a compaction elsewhere needs it
+            try:
+                return os.open(self.dat_path, os.O_RDONLY)
+            except FileNotFoundError:
+                raise StoreNotFoundError(f"no fastmem store at {self.dat_path}") from None
+        parent = os.path.dirname(os.path.abspath(self.dat_path))
+        if not os.path.isdir(parent):
+            make_private_dirs(parent)
+        fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if os.fstat(fd).st_nlink == 0:
+                    # A compaction replaced the file while we waited: lock the new one.
+                    os.close(fd)
+                    fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+                    continue
+                recover(self.dat_path, self.idx_path)
+                return fd
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise StoreLockedError(
+                        f"{self.dat_path} is open for writing in another process or handle: "
+                        f"close it, open with readonly=True, or pass timeout= to wait"
+                    ) from None
+                time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
+            except BaseException:
+                os.close(fd)
+                raise
+
+    def _build(self, fd: int, dim: int | None, retries: int = 3) -> _State:
+        """Map the data file open as ``fd`` and load (or rebuild) its index, changing
+        nothing of the handle's state. The caller keeps ``fd`` (a reader that finds the
+        file replaced meanwhile returns a state on a new descriptor)."""
+        size = os.fstat(fd).st_size
+        created = size < fmt.DAT_HEADER_SIZE
+        if created:
+            self._create_data_file(fd, size, dim or 0)
+            size = fmt.DAT_HEADER_SIZE
+        # Mapped through a descriptor of its own: mmap keeps a duplicate of the one it is
+        # given, which must not be the locked one, or the lock would outlive close().
+        map_fd = os.open(self.dat_path, os.O_RDONLY)
+        try:
+            dat = mmap.mmap(map_fd, size, access=mmap.ACCESS_READ)
+            header = fmt.unpack_dat_header(dat, self.dat_path)
+            self._check_embedder(header)
+            try:
+                index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, dat, size)
+                reason = None
+            except FileNotFoundError:
+                index, reason = None, "it was missing"
+            except (CorruptionError, FormatVersionError) as exc:
+                if self.readonly and retries and os.fstat(fd).st_size != size:
+                    # A writer appended and checkpointed since the size was taken: the
+                    # index covers more than that size. Look again rather than rebuild.
+                    os.close(map_fd)
+                    return self._build(fd, dim, retries - 1)
+                index, reason = None, str(exc)
+            if index is None and self.readonly:
+                if os.fstat(fd).st_nlink == 0:  # replaced meanwhile: read the new one
+                    os.close(map_fd)
+                    return self._build_replaced(dim)
+                index = pending_index(self.idx_path, header, dat, size)  # mid-swap
+                reason = reason if index is None else None
+            started = time.perf_counter()
+            if index is None:
+                index = MemoryIndex(header.dim, header.uuid)
+            index.set_compaction(header)
+            problems, valid_end, _ = index.replay(dat, index.applied, size, self.dat_path)
+            dat_end = size
+            if reason is not None and not created:
+                warnings.warn(
+                    f"fastmem rebuilt the index of {self.path} from its data file in "
+                    f"{time.perf_counter() - started:.3f} s ({len(index)} rows; {reason})",
+                    RecoveryWarning,
+                    stacklevel=5,
+                )
+            if not self.readonly and any(p.offset >= valid_end for p in problems):
+                dat_end = self._handle_bad_tail(fd, dat, valid_end, size)
+            if dim is not None:
+                if index.dim and index.dim != dim:
+                    raise DimensionMismatchError(
+                        f"{self.path} holds {index.dim}-dimensional vectors, not {dim}: open "
+                        f"it with dim={index.dim} or the embedder that wrote it"
+                    )
+                index.set_dim(dim)
+        except BaseException:
+            os.close(map_fd)
+            raise
+        return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None)
+
+    def _build_replaced(self, dim: int | None) -> _State:
+        fd = os.open(self.dat_path, os.O_RDONLY)
+        try:
+            return self._build(fd, dim)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _handle_bad_tail(self, fd: int, dat: Any, valid_end: int, size: int) -> int:
+        """A writer at open: cut an interrupted write from the end of the data file (nothing
+        in it was acknowledged: its write never ended); keep damaged records for verify()."""
+        if _torn(dat, valid_end, size):
+            os.ftruncate(fd, valid_end)
+            warnings.warn(
+                f"fastmem cut {size - valid_end} bytes of an interrupted write from the end "
+                f"of {self.dat_path}",
+                RecoveryWarning,
+                stacklevel=6,
+            )
+            return valid_end
+        warnings.warn(
+            f"fastmem found {size - valid_end} damaged bytes at the end of {self.dat_path} "
+            f"(offset {valid_end}); they are kept, and verify() reports them",
+            RecoveryWarning,
+            stacklevel=6,
+        )
+        return size
+
+    def _adopt(self, state: _State) -> Retired:
+        """Continue on ``state``, all at once; returns the old files' objects to release."""
+        retired = Retired([getattr(self, "index", None), self._dat, self.cache], [])
+        if self._fd >= 0 and self._fd != state.fd:
+            retired.fds.append(self._fd)
+        if self._map_fd >= 0:
+            retired.fds.append(self._map_fd)
+        self._fd, self._map_fd, self._dat, self.index = state.fd, state.map_fd, state.dat, state.memindex
+        self.dat_end, self.valid_end, self.uuid = state.dat_end, state.valid_end, state.uuid
+        self._rebuilt = state.rebuilt
+        self.cache = _ContentCache(self.cache.max_bytes)  # rows are numbered anew
+        self.epoch += 1
+        return retired
+
+    def swap_to(self, fd: int, *, committed: bool) -> Retired:
+        """Continue on the data file open as ``fd`` (the one now under the store's name),
+        which the engine owns from here on. The new state is built before anything is
+        changed: if that fails, ``fd`` is closed and the handle stays on its old files,
+        unless ``committed`` (a compaction renamed the new files into place: the old ones
+        are no longer the store), in which case the handle is closed; either way the
+        error is raised. Returns the old files' objects, for the caller to release."""
+        if self._commit is not None:
+            self._commit.stop()
+            self._commit = None
+        try:
+            state = self._build(fd, None)
+        except BaseException:
+            os.close(fd)
+            if committed:
+                self.abandon()
+            raise
+        if state.fd != fd:
+            os.close(fd)
+        return self._adopt(state)
+
+    def _create_data_file(self, fd: int, size: int, dim: int) -> None:
+        if self.readonly:
+            raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
+        head = os.pread(fd, size, 0)
+        if head[:8] != fmt.DAT_MAGIC[: len(head[:8])]:
+            raise CorruptionError(
+                f"{self.dat_path} is not a fastmem data file", path=self.dat_path, offset=0
+            )
+        os.ftruncate(fd, 0)  # a creation that was interrupted: start it again
+        fingerprint = bytes(4)
+        if self.identity is not None:
+            dim = dim or self.identity[1]
+            if dim != self.identity[1]:
+                raise DimensionMismatchError(f"dim={dim}, but the embedder makes {self.identity[1]}")
+            fingerprint = fmt.embedder_fingerprint(*self.identity)
+        header = fmt.pack_dat_header(os.urandom(16), dim, time.time(), embedder=fingerprint)
+        os.write(fd, header)
+        os.fsync(fd)
+        fsync_dir(self.dat_path)
+
+    def _check_embedder(self, header: fmt.DatHeader) -> None:
+        """Refuse an embedder whose vectors would not compare with the stored ones."""
+        if self.identity is None:
+            return
+        name, dim = self.identity
+        if header.dim and dim != header.dim:
+            raise DimensionMismatchError(
+                f"{self.path} holds {header.dim}-dimensional vectors; the embedder {name!r} "
+                f"makes {dim}: open it with the embedder that wrote it, or embedder=None"
+            )
+        if header.embedder != bytes(4) and header.embedder != fmt.embedder_fingerprint(name, dim):
+            raise EmbedderMismatchError(
+                f"{self.path} was written by another embedder than {name!r} ({dim} dims): "
+                f"its vectors would not compare; open it with the embedder that wrote it, "
+                f"or embedder=None"
+            )
+
+    # --- guards -----------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise unless the handle may be used now; readers catch up with the writer."""
+        if self._generation != _fork_generation:
+            raise StoreForkedError(
+                f"the store {self.path} was opened before fork(); open it again in this process"
+            )
+        if self.closed:
+            raise StoreClosedError(f"the store {self.path} is closed; open it again")
+        if self.readonly:
+            self._refresh()
+
+    def check_writable(self) -> None:
+        self.check()
+        if self.readonly:
+            raise ReadOnlyError(f"{self.path} was opened with readonly=True")
+
+    def _refresh(self) -> None:
+        """Readers: apply the records the writer has committed since the last call."""
+        st = os.fstat(self._fd)
+        if st.st_nlink == 0:  # a compaction or repair replaced the file: open the new one
+            self.swap_to(os.open(self.dat_path, os.O_RDONLY), committed=False).release(drop_cache=False)
+            return
+        size = st.st_size
+        if size == self.dat_end and self.valid_end == size:
+            return
+        if size < self.valid_end:  # the writer cut a damaged tail: start again
+            self._adopt(self._build(self._fd, None)).release(drop_cache=False)
+            return
+        self._map(size)
+        self.dat_end = size
+        self.valid_end = self.index.replay(self._dat, self.valid_end, size, self.dat_path)[1]
+
+    def _map(self, size: int) -> None:
+        self._dat = mmap.mmap(self._map_fd, size, access=mmap.ACCESS_READ)
+
+    def data(self) -> mmap.mmap:
+        """The data file's map, remapped when the file has grown past it."""
+        assert self._dat is not None
+        if len(self._dat) < self.dat_end:
+            self._map(self.dat_end)
+        return self._dat
+
+    # --- writing ------------------------------------------------------------------------
+
+    def commit_memories(self, prepared: list[Prepared], vectors16: np.ndarray | None) -> list[str]:
+        """Append the prepared memories as one write and apply them to the index, as one
+        step: on any failure the file is cut back and the index reloaded (nothing was
+        acknowledged, and the next ids are the same ones). Returns their ids."""
+        index = self.index
+        n = len(prepared)
+        if vectors16 is not None and not index.dim:
+            index.set_dim(vectors16.shape[1])
+        first_id = index.next_id
+        n_types = len(index.user_types)
+        payloads = [item.payload for item in prepared]
+        texts = [payload["x"] for payload in payloads]
+        for j, payload in enumerate(payloads):
+            payload["i"] = first_id + j
+        token_counts = [p.get("k", _UNKNOWN_TOKENS) for p in payloads]
+        stored, raw_lens = [], []
+        for raw in _kernels.pack_payloads(payloads):
+            if len(raw) < fmt.COMPRESS_MIN:  # most memories: no call to make
+                stored.append(raw)
+                raw_lens.append(len(raw))
+            else:
+                data, raw_len = fmt.compress_payload(raw)
+                stored.append(data)
+                raw_lens.append(raw_len)
+        known = index.type_codes
+        codes = []
+        for item in prepared:
+            code = known.get(item.type_name)
+            codes.append(index.type_code(item.type_name, create=True) if code is None else code)
+        rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+        rows["id"] = np.arange(first_id, first_id + n)
+        rows["timestamp"] = [p["t"] for p in payloads]
+        rows["type"] = codes
+        rows["session"] = [0 if item.session is None else session_hash(item.session) for item in prepared]
+        rows["importance"] = [item.importance for item in prepared]
+        rows["flags"] = [item.flags for item in prepared]
+        rows["text_tokens"], rows["summary_tokens"] = np.array(token_counts, dtype=np.uint32).T
+        has_vector = None
+        if vectors16 is not None:
+            has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
+        data, lengths, crcs = _kernels.frame_records(
+            fmt.KIND_MEMORY, stored, np.array(raw_lens, dtype=np.uint32),
+            None if vectors16 is None else vectors16.view(np.uint16), has_vector,
+        )  # fmt: skip
+        try:
+            start = self._append(data)
+        except BaseException:
+            _drop_types_since(index, n_types)
+            raise
+        try:
+            rows["length"] = lengths
+            rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
+            index.append(rows, vectors16, texts)
+            index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
+        except BaseException:
+            self._undo_append(start)
+            raise
+        self.valid_end = self.dat_end
+        if index.tail.n >= CHECKPOINT_TAIL_ROWS:
+            self.checkpoint()
+        return [f"m{mid}" for mid in range(first_id, first_id + n)]
+
+    def _undo_append(self, start: int) -> None:
+        """A write whose records were appended but could not be applied: cut them off and
+        continue on the index as the files say (it may have been changed half-way)."""
+        try:
+            os.ftruncate(self._fd, start)
+            self.dat_end = start
+            self._adopt(self._build(self._fd, None)).release(drop_cache=False)
+        except BaseException:
+            # Neither the file nor the index can be trusted to match now: stop here.
+            self.abandon()
+            raise
+
+    def _append(self, data: bytes) -> int:
+        """Append whole records; on failure the file is cut back and nothing is applied."""
+        start = self.dat_end
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except BaseException:
+            os.ftruncate(self._fd, start)
+            raise
+        self.dat_end = start + len(data)
+        if self.durability == "always":
+            os.fdatasync(self._fd)
+        elif self.durability == "batch":
+            if self._commit is None:
+                self._commit = _GroupCommit(self._fd, GROUP_COMMIT_SECONDS)
+            self._commit.notify()
+        return start
+
+    def append_change(self, kind: int, payload: dict[str, Any]) -> int:
+        """Append one update or forget record; returns its offset."""
+        stored, raw_len = fmt.encode_payload(payload)
+        data, _, crcs = _kernels.frame_records(
+            kind, [stored], np.array([raw_len], dtype=np.uint32), None, None
+        )
+        offset = self._append(data)
+        self.index.note_applied(offset, len(data), int(crcs[0]))
+        self.valid_end = self.dat_end
+        return offset
+
+    def append_tombstones(self, rows: list[int], now: float) -> list[str]:
+        """Forget ``rows`` with one write (a tombstone each); returns their ids."""
+        index = self.index
+        ids = index.column("id")[rows].tolist()
+        flags = index.column("flags")
+        stored, raw_lens = zip(*(fmt.encode_payload({"i": mid, "t": now}) for mid in ids))
+        data, lengths, crcs = _kernels.frame_records(
+            fmt.KIND_FORGET, list(stored), np.array(raw_lens, dtype=np.uint32), None, None
+        )
+        start = self._append(data)
+        last = start + int(lengths[:-1].sum())
+        for g in rows:
+            self.note_change(g, index.row(g))
+            index.forget(g, int(flags[g]))
+        index.note_applied(last, int(lengths[-1]), int(crcs[-1]))
+        self.valid_end = self.dat_end
+        return [f"m{mid}" for mid in ids]
+
+    # --- the change log a compaction reads ------------------------------------------------
+
+    def start_change_log(self) -> list[tuple[int, int, int]]:
+        self._changes = []
+        return self._changes
+
+    def stop_change_log(self) -> None:
+        self._changes = None
+
+    def note_change(self, g: int, row: tuple[Any, ...]) -> None:
+        """Before row ``g`` changes in place: while a compaction runs, it reads the rows
+        without the lock and takes their values from before the change here."""
+        if self._changes is not None:
+            self._changes.append((g, row[F_FLAGS], row[F_META]))
+
+    def read_since(self, offset: int) -> bytes:
+        """The data file's bytes from ``offset`` to its end (records appended meanwhile)."""
+        return os.pread(self._fd, self.dat_end - offset, offset)
+
+    def copy_descriptor(self) -> int:
+        """A descriptor of the data file of its own: the same file, even if a compaction
+        replaces it meanwhile. The caller closes it."""
+        return os.dup(self._fd)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
+        g = self.index.find(parse_id(mid))
+        row = self.index.row(g) if g >= 0 else None
+        if row is None or row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+            raise UnknownMemoryError(f"no memory has the id {mid!r} (never added, or forgotten)")
+        return g, row
+
+    def rows_of(self, ids: set[str]) -> set[int]:
+        """The index rows of the memory ids that exist (others are left out silently)."""
+        rows = set()
+        for mid in ids:
+            try:
+                g = self.index.find(parse_id(mid))
+            except UnknownMemoryError:  # not an id fastmem makes: nothing to leave out
+                continue
+            if g >= 0:
+                rows.add(g)
+        return rows
+
+    def memory(self, g: int) -> Memory:
+        row = self.index.row(g)
+        return self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
+
+    def cached_memory(self, g: int) -> Memory:
+        memory = self.cache.get(g)
+        if memory is None:
+            memory = self.memory(g)
+            self.cache.put(g, memory)
+        return memory
+
+    def decode(self, row: tuple[Any, ...], buf: Any, offset: int, end: int) -> Memory:
+        """The memory of ``row`` from its record at ``offset`` of ``buf`` (the data file's
+        map, or the index's hot section)."""
+        kind, _, p, record_end = read_payload(buf, offset, end, self.dat_path, precise=buf is self._dat)
+        if kind != fmt.KIND_MEMORY or p["i"] != row[F_ID] or record_end - offset != row[F_LENGTH]:
+            raise CorruptIndexError(
+                f"{self.idx_path}: row of memory m{row[F_ID]} points at another record "
+                f"(offset {row[F_OFFSET]}); delete the .idx file to rebuild it",
+                path=self.idx_path,
+            )
+        text = p.get("x")
+        if not isinstance(text, str):
+            raise CorruptRecordError(
+                f"{self.dat_path}: the record at offset {offset} has no text", offset=offset
+            )
+        metadata = p.get("m")
+        if row[F_META]:
+            _, update = fmt.read_record(self.data(), row[F_META], self.dat_end, self.dat_path)
+            if update.get("i") != row[F_ID]:
+                raise CorruptIndexError(f"{self.idx_path}: metadata of m{row[F_ID]} is misplaced")
+            metadata = update.get("m")
+        return _new_memory(
+            Memory,
+            (f"m{row[F_ID]}", text, p.get("y", "conversation"), row[F_TS], p.get("s"),
+             f32(row[F_IMPORTANCE]), bool(row[F_FLAGS] & fmt.FLAG_PINNED), metadata,
+             p.get("u")),
+        )  # fmt: skip
+
+    def vector(self, row: tuple[Any, ...]) -> np.ndarray | None:
+        """The stored vector of a live row (float32), or ``None`` when it has none."""
+        if not row[F_FLAGS] & fmt.FLAG_HAS_VECTOR:
+            return None
+        buf, offset = self.data(), row[F_OFFSET]
+        self.decode(row, buf, offset, self.dat_end)  # checks the record is this memory's
+        return fmt.record_vector(buf, offset, self.index.dim, self.dat_path).astype(np.float32)
+
+    def hot_recent(self, n: int) -> list[Memory] | None:
+        """The ``n`` newest memories from the copy the last checkpoint kept in the index (a
+        restart reads a few contiguous pages instead of a row and a record per memory);
+        ``None`` when that copy cannot answer."""
+        current = self.index.hot_rows()
+        if current is None:
+            return None
+        hot, count = current
+        if not (n <= count or count == self.index.live):
+            return None
+        size = fmt.INDEX_DTYPE.itemsize
+        records, end = hot.records, len(hot.records)
+        try:
+            return [
+                self.decode(fmt.INDEX_ROW.unpack_from(hot.rows, i * size), records, hot.starts[i], end)
+                for i in range(min(n, count))
+            ]
+        except CorruptionError:
+            return None  # verify() reports it; the rows and the data file still answer
+
+    # --- durability and closing ---------------------------------------------------------
+
+    def flush(self) -> None:
+        if not self.readonly:
+            os.fdatasync(self._fd)
+
+    def checkpoint(self) -> None:
+        """Write the index file (atomically) and continue from it."""
+        sync = self.durability != "none"
+        if sync:
+            os.fdatasync(self._fd)  # the index must never cover data that is not on disk
+        self.index.save(self.idx_path, self.data(), sync=sync)
+        if sync:
+            fsync_dir(self.idx_path)  # the rename itself must survive a power loss
+        # Continue from the file just written: the tail's memory is released.
+        self.index = MemoryIndex.load(self.idx_path, self.uuid, self.index.dim, self.data(), self.dat_end)
+
+    def needs_checkpoint(self) -> bool:
+        """Whether closing should write the index: new records, access statistics (they
+        live only there), or keyword postings built for an index that lacked them."""
+        index = self.index
+        return not self.readonly and (
+            index.applied != index.covered or index.stats_changed or index.keyword.built_unsaved
+        )
+
+    def close(self, before: Any = None) -> None:
+        """Checkpoint when something changed, make everything durable and release the lock;
+        idempotent. ``before()`` runs first, under the lock (the store's eviction policy)."""
+        with self.lock:
+            if self.closed or self._generation != _fork_generation:
+                self.closed = True
+                return
+            try:
+                if before is not None and not self.readonly:
+                    before()
+                if self._commit is not None:
+                    self._commit.stop()
+                    self._commit = None
+                if self.needs_checkpoint():
+                    self.checkpoint()
+            finally:
+                self.abandon()
+
+    def abandon(self) -> None:
+        """Close the handle without a checkpoint (its files are no longer the store, or can
+        no longer be trusted to match its state); the next open recovers from the files."""
+        self.closed = True
+        if self._commit is not None:
+            self._commit.stop()
+            self._commit = None
+        self._dat = None
+        self.index = None  # type: ignore[assignment]
+        if self._map_fd >= 0:
+            os.close(self._map_fd)
+            self._map_fd = -1
+        if self._fd >= 0:
+            os.close(self._fd)  # releases the writer lock
+            self._fd = -1
+
+
+def _drop_types_since(index: MemoryIndex, n_types: int) -> None:
+    """Forget the type names a failed write added to the index's table."""
+    del index.user_types[n_types:]
+    index.type_codes = {
+        name: code for name, code in index.type_codes.items() if code < fmt.FIRST_USER_TYPE + n_types
+    }
+
+
+def read_payload(
+    buf: Any, offset: int, end: int, path: str, *, precise: bool = True
+) -> tuple[int, int, dict[str, Any], int]:
+    """(kind, dim, payload, end) of the record at ``offset``, its checksum checked first.
+
+    Raises:
+        CorruptRecordError: the record is damaged (``precise``: with the exact reason).
+    """
+    info = _kernels.check_record(buf, offset, end)
+    if info is None:
+        if precise:
+            fmt.read_record(buf, offset, end, path)  # raises the precise error
+        raise CorruptRecordError(f"{path}: bad record at {offset}", path=path, offset=offset)
+    kind, dim, plen, rlen = info
+    start = fmt.payload_start(offset, dim)
+    payload = fmt.decode_payload(buf[start : start + plen], plen, rlen, offset, path)
+    return kind, dim, payload, start + plen
+
+
+class _GroupCommit:
+    """Background fdatasync for ``durability="batch"``: writes reach the disk in batches."""
+
+    def __init__(self, fd: int, interval: float) -> None:
+        self._fd, self._interval = fd, interval
+        self._pending = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="fastmem-commit", daemon=True)
+        self._thread.start()
+
+    def notify(self) -> None:
+        self._pending.set()
+
+    def _run(self) -> None:
+        while True:
+            self._pending.wait()
+            if not self._stopping:
+                time.sleep(self._interval)  # let the writes of the next few ms join this sync
+            self._pending.clear()
+            try:
+                os.fdatasync(self._fd)
+            except OSError:  # the next flush or close reports it to the caller
+                pass
+            if self._stopping:
+                return
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._pending.set()
+        self._thread.join()
+
+
+class _ContentCache:
+    """Decoded memories by row, least recently used first out, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[int, tuple[Memory, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, g: int) -> Memory | None:
+        with self._lock:
+            hit = self._items.get(g)
+            if hit is None:
+                return None
+            self._items.move_to_end(g)
+            return hit[0]
+
+    def put(self, g: int, memory: Memory) -> None:
+        size = len(memory.text) + len(memory.summary or "") + _CACHE_ENTRY_OVERHEAD
+        with self._lock:
+            old = self._items.pop(g, None)
+            if old is not None:
+                self.bytes -= old[1]
+            if size > self.max_bytes:
+                return
+            self._items[g] = (memory, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.bytes -= dropped
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+@contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Pause the cycle collector while a batch is built: its many short-lived dicts and
+    lists hold no cycles (reference counting frees them), yet they would trigger full
+    collections that cost a quarter of add_many's time on large batches."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _torn(dat: Any, start: int, end: int) -> bool:
+    """Whether ``dat[start:end]`` looks like an interrupted append, not damaged records.
+
+    An interrupted append leaves less than a header, zeros (blocks allocated, never
+    written), or a record that claims more bytes than the file has. Anything else may be
+    an acknowledged record hit by bit rot: it is kept for ``verify()`` to report.
+    """
+    tail = dat[start:end]
+    if len(tail) < fmt.RECORD_HEADER_SIZE or not any(tail):
+        return True
+    if tail[:4] != fmt.RECORD_MAGIC:
+        return False
+    _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)
+    return fmt.record_size(dim, plen) > len(tail)

@@ -1,0 +1,74 @@
+"""A store's figures for operators, read from the index's columns (no record is decoded):
+what ``MemoryStore.stats()``, ``largest()`` and ``info()`` return, and so what
+``fastmem stats``/``inspect`` print and the MCP server's stats resource serves."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from . import _format as fmt
+from . import _kernels
+from ._engine import Engine
+from ._index import (
+    F_ACCESS, F_FLAGS, F_LAST_ACCESS, F_LENGTH, F_OFFSET, F_SUMMARY_TOKENS, F_TEXT_TOKENS, MemoryIndex,
+)  # fmt: skip
+from .types import RecordInfo, RecordSize, StoreStats
+
+
+def _live_columns(index: MemoryIndex, names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    live = (index.column("flags") & fmt.FLAG_FORGOTTEN) == 0
+    return {name: index.column(name)[live] for name in names}
+
+
+def stats(engine: Engine) -> StoreStats:
+    """See ``MemoryStore.stats``; the caller holds the engine's lock."""
+    index = engine.index
+    cols = _live_columns(index, ("type", "flags", "session", "timestamp", "text_tokens"))
+    codes, counts = np.unique(cols["type"], return_counts=True)
+    types = {index.type_name(c): n for c, n in zip(codes.tolist(), counts.tolist())}
+    known = cols["text_tokens"][cols["text_tokens"] != fmt.UNKNOWN_TOKENS]
+    ts, sessions, flags = cols["timestamp"], cols["session"], cols["flags"]
+    return StoreStats(
+        path=engine.path,
+        memories=int(index.live),
+        forgotten=int(len(index) - index.live),
+        pinned=int(np.count_nonzero(flags & fmt.FLAG_PINNED)),
+        with_vector=int(np.count_nonzero(flags & fmt.FLAG_HAS_VECTOR)),
+        dim=int(index.dim),
+        types=dict(sorted(types.items(), key=lambda kv: (-kv[1], kv[0]))),
+        sessions=int(len(np.unique(sessions[sessions != 0]))),
+        oldest=float(ts.min()) if len(ts) else None,
+        newest=float(ts.max()) if len(ts) else None,
+        text_tokens=int(known.sum(dtype=np.int64)),
+        dat_bytes=os.path.getsize(engine.dat_path),
+        idx_bytes=os.path.getsize(engine.idx_path) if os.path.exists(engine.idx_path) else 0,
+        backend=_kernels.BACKEND,
+    )
+
+
+def largest(index: MemoryIndex, n: int) -> list[RecordSize]:
+    """See ``MemoryStore.largest``."""
+    cols = _live_columns(index, ("id", "length", "text_tokens"))
+    order = np.lexsort((cols["id"], -cols["length"].astype(np.int64)))[:n]
+    return [
+        RecordSize(f"m{int(cols['id'][i])}", int(cols["length"][i]), int(cols["text_tokens"][i]))
+        for i in order.tolist()
+    ]
+
+
+def record_info(row: tuple[Any, ...], importance_score: float) -> RecordInfo:
+    """See ``MemoryStore.info``: a live row and its importance score."""
+    known = row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS
+    return RecordInfo(
+        record_offset=int(row[F_OFFSET]),
+        record_bytes=int(row[F_LENGTH]),
+        text_tokens=int(row[F_TEXT_TOKENS]) if known else None,
+        summary_tokens=int(row[F_SUMMARY_TOKENS]) if known else None,
+        has_vector=bool(row[F_FLAGS] & fmt.FLAG_HAS_VECTOR),
+        access_count=int(row[F_ACCESS]),
+        last_access=float(row[F_LAST_ACCESS]) or None,
+        importance_score=importance_score,
+    )

@@ -1,0 +1,167 @@
+"""Files around a store's two: the compaction's recovery rule, directory syncs, indexes
+built from a data file alone, and letting go of replaced files without stalling callers.
+
+Used by the storage engine (``fastmem._engine``) and by maintenance (``fastmem._maintenance``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import queue
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import _format as fmt
+from ._index import MemoryIndex
+from ._threads import Background
+from .errors import CorruptionError
+from .types import Problem
+
+COMPACT_SUFFIX = ".compact"  # <name>.dat.compact, <name>.idx.compact: a compaction's new files
+
+
+# --- files: the recovery rule, directory syncs, indexes built from a data file ------------
+
+
+def build_index(dat: Any, end: int, path: str) -> tuple[MemoryIndex, list[Problem], int]:
+    """An index built from a data file alone (its header's compaction fields included), the
+    problems met and the number of valid records read."""
+    header = fmt.unpack_dat_header(dat, path)
+    index = MemoryIndex(header.dim, header.uuid)
+    index.set_compaction(header)
+    problems, _, records = index.replay(dat, fmt.DAT_HEADER_SIZE, end, path)
+    return index, problems, records
+
+
+def pending_index(idx_path: str, header: fmt.DatHeader, dat: Any, size: int) -> MemoryIndex | None:
+    """A reader that opened the new data file before the compaction renamed its index:
+    the index waiting under ``.idx.compact``, if it is the one for this file."""
+    try:
+        return MemoryIndex.load(idx_path + COMPACT_SUFFIX, header.uuid, header.dim, dat, size)
+    except (OSError, CorruptionError):
+        return None
+
+
+def remove_compaction_files(dat_path: str, idx_path: str) -> None:
+    for name in (dat_path + COMPACT_SUFFIX, idx_path + COMPACT_SUFFIX, idx_path + COMPACT_SUFFIX + ".tmp"):
+        try:
+            os.remove(name)
+        except FileNotFoundError:
+            pass
+
+
+def recover(dat_path: str, idx_path: str) -> None:
+    """The recovery rule, applied by a writer at open (holding the lock): a ``.dat.compact``
+    means the compaction never reached its commit point (the rename of the data file): it
+    is removed with its index. A lone ``.idx.compact`` is the committed compaction's index:
+    it is renamed into place."""
+    if os.path.exists(dat_path + COMPACT_SUFFIX):
+        remove_compaction_files(dat_path, idx_path)
+    elif os.path.exists(idx_path + COMPACT_SUFFIX):
+        os.replace(idx_path + COMPACT_SUFFIX, idx_path)
+        fsync_dir(idx_path)
+
+
+def fsync_dir(path: str) -> None:
+    """Make the entries of ``path``'s directory durable (a rename, a new file)."""
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# --- letting go of replaced files -----------------------------------------------------------
+
+
+class Retired:
+    """The old files' index, maps and descriptors after a swap.
+
+    Letting go of them takes time in proportion to what was read from them: unmapping
+    (which holds the GIL, in ``mmap.close``) and, when the last reference to a replaced
+    file goes, freeing its cached pages. So the pages are first unmapped with
+    ``madvise(MADV_DONTNEED)`` through ctypes (which lets the GIL go), the maps closed
+    after that cost little, and the descriptors, which keep the files alive until then,
+    are closed last (``os.close`` lets the GIL go too). The writer does it outside the
+    store's lock, dropping the old files' cached pages first; a reader, in a thread."""
+
+    def __init__(self, objects: list[Any], fds: list[int]) -> None:
+        self.objects, self.fds = objects, fds
+
+    def release(self, drop_cache: bool) -> None:
+        maps = []
+        for obj in self.objects:
+            if isinstance(obj, mmap.mmap):
+                maps.append(obj)
+            closer = getattr(obj, "file_closer", None)  # an index: its map's descriptor
+            if closer is not None and closer.alive:
+                info = closer.detach()
+                if info is not None:
+                    maps.append(info[0])
+                    self.fds.append(info[2][0])
+        work = (self.objects, maps, self.fds, drop_cache)
+        self.objects, self.fds = [], []
+        if drop_cache:
+            _let_go(*work)
+        else:  # a reader: not on the call that met the swap (nor waiting for a thread to start)
+            releaser().put(work)
+
+
+_releaser: tuple[int, queue.SimpleQueue[Any]] | None = None
+_releaser_lock = threading.Lock()
+
+
+def releaser() -> queue.SimpleQueue[Any]:
+    """The queue of this process's release thread (started once, by the first reader, so
+    that a reader meeting a swap only puts its old files there)."""
+    global _releaser
+    with _releaser_lock:
+        if _releaser is None or _releaser[0] != os.getpid():  # none yet, or forked since
+            work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            Background(lambda: _release_loop(work), "fastmem-release")
+            _releaser = (os.getpid(), work)
+        return _releaser[1]
+
+
+def _release_loop(work: queue.SimpleQueue[Any]) -> None:
+    while True:
+        item = work.get()
+        try:
+            _let_go(*item)
+        except OSError:  # nothing to report to: the files are gone either way
+            pass
+        del item
+
+
+def _let_go(objects: list[Any], maps: list[mmap.mmap], fds: list[int], drop_cache: bool) -> None:
+    for mm in maps:
+        _unmap_pages(mm)
+    maps.clear()
+    objects.clear()  # the maps close here: cheap now
+    for fd in fds:
+        if drop_cache and hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)  # a writer's old lock: on the old inode, no one else can want it now
+
+
+_libc: Any = None
+
+
+def _unmap_pages(mm: mmap.mmap) -> None:
+    """``madvise(MADV_DONTNEED)`` over a map that nothing reads any more, without the GIL."""
+    global _libc
+    try:
+        view = np.frombuffer(mm, dtype=np.uint8)
+    except (ValueError, TypeError, BufferError):  # closed, or empty
+        return
+    addr, size = view.ctypes.data, view.size
+    del view  # the map cannot close while a view of it exists
+    if not size or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.MADV_DONTNEED)

@@ -1,0 +1,288 @@
+"""What ``add`` and ``add_many`` accept: every argument checked before anything is written,
+and each item turned into its record payload (with summary, token counts and vector).
+
+The checks raise :class:`InvalidInputError` or :class:`InvalidTypeError` naming the item
+and the field; nothing here touches a file.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from . import _format as fmt
+from ._index import default_importance
+from ._vectors import to_float16
+from .embed import Embedder
+from .errors import InvalidInputError, InvalidTypeError, UnknownMemoryError
+from .summarize import Summarizer
+from .tokens import TokenCounter
+
+SUMMARY_TOKENS = 64  # a summary's bound, whoever writes it
+STORED_ENCODING = "cl100k_base"  # the token counts kept in the index; others count on demand
+ADD_KEYS = frozenset(
+    ("text", "type", "timestamp", "session", "importance", "pinned", "metadata", "summary",
+     "embedding")
+)  # fmt: skip
+
+
+class Prepared:
+    """One checked item of a batch: its record payload and the fields its index row takes."""
+
+    __slots__ = ("payload", "type_name", "session", "importance", "flags", "embedding")
+
+    def __init__(
+        self, payload: dict[str, Any], type_name: str, session: str | None, importance: float,
+        flags: int, embedding: Any,
+    ) -> None:  # fmt: skip
+        self.payload = payload
+        self.type_name = type_name
+        self.session = session
+        self.importance = importance
+        self.flags = flags
+        self.embedding = embedding
+
+
+def parse_id(mid: Any) -> int:
+    if not isinstance(mid, str):
+        raise InvalidTypeError(f"a memory id is a string like 'm42', not {type(mid).__name__}")
+    if len(mid) < 2 or len(mid) > 21 or mid[0] != "m" or not mid[1:].isdigit() or not mid[1:].isascii():
+        raise UnknownMemoryError(f"no memory has the id {mid!r}")
+    return int(mid[1:])
+
+
+_F32_SHORT: dict[float, float] = {}
+
+
+def f32(x: float) -> float:
+    """The shortest decimal that reads back as the same float32 (0.3, not 0.30000001)."""
+    short = _F32_SHORT.get(x)
+    if short is None:
+        short = float(str(np.float32(x)))
+        if len(_F32_SHORT) < 4096:  # importances repeat: keep the common ones
+            _F32_SHORT[x] = short
+    return short
+
+
+def check_str(value: Any, name: str, max_chars: int, *, optional: bool) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a string, not {type(value).__name__}")
+    if not value or len(value) > max_chars:
+        raise InvalidInputError(f"{name} must have 1 to {max_chars} characters")
+    check_utf8(value, name)
+    return value
+
+
+def type_names(types: Iterable[str] | None) -> list[str] | None:
+    """A search's ``types``, listed and checked (``None``: every type)."""
+    names = None if types is None else list(types)
+    for name in names or ():
+        check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)
+    return names
+
+
+def check_utf8(value: str, name: str) -> None:
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidInputError(f"{name} is not valid Unicode (lone surrogates)") from None
+
+
+def check_real(value: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise InvalidTypeError(f"{name} must be a number, not {type(value).__name__}")
+    x = float(value)
+    if not (math.isfinite(x) and lo <= x <= hi):
+        raise InvalidInputError(f"{name} must be a finite number from {lo} to {hi}, got {value!r}")
+    return x
+
+
+def check_metadata(metadata: Any) -> dict[str, Any] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, Mapping):
+        raise InvalidTypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+    try:
+        packed = msgpack.packb(dict(metadata), use_bin_type=True)
+        value = msgpack.unpackb(packed, raw=False, strict_map_key=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInputError(
+            f"metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
+            f"dicts, bool, None): {exc}"
+        ) from None
+    if not _plain(value):
+        raise InvalidInputError(
+            "metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
+            "dicts, bool, None): no extension types"
+        )
+    if len(packed) > fmt.MAX_METADATA_BYTES:
+        raise InvalidInputError(
+            f"metadata is {len(packed)} bytes packed; the limit is {fmt.MAX_METADATA_BYTES}: "
+            f"keep large content in the memory's text"
+        )
+    return value
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _plain(value: Any) -> bool:
+    """Only msgpack's own types: a msgpack.ExtType or Timestamp would pack, but it is not
+    data every reader understands."""
+    if isinstance(value, dict):
+        return all(_plain(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return isinstance(value, _PLAIN)
+
+
+def prepare(i: int, item: Any, now: float) -> Prepared:
+    """Check item ``i`` of a batch (as ``add`` takes it) and build its record payload."""
+    if type(item) is not dict and not isinstance(item, Mapping):
+        raise InvalidTypeError(f"item {i} must be a dict, not {type(item).__name__}")
+    if not ADD_KEYS.issuperset(item):
+        unknown = sorted(map(str, item.keys() - ADD_KEYS))
+        raise InvalidInputError(f"item {i} has unknown keys {unknown}")
+    get = item.get
+    text = get("text")
+    if type(text) is not str:
+        raise InvalidTypeError(f"item {i}: text must be a string, not {type(text).__name__}")
+    if not text or text.isspace():
+        raise InvalidInputError(f"item {i}: text is empty")
+    if not text.isascii():
+        check_utf8(text, "text")
+        if len(text) > fmt.MAX_TEXT_BYTES // 4 and len(text.encode()) > fmt.MAX_TEXT_BYTES:
+            raise InvalidInputError(f"item {i}: text is over {fmt.MAX_TEXT_BYTES} bytes of UTF-8")
+    elif len(text) > fmt.MAX_TEXT_BYTES:
+        raise InvalidInputError(f"item {i}: text is over {fmt.MAX_TEXT_BYTES} bytes of UTF-8")
+    payload: dict[str, Any] = {"i": 0, "t": now, "x": text}
+    ts = get("timestamp")
+    if ts is not None:
+        payload["t"] = check_real(ts, "timestamp", 0.0, fmt.MAX_TIMESTAMP)
+    type_name = get("type")
+    if type_name is None or (type(type_name) is str and type_name == "conversation"):
+        type_name = "conversation"
+    else:
+        payload["y"] = check_str(type_name, "type", fmt.MAX_TYPE_CHARS, optional=False)
+    session = get("session")
+    if session is not None:
+        payload["s"] = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=False)
+    importance = get("importance")
+    if importance is None:
+        importance = default_importance(type_name)
+    else:
+        importance = check_real(importance, "importance", 0.0, 1.0)
+        if importance != default_importance(type_name):
+            payload["p"] = importance
+    pinned = get("pinned", False)
+    if pinned is not False:
+        if pinned is not True:
+            raise InvalidTypeError(f"item {i}: pinned must be True or False")
+        payload["n"] = True
+    metadata = get("metadata")
+    if metadata is not None:
+        payload["m"] = check_metadata(metadata)
+    summary = get("summary")
+    if summary is not None:
+        check_str(summary, "summary", fmt.MAX_SUMMARY_BYTES, optional=False)
+        if len(summary.encode()) > fmt.MAX_SUMMARY_BYTES:
+            raise InvalidInputError(f"item {i}: summary is over {fmt.MAX_SUMMARY_BYTES} bytes")
+        payload["u"] = summary
+    return Prepared(payload, type_name, session, importance, fmt.FLAG_PINNED if pinned else 0,
+                    get("embedding"))
+
+def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer | None,
+                        tokens: TokenCounter) -> None:
+    """Give each payload its summary (unless it has one) and its token counts, once."""
+    if summarizer is not None:
+        todo = [p for p in payloads if "u" not in p]
+        made = summarizer.summarize([p["x"] for p in todo]) if todo else []
+        if not isinstance(made, list) or len(made) != len(todo):
+            raise InvalidInputError("the summarizer must return a list: one summary or None per text")
+        for payload, summary in zip(todo, made):
+            if summary is None:
+                continue
+            if not isinstance(summary, str):
+                raise InvalidTypeError(f"the summarizer returned a {type(summary).__name__}, not a str")
+            summary = tokens.truncate(summary.strip(), SUMMARY_TOKENS)
+            if summary and summary != payload["x"]:
+                check_utf8(summary, "the summary")
+                payload["u"] = summary
+    count = tokens.count
+    for payload in payloads:
+        summary = payload.get("u")
+        payload["k"] = [count(payload["x"]), 0 if summary is None else count(summary)]
+
+def vectors_for(prepared: list[Prepared], embedder: Embedder | None, dim: int) -> np.ndarray | None:
+    """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere):
+    the items without an embedding are embedded in one call."""
+    given = [j for j, p in enumerate(prepared) if p.embedding is not None]
+    missing = [j for j, p in enumerate(prepared) if p.embedding is None]
+    if missing and embedder is not None:
+        encoded = embedder.encode([prepared[j].payload["x"] for j in missing])
+        for j, vec in zip(missing, encoded):
+            prepared[j].embedding = vec
+        given = list(range(len(prepared)))
+    if not given:
+        return None
+    try:
+        half = to_float16([prepared[j].embedding for j in given], dim)
+    except InvalidInputError as exc:
+        row = getattr(exc, "row", None)
+        if row is not None:
+            raise InvalidInputError(f"item {given[row]}: {exc}") from None
+        for j in given:  # find the item to name in the message
+            try:
+                to_float16([prepared[j].embedding], dim)
+            except InvalidInputError as item_exc:
+                raise type(item_exc)(f"item {j}: {item_exc}") from None
+        raise InvalidInputError("embeddings have different lengths") from None
+    if len(given) == len(prepared):
+        vectors = half
+    else:
+        vectors = np.zeros((len(prepared), half.shape[1]), dtype="<f2")
+        vectors[given] = half
+    for j in given:
+        prepared[j].flags |= fmt.FLAG_HAS_VECTOR
+    return vectors
+
+
+def check_ids(ids: Any, name: str) -> set[str]:
+    """A list of memory ids, as a set (unknown ids are the caller's to ignore)."""
+    if isinstance(ids, str) or not isinstance(ids, Iterable):
+        raise InvalidTypeError(f"{name} must be a list of memory ids")
+    wanted = set(ids)
+    for mid in wanted:
+        if not isinstance(mid, str):
+            raise InvalidTypeError(f"{name} holds memory ids (strings), not {type(mid).__name__}")
+    return wanted
+
+
+def check_batch(items: Iterable[Mapping[str, Any]], dim: int) -> None:
+    """Check items as ``add_many`` would (see ``MemoryStore.check_items``); an embedding must
+    have ``dim`` floats, or in an empty store (``dim`` 0) the first embedding's length.
+
+    Raises:
+        InvalidInputError: an item is invalid; its ``item`` attribute says which.
+    """
+    now = 0.0  # no timestamp is kept: any time will do
+    for i, item in enumerate(items):
+        try:
+            prepare(i, item, now)
+            embedding = item.get("embedding")
+            if embedding is not None:
+                dim = dim or to_float16([embedding], 0).shape[1]
+                to_float16([embedding], dim)
+        except InvalidInputError as exc:
+            if exc.item is None:
+                message = str(exc)
+                exc = type(exc)(message if message.startswith(f"item {i}:") else f"item {i}: {message}")
+                exc.item = i
+            raise exc from None

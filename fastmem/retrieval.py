@@ -1,0 +1,322 @@
+"""Ranking: which memories match a query, as plain functions over an index.
+
+Each function takes a :class:`~fastmem._index.MemoryIndex` (and, where records are read,
+the data file's map), a :class:`~fastmem.types.ContextPolicy` and the query; none opens a
+file or takes a lock (the caller holds the store's), so the ranking can be tested and
+tuned on a hand-built index:
+
+- :func:`rank`: level 3, the hybrid ranking ``context()`` and ``search(mode="hybrid")``
+  use: vector and keyword candidates, their neighbours, fused scores, bonuses;
+- :func:`vector_search`: exact cosine top-k (an int8 scan, then float16 rescoring);
+- :func:`keyword_search`: BM25 top-k;
+- :func:`importance_scores`: every row's importance score (the compiled kernel).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from . import _format as fmt
+from . import _kernels, _vsearch
+from ._index import F_OFFSET, MemoryIndex, session_hash
+from ._stopwords import QUERY_STOP_WORDS
+from ._vectors import quantize, to_float16
+from .embed import Embedder
+from .errors import CorruptIndexError, CorruptRecordError
+from .types import DAY, ContextPolicy
+
+__all__ = [
+    "Filters", "NO_FILTERS", "Ranked", "content_words", "filters", "importance_scores",
+    "keyword_search", "query_vector", "rank", "type_mask", "vector_search",
+]  # fmt: skip
+
+IMPORTANCE_FIELDS = ("importance", "flags", "access_count", "last_access", "timestamp")
+
+
+class Filters(NamedTuple):
+    """What a search keeps: as the kernels take it (type mask, time range, session hash)."""
+
+    allowed: np.ndarray | None
+    since: float
+    until: float
+    session: int
+
+    def mask(self, fields: dict[str, np.ndarray]) -> np.ndarray:
+        """Which rows pass, from their fields (``MemoryIndex.gather``)."""
+        ts = fields["timestamp"]
+        keep = (fields["flags"] & fmt.FLAG_FORGOTTEN) == 0
+        keep &= (ts >= self.since) & (ts <= self.until)  # a NaN timestamp fails both
+        if self.session:
+            keep &= fields["session"] == self.session
+        if self.allowed is not None:
+            keep &= self.allowed[fields["type"]].astype(bool)
+        return keep
+
+
+NO_FILTERS = Filters(None, -math.inf, math.inf, 0)
+
+
+def type_mask(index: MemoryIndex, names: list[str] | None) -> np.ndarray | None:
+    """The kernels' type filter: one byte per type code (``None``: every type)."""
+    if names is None:
+        return None
+    allowed = np.zeros(fmt.TYPE_CODES, dtype=np.uint8)
+    for name in names:
+        code = index.type_code(name, create=False)
+        if code >= 0:
+            allowed[code] = 1
+    return allowed
+
+
+def filters(
+    index: MemoryIndex, types: list[str] | None, since: float, until: float, session: str | None
+) -> Filters:
+    return Filters(type_mask(index, types), since, until, session_hash(session))
+
+
+class Ranked(NamedTuple):
+    """One row of :func:`rank`'s result."""
+
+    row: int
+    relevance: float  # 0 to 1: 1 for the best row
+    cosine: float | None  # approximate (int8) cosine; None without a vector component
+    keyword: float  # BM25 score (0: no keyword match)
+
+
+def rank(
+    index: MemoryIndex, query: str, k: int, *, policy: ContextPolicy, embedder: Embedder | None,
+    session: str | None, now: float, where: Filters = NO_FILTERS,
+) -> tuple[list[Ranked], bool]:  # fmt: skip
+    """Level 3: rows ranked for ``query``, best first, with relevance from 0 to 1.
+
+    The ``k`` best rows by vector and the ``k`` best by keyword, and the memories next
+    to them in their sessions, are scored by both (z-scores over these candidates,
+    weighted); each score is then smoothed with its neighbours' (an answer often sits
+    next to the turn that matches the question) and importance, recency and the
+    current session add small bonuses.
+
+    Returns ``(ranked, degraded)``: ``degraded`` when ``embedder`` is not loaded yet (the
+    ranking then has no vector component).
+    """
+    if not query.strip() or not index.live:
+        return [], False
+    vector = None
+    parts = []
+    words = content_words(query)
+    degraded = embedder is not None and bool(index.dim) and not getattr(embedder, "ready", True)
+    if embedder is not None and index.dim and not degraded:
+        keyword_job = _keyword_worker().submit(index.keyword.search, index, words, k, *where)
+        try:
+            vector = query_vector(embedder, query)
+            parts.append(_vector_candidates(index, vector, k, where)[0])
+        finally:
+            wait([keyword_job])  # it reads the index: done before anything can change it
+        kw_rows, kw_scores = keyword_job.result()
+    else:
+        kw_rows, kw_scores = index.keyword.search(index, words, k, *where)
+    parts.append(kw_rows)
+    found = np.unique(np.concatenate(parts)).astype(np.int64)
+    if not len(found):
+        return [], degraded
+    cand, prev, nxt = with_neighbours(index, found, where)
+    score = np.zeros(len(cand))
+    cosines = None
+    if vector is not None:
+        cosines = _cosines(index, cand, vector)
+        score += policy.vector_weight * _z(cosines)
+    keyword = np.zeros(len(cand))
+    at = np.searchsorted(cand, kw_rows)
+    kept = at < len(cand)  # a keyword hit the filters drop (a damaged row) is not a candidate
+    kept[kept] &= cand[at[kept]] == kw_rows[kept]
+    keyword[at[kept]] = kw_scores[kept]
+    score += policy.keyword_weight * _z(keyword)
+    # Neighbours: smooth, then let a strong match lift the memory next to it.
+    lam = policy.neighbour_weight
+    floor = float(score.min())
+    before = np.where(prev >= 0, score[np.maximum(prev, 0)], floor)
+    after = np.where(nxt >= 0, score[np.maximum(nxt, 0)], floor)
+    smooth = score + lam * (before + after)
+    before = np.where(prev >= 0, smooth[np.maximum(prev, 0)], -np.inf)
+    after = np.where(nxt >= 0, smooth[np.maximum(nxt, 0)], -np.inf)
+    fused = np.maximum(smooth, np.maximum(before, after) - policy.neighbour_gap)
+    fused += bonuses(index, cand, policy, session, now)
+    order = np.lexsort((cand, -fused))
+    lo, hi = float(fused.min()), float(fused.max())
+    relevance = (fused - lo) / (hi - lo) if hi > lo else np.ones(len(fused))
+    return [
+        Ranked(int(cand[i]), float(relevance[i]), None if cosines is None else float(cosines[i]),
+               float(keyword[i]))
+        for i in order
+    ], degraded  # fmt: skip
+
+
+def with_neighbours(
+    index: MemoryIndex, found: np.ndarray, where: Filters
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``found`` plus the live memory before and after each in the same session (rows
+    are in the order memories were added) that pass the filters, sorted; and for each,
+    the position of its neighbour before and after in the result (-1: none)."""
+    near = np.concatenate([found - 1, found, found + 1])
+    near = np.unique(near[(near >= 0) & (near < len(index))])
+    fields = index.gather(near, ("flags", "timestamp", "session", "type"))
+    kept = where.mask(fields)
+    cand, session = near[kept], fields["session"][kept]
+    return cand, _neighbour_positions(cand, session, -1), _neighbour_positions(cand, session, 1)
+
+
+def _neighbour_positions(cand: np.ndarray, session: np.ndarray, step: int) -> np.ndarray:
+    """For each of the sorted rows ``cand``, the position in ``cand`` of row ``g + step``
+    when it is there and in the same session, else -1."""
+    if not len(cand):
+        return np.zeros(0, dtype=np.int64)
+    at = np.minimum(np.searchsorted(cand, cand + step), len(cand) - 1)
+    found = (cand[at] == cand + step) & (session[at] == session)
+    return np.where(found, at, -1).astype(np.int64)
+
+
+def _cosines(index: MemoryIndex, rows: np.ndarray, query: Any) -> np.ndarray:
+    """Approximate cosines (int8 vectors) of ``rows`` with a query vector; rows without a
+    vector get the lowest."""
+    q = np.asarray(query, dtype=np.float32)
+    q = q / (np.linalg.norm(q) or 1.0)
+    vectors, has = index.unit_vectors(rows)
+    out = vectors @ q
+    if has.any() and not has.all():
+        out[~has] = out[has].min()
+    return out
+
+
+def bonuses(index: MemoryIndex, rows: np.ndarray, policy: ContextPolicy, session: str | None,
+            now: float) -> np.ndarray:  # fmt: skip
+    """Importance, recency and same-session bonuses of ``rows``, weighted by the policy."""
+    wanted = session_hash(session) if session else 0
+    scale = 1.0 / (policy.recency_half_life_days * DAY)
+    fields = index.gather(rows, ("importance", "timestamp", "session"))
+    age = np.fmax(0.0, now - fields["timestamp"].astype(np.float64))  # fmax: a NaN age is 0
+    with np.errstate(invalid="ignore"):  # a damaged row's importance: a signalling NaN
+        bonus = policy.importance_weight * fields["importance"].astype(np.float64)
+    bonus += policy.recency_weight * 2.0 ** (-age * scale)
+    if wanted:
+        bonus += policy.session_weight * (fields["session"] == wanted)
+    return bonus
+
+
+def _vector_candidates(index: MemoryIndex, query: Any, k: int, where: Filters) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the ``k`` best int8 scores for a query vector (no rescoring)."""
+    q16 = to_float16([query], index.dim, "query")
+    q8, _ = quantize(q16)
+    return _vsearch.scan(index, q8[0], k, *where)
+
+
+def vector_search(
+    index: MemoryIndex, data: Any, query: Any, k: int, where: Filters, *,
+    paths: tuple[str, str] = ("", ""),
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Rows and exact cosines (against the stored float16 vectors) of the best matches for
+    a query vector, best first (ties: the older row first); more than ``k`` rows, so a
+    caller that drops some still has ``k``. ``query`` is checked even when nothing can
+    match. ``paths`` (data file, index file) name the files in errors.
+
+    Raises:
+        InvalidInputError: the query is not a finite vector of the index's dimension.
+        CorruptIndexError: an index row points outside ``data``.
+        CorruptRecordError: a stored vector is not finite.
+    """
+    q16 = to_float16([query], index.dim, "query")
+    if not index.dim:
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    q8, _ = quantize(q16)
+    q = np.asarray(query, dtype=np.float64)
+    q = q / np.linalg.norm(q)
+    want = _vsearch.candidate_count(k, len(index))
+    cand, _ = _vsearch.scan(index, q8[0], want, *where)
+    dat_path, idx_path = paths
+    try:
+        exact = _vsearch.rescore(index, data, cand, q)
+    except ValueError:  # an index row pointing outside the data file
+        raise CorruptIndexError(f"{idx_path}: a row points outside the data file; run repair()",
+                                path=idx_path, offset=0) from None  # fmt: skip
+    if not np.isfinite(exact).all():  # an index row over a damaged vector
+        raise CorruptRecordError(
+            f"{dat_path}: a stored vector is not finite; run repair()", path=dat_path,
+            offset=int(index.row(int(cand[~np.isfinite(exact)][0]))[F_OFFSET]),
+        )  # fmt: skip
+    best = np.lexsort((cand, -exact))  # rows are in id order: ties to the older id
+    return cand[best], exact[best]
+
+
+def keyword_search(index: MemoryIndex, query: str, k: int, where: Filters) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and BM25 scores of the ``k`` best keyword matches, best first."""
+    return index.keyword.search(index, query, k, *where)
+
+
+def importance_scores(
+    index: MemoryIndex, policy: ContextPolicy, now: float, rows: np.ndarray | None = None
+) -> np.ndarray:
+    """The importance score (float32; forgotten rows ``-inf``) of every row, or of
+    ``rows``: base importance, decayed access count, recency and pins, as the policy
+    weighs them, computed by the compiled kernel."""
+    parts: list[tuple[int, Any]]
+    if rows is None:
+        parts = [(first, seg) for first, seg, _ in index.segments()]
+        out = np.empty(len(index), dtype=np.float32)
+    else:
+        parts = [(0, index.gather(rows, IMPORTANCE_FIELDS))]
+        out = np.empty(len(rows), dtype=np.float32)
+    for first, cols in parts:
+        _kernels.importance(
+            cols["importance"], cols["flags"], cols["access_count"], cols["last_access"],
+            cols["timestamp"], out[first : first + len(cols["flags"])], now,
+            policy.access_half_life_days * DAY, policy.access_weight,
+            policy.recency_half_life_days * DAY, policy.recency_weight, policy.pin_bonus,
+            fmt.FLAG_PINNED, fmt.FLAG_FORGOTTEN,
+        )  # fmt: skip
+    return out
+
+
+def content_words(query: str) -> str:
+    """The query without question and function words, for BM25 (all of it if nothing is
+    left): they match everywhere and push the content words' matches down."""
+    words = [w for w in query.split() if w.strip("?!.,;:'\"()").lower() not in QUERY_STOP_WORDS]
+    return " ".join(words) if words else query
+
+
+def query_vector(embedder: Embedder, query: str) -> np.ndarray:
+    encode_query = getattr(embedder, "encode_query", None)
+    if encode_query is not None:
+        return np.asarray(encode_query(query))
+    return np.asarray(embedder.encode([query]))[0]
+
+
+def _z(x: np.ndarray) -> np.ndarray:
+    """Standard scores: comparable across the vector and keyword scales."""
+    std = float(x.std())
+    return (x - x.mean()) / std if std > 0 else np.zeros(len(x))
+
+
+# One thread per process runs a ranking's keyword search while the caller's thread embeds
+# the query and scans the vectors (both release the GIL).
+_keyword_thread: ThreadPoolExecutor | None = None
+_keyword_thread_lock = threading.Lock()
+
+
+def _keyword_worker() -> ThreadPoolExecutor:
+    global _keyword_thread
+    with _keyword_thread_lock:
+        if _keyword_thread is None:
+            _keyword_thread = ThreadPoolExecutor(1, thread_name_prefix="fastmem-keyword")
+        return _keyword_thread
+
+
+def _after_fork_in_child() -> None:
+    global _keyword_thread, _keyword_thread_lock
+    _keyword_thread, _keyword_thread_lock = None, threading.Lock()  # the parent's thread and lock
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,323 @@
+"""fastmem's public value types: what the store's methods take and return.
+
+Everything here is plain data (named tuples and frozen dataclasses) with no behaviour
+beyond checking its own fields, so every module may import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+from .errors import InvalidInputError
+
+__all__ = [
+    "DAY",
+    "BackupReport",
+    "CompactReport",
+    "Context",
+    "ContextItem",
+    "ContextPolicy",
+    "EvictionPolicy",
+    "Hit",
+    "Level",
+    "Memory",
+    "Problem",
+    "RecordInfo",
+    "RecordSize",
+    "RepairReport",
+    "Report",
+    "StoreStats",
+]
+
+DAY = 86400.0
+
+
+class Problem(NamedTuple):
+    """A damaged or inconsistent place found while reading a store."""
+
+    file: str  # "dat" or "idx"
+    offset: int  # byte offset in that file (row number for index rows)
+    message: str
+
+
+class Memory(NamedTuple):
+    """One stored memory, as ``get``, ``recent``, ``search`` and iteration return it.
+
+    Immutable; a named tuple because ``get`` builds one per call, and a tuple builds
+    several times faster than a frozen dataclass.
+    """
+
+    id: str
+    text: str
+    type: str
+    timestamp: float
+    session: str | None
+    importance: float
+    pinned: bool
+    metadata: dict[str, Any] | None
+    summary: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """A search result: the memory and its score (see ``MemoryStore.search``); a hybrid
+    search also reports each component: the approximate cosine and the BM25 score."""
+
+    id: str
+    score: float
+    memory: Memory
+    vector: float | None = None
+    keyword: float | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    """What ``verify()`` found. ``ok`` is true when ``problems`` is empty."""
+
+    ok: bool
+    problems: list[Problem] = field(default_factory=list)
+    records: int = 0  # valid records in the data file
+    bytes: int = 0  # both files together
+
+
+@dataclass(frozen=True)
+class ContextPolicy:
+    """How a store builds contexts and ranks memories; every field has a default.
+
+    Level 1 (hot restore) is the newest ``recent`` memories, or those of the last
+    ``recent_minutes``, or the whole last session (``recent_session``); they may take
+    ``recent_share`` of a context's budget. Level 2 preloads the summaries of the
+    ``preload`` most important memories in the background, ``preload_chunk`` at a time.
+    Level 3 ranks ``candidates`` memories for the query; a hit's full text is read when its
+    relevance (0 to 1, relative to the best hit) reaches ``full_text_score``, its summary
+    otherwise. Pinned memories may take ``pinned_share`` of the budget.
+
+    Ranking takes the ``candidates`` best memories by vector and by keyword (BM25) and the
+    memories next to them in their sessions, adds the two scores as z-scores with their
+    weights, smooths each with its neighbours' (``neighbour_weight``), lets a memory rank
+    just below (``neighbour_gap``) a neighbour that matches strongly, and adds importance,
+    recency and same-session bonuses with their weights.
+    Importance is the memory's base importance (by type unless given) plus decayed access
+    frequency, a recency bonus and a pin bonus.
+    """
+
+    recent: int = 4
+    recent_minutes: float | None = None
+    recent_session: bool = False
+    recent_share: float = 0.08
+    pinned_share: float = 0.3
+    preload: int = 1000
+    preload_chunk: int = 128
+    candidates: int = 64
+    full_text_score: float = 0.35
+    vector_weight: float = 1.0
+    keyword_weight: float = 0.3
+    neighbour_weight: float = 0.3
+    neighbour_gap: float = 1.0
+    importance_weight: float = 0.1
+    recency_weight: float = 0.05
+    session_weight: float = 0.1
+    near_duplicate: float = 0.97
+    access_half_life_days: float = 30.0
+    access_weight: float = 0.3
+    recency_half_life_days: float = 7.0
+    pin_bonus: float = 1.0
+    cache_bytes: int = 16 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("recent", "preload", "preload_chunk", "candidates", "cache_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidInputError(f"ContextPolicy.{name} must be an int >= 0, got {value!r}")
+        for name in ("recent_share", "pinned_share", "full_text_score", "near_duplicate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")
+        for name in ("vector_weight", "keyword_weight", "neighbour_weight", "neighbour_gap",
+                     "importance_weight", "recency_weight", "session_weight", "access_weight",
+                     "pin_bonus"):  # fmt: skip
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1e6:
+                raise InvalidInputError(f"ContextPolicy.{name} must be >= 0, got {value!r}")
+        for name in ("access_half_life_days", "recency_half_life_days"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 < value < 1e6:
+                raise InvalidInputError(f"ContextPolicy.{name} must be > 0, got {value!r}")
+        if self.recent_minutes is not None and not (
+            isinstance(self.recent_minutes, (int, float)) and self.recent_minutes > 0
+        ):
+            raise InvalidInputError("ContextPolicy.recent_minutes must be > 0 or None")
+
+
+class Level(IntEnum):
+    """Which level of loading put a memory into a context. Level 2 (the background
+    preload) only warms the cache: what it loads enters a context as a search hit."""
+
+    PINNED = 0  # "remember this": every context
+    RECENT = 1  # level 1, the hot restore: the newest memories
+    FOUND = 3  # level 3, on demand: ranked for the query
+
+
+@dataclass(frozen=True, slots=True)
+class ContextItem:
+    """One memory in a context: which level brought it, its score and what was shown."""
+
+    id: str
+    level: Level
+    score: float
+    text: str  # the memory's full text, or its summary when ``summary`` is true
+    summary: bool
+    timestamp: float
+    session: str | None
+    type: str
+
+
+@dataclass(frozen=True)
+class Context:
+    """What ``MemoryStore.context`` returns.
+
+    ``text`` is what to give the model; ``tokens`` is its exact token count, never over the
+    budget. ``degraded`` is true when the embedding model was not loaded yet and the
+    context was built from keywords, recency and importance alone.
+    """
+
+    text: str
+    tokens: int
+    budget: int
+    items: list[ContextItem]
+    encoding: str
+    degraded: bool = False
+    seconds: float = 0.0
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """The context as OpenAI chat messages (one system message; none when empty)."""
+        if not self.text:
+            return []
+        return [{"role": "system", "content": self.text}]
+
+
+@dataclass(frozen=True)
+class EvictionPolicy:
+    """What ``evict`` forgets; ``fastmem.open(..., evict=EvictionPolicy(...))`` applies it
+    at every ``checkpoint()`` and at ``close()``. Pinned memories are never evicted.
+
+    Attributes:
+        ttl: seconds a memory of each type lives, by type name (``{"tool_result": 86400}``);
+            types not named live forever.
+        min_importance: forget memories whose current importance score (the one
+            ``importance_scores()`` computes: base importance, accesses, recency) is below.
+        max_count: keep at most this many memories (pinned ones count, but stay), forgetting
+            the lowest scores first (ties: the oldest).
+        max_bytes: keep the live memories' records within this many bytes of the data file
+            (what a compaction keeps), forgetting the lowest scores first.
+    """
+
+    ttl: Mapping[str, float] | None = None
+    min_importance: float | None = None
+    max_count: int | None = None
+    max_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class CompactReport:
+    """What ``compact()`` did. Sizes are the data file's and the index file's as they were
+    on disk before (the index as of the last checkpoint) and after."""
+
+    dat_before: int
+    idx_before: int
+    dat_after: int
+    idx_after: int
+    memories: int  # live memories kept
+    dropped: int  # forgotten memories whose records are gone
+    seconds: float  # the whole compaction
+    lock_seconds: float  # the longest time the store's lock was held for it
+
+    @property
+    def bytes_before(self) -> int:
+        return self.dat_before + self.idx_before
+
+    @property
+    def bytes_after(self) -> int:
+        return self.dat_after + self.idx_after
+
+    @property
+    def reclaimed(self) -> int:
+        """Bytes of both files given back."""
+        return self.bytes_before - self.bytes_after
+
+    @property
+    def reclaimed_fraction(self) -> float:
+        return self.reclaimed / self.bytes_before if self.bytes_before else 0.0
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    """What ``repair()`` did. ``ok`` when nothing had to be cut away (the index was rebuilt
+    all the same)."""
+
+    ok: bool
+    memories: int  # live memories in the repaired store
+    records: int  # intact records found in the damaged data file
+    cut: list[Problem] = field(default_factory=list)  # the regions and records left out
+    cut_bytes: int = 0
+    damaged_path: str | None = None  # where their bytes were kept (see docs/FORMAT.md)
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+
+@dataclass(frozen=True)
+class BackupReport:
+    """What ``backup()`` wrote: ``<path>.dat`` and ``<path>.idx``."""
+
+    path: str
+    memories: int
+    bytes: int  # both files
+
+
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """A store's figures (``MemoryStore.stats()``), read from the index alone: what
+    ``fastmem stats`` prints and the MCP server's stats resource serves."""
+
+    path: str
+    memories: int  # live
+    forgotten: int  # tombstoned, until compact()
+    pinned: int
+    with_vector: int
+    dim: int
+    types: dict[str, int]  # live memories by type name, most first
+    sessions: int
+    oldest: float | None  # timestamps
+    newest: float | None
+    text_tokens: int  # cl100k_base tokens of the live memories' texts
+    dat_bytes: int
+    idx_bytes: int
+    backend: str  # "cython" or "python": the kernels in use
+
+
+class RecordSize(NamedTuple):
+    """One of ``MemoryStore.largest()``: a memory's record bytes and text tokens."""
+
+    id: str
+    bytes: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class RecordInfo:
+    """Where and how a memory is stored (``MemoryStore.info()``), from its index row."""
+
+    record_offset: int  # in the data file
+    record_bytes: int
+    text_tokens: int | None  # None: not counted (a store written before token counts)
+    summary_tokens: int | None
+    has_vector: bool
+    access_count: int
+    last_access: float | None
+    importance_score: float  # the score eviction and the level-2 preload rank by
