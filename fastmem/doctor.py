@@ -41,7 +41,7 @@ def _simd() -> list[str]:
             break
         except (ImportError, AttributeError):
             continue
-    wanted = ("SSE42", "AVX2", "FMA3", "AVX512F", "AVX512_VNNI", "AVX512_BF16", "NEON", "ASIMD",
+    wanted = ("SSE42", "AVX2", "FMA3", "F16C", "AVX512F", "AVX512VNNI", "AVX512BF16", "NEON", "ASIMD",
               "ASIMDDP", "SVE")  # fmt: skip
     return [name for name in wanted if features.get(name)]
 
@@ -57,10 +57,18 @@ def _kernels() -> dict[str, Any]:
             modules[name] = getattr(module, "__file__", None)
         except ImportError as exc:
             modules[name] = f"missing ({exc})"
+    # The variant of the vector scan's dot product chosen for this processor at import
+    # (FASTMEM_SIMD can lower it); only the compiled kernels have one.
+    level = "none (numpy fallback)"
+    if _kernels.BACKEND == "cython":
+        try:
+            level = importlib.import_module("fastmem._ext.topk").simd()
+        except (ImportError, AttributeError):
+            level = "unknown"
     package = Path(fastmem.__file__).resolve().parent
     checkout = (package.parent / "setup.py").is_file() and (package.parent / "src_cython").is_dir()
     return {"backend": _kernels.BACKEND, "requested": os.environ.get("FASTMEM_BACKEND", "auto"),
-            "compiled": modules, "source_checkout": checkout, "cpu_simd": _simd(),
+            "compiled": modules, "source_checkout": checkout, "simd": level, "cpu_simd": _simd(),
             "build": ("portable (-O3, no -march=native unless built with FASTMEM_NATIVE=1); "
                       "the top-k and scoring loops use OpenMP when the compiler has it")}  # fmt: skip
 
@@ -151,8 +159,8 @@ def run(out: Any) -> int:
       + (" (a source checkout)" if k["source_checkout"] else ""))  # fmt: skip
     p(f"python     {report['python']} on {report['platform']}")
     backend = "[green]compiled[/green]" if k["backend"] == "cython" else "[red]numpy fallback[/red]"
-    p(f"kernels    {backend} (FASTMEM_BACKEND={k['requested']}); CPU SIMD: "
-      f"{', '.join(k['cpu_simd']) or 'none detected'}")  # fmt: skip
+    p(f"kernels    {backend} (FASTMEM_BACKEND={k['requested']}), vector scan SIMD: {k['simd']}")
+    p(f"  CPU      {', '.join(k['cpu_simd']) or 'no SIMD features detected'}")
     if e["status"] == "ok":
         p(f"embedder   {escape(e['name'])} ({e['dim']} dims)")
         p(f"  runtime  {escape(e['runtime'])}, {e['threads']} threads for lists of texts")

@@ -38,6 +38,9 @@ def test_doctor_reports_kernels_embedder_and_tokenizers():
     report = json.loads(proc.stdout)
     assert report["fastmem"] == fastmem.__version__ and report["problems"] == []
     assert report["kernels"]["backend"] == "cython"
+    from fastmem._ext import topk
+
+    assert report["kernels"]["simd"] == topk.simd() in topk.SIMD_LEVELS
     assert set(report["kernels"]["compiled"]) == {"records", "scoring", "topk", "vectors", "keyword"}
     e = report["embedder"]
     assert e["status"] == "ok" and e["name"] == fastmem.embed.INT8_NAME
