@@ -177,13 +177,19 @@ def ready_within(embedder: Any, timeout: float) -> bool:
 # question and answered it from keywords) would end the loading thread inside onnxruntime's
 # session construction, and the C++ runtime aborts the process ("terminate called without an
 # active exception", exit status 134): seen here. At exit, the loads in flight are waited for.
+# A load that has not begun by then is not begun at all; in a forked child, whose copy of a
+# loading model has no thread, nothing is waited for.
 _loading: set[Any] = set()
+_exiting = False
 EXIT_WAIT = 10.0  # seconds: a load takes ~0.1-0.5 s; a hung one must not hold the exit forever
 
 
 def _finish_loads() -> None:
+    global _exiting
+    _exiting = True  # before reading _started: a load either sees this or is waited for
     for model in list(_loading):
-        model._loaded.wait(EXIT_WAIT)
+        if model._pid == os.getpid() and model._started.is_set():
+            model._loaded.wait(EXIT_WAIT)
 
 
 atexit.register(_finish_loads)
@@ -236,6 +242,8 @@ class _BackgroundModel:
         self._lock = threading.Lock()
         self.load_seconds: float | None = None  # from construction to ready
         self._t0 = time.perf_counter()
+        self._started = threading.Event()
+        self._pid = os.getpid()
         _loading.add(self)
         self._loader = Background(self._load, "fastmem-embedder")
 
@@ -298,7 +306,10 @@ class _BackgroundModel:
         return f"<fastmem.embed.{type(self).__name__} {str(self.path)!r} {state}>"
 
     def _load(self) -> None:
+        self._started.set()  # before reading _exiting: see _finish_loads
         try:
+            if _exiting:  # not begun before the exit: not begun at all
+                raise EmbedderUnavailableError("the interpreter is exiting")
             self._load_model()
             self.load_seconds = time.perf_counter() - self._t0
         except BaseException as exc:  # reported by wait(), on the caller's thread
