@@ -250,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_hermes_install)
 
+    command("doctor", "what is installed: version, kernels, embedder, tokenizers, load times",
+            store=False).set_defaults(func=lambda args, out: importlib.import_module(
+                "fastmem.doctor").run(out))  # fmt: skip
+
     p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
     p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
