@@ -323,33 +323,39 @@ class Engine:
 
     def _flock(self) -> None:
         """Take the OS lock on the data file, waiting up to ``timeout``; when the file was
-        replaced meanwhile (a compaction elsewhere), continue on the new one and lock it."""
+        replaced meanwhile (a compaction elsewhere), continue on the new one and lock it.
+        The engine's thread lock is held only for each try, never while waiting: this
+        handle's reads go on while its write waits."""
         deadline = time.monotonic() + self.timeout
         pause = _LOCK_POLL_FIRST
         while True:
-            try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    holder = lock_holder(self._fd)
-                    raise StoreLockedError(
-                        f"{self.dat_path} has been locked for writing for {self.timeout:g} s by "
-                        f"{'another process' if holder is None else f'process {holder}'}: "
-                        f"pass a longer timeout= to wait for it"
-                    ) from None
-                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-                pause = min(2 * pause, _LOCK_POLL_MAX)
-                continue
-            if os.fstat(self._fd).st_nlink:
-                return
-            # A compaction or repair replaced the file while we waited: lock the new one.
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            fd = os.open(self.dat_path, os.O_RDWR | os.O_APPEND)
-            if self._dat is None:  # opening: nothing is built on the old file yet
-                os.close(self._fd)
-                self._fd = fd
-            else:
-                self.swap_to(fd, committed=False).release(drop_cache=False)
+            with self.lock:  # the descriptor may be swapped by a reader thread otherwise
+                if self._fd < 0:
+                    raise StoreClosedError(f"the store {self.path} is closed; open it again")
+                try:
+                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
+                else:
+                    if os.fstat(self._fd).st_nlink:
+                        return
+                    # A compaction or repair replaced the file: lock the new one.
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                    fd = os.open(self.dat_path, os.O_RDWR | os.O_APPEND)
+                    if self._dat is None:  # opening: nothing is built on the old file yet
+                        os.close(self._fd)
+                        self._fd = fd
+                    else:
+                        self.swap_to(fd, committed=False).release(drop_cache=False)
+                    continue
+            if holder != -1:
+                raise StoreLockedError(
+                    f"{self.dat_path} has been locked for writing for {self.timeout:g} s by "
+                    f"{'another process' if holder is None else f'process {holder}'}: "
+                    f"pass a longer timeout= to wait for it"
+                )
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2 * pause, _LOCK_POLL_MAX)
 
     @contextmanager
     def write_lock(self) -> Iterator[None]:
@@ -358,9 +364,7 @@ class Engine:
         threads, released when the last hold ends. Other processes' writes wait for it."""
         with self._holds_mutex:
             if self._holds == 0:
-                with self.lock:  # following a replaced file swaps the state
-                    self.check_writable()
-                    self._flock()
+                self._flock()
             self._holds += 1
         try:
             yield

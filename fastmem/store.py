@@ -38,7 +38,9 @@ from ._items import (
     STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8, parse_id,
     check_batch, check_ids, prepare, summarize_and_count, type_names, vectors_for,
 )  # fmt: skip
-from .embed import Embedder, default_embedder  # light: the model's libraries load in its thread
+from .embed import (  # light: the model's libraries load in its thread
+    Embedder, default_embedder, embedder_for_existing, ready_within,
+)  # fmt: skip
 from .errors import (
     InvalidInputError,
     InvalidTypeError,
@@ -81,7 +83,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         dim: the embedding dimension (fixed by the first vector when left out).
         embedder: an object with ``encode(list[str]) -> array (n, dim)`` used when ``add``
             gets no ``embedding`` (see :class:`fastmem.embed.Embedder`); by default
-            all-MiniLM-L6-v2, loaded in the background (``pip install 'fastmem[embed]'``);
+            all-MiniLM-L6-v2 (int8, onnxruntime; shipped in the package), loaded in the background;
             ``None`` for none (keyword search only).
         readonly: never write (and never take the writer lock): for consumers that must not
             write, and read-only media. Every handle, read-only or not, sees every memory
@@ -193,6 +195,8 @@ class MemoryStore:
         self.durability = durability
         self.policy = policy or ContextPolicy()
         self._embedder = _resolve_embedder(embedder)
+        if embedder is _DEFAULT and self._embedder is not None:  # e.g. 0.1's float32 model
+            self._embedder = embedder_for_existing(base, self._embedder)
         self._preload: _context.Preload | None = None
         self.tokens = TokenCounter(STORED_ENCODING)
         self._summarizer: Summarizer | None = (
@@ -561,6 +565,8 @@ class MemoryStore:
         session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         counter = self._counter(encoding)
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
+        if self._embedder is not None:  # a model still loading: wait a little (not locked)
+            ready_within(self._embedder, self.policy.embedder_wait)
         engine = self._engine
         with engine.lock:
             engine.check()

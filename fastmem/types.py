@@ -125,6 +125,7 @@ class ContextPolicy:
     access_weight: float = 0.3
     recency_half_life_days: float = 7.0
     pin_bonus: float = 1.0
+    embedder_wait: float = 0.5  # seconds a context waits for a loading model
     cache_bytes: int = 16 << 20
 
     def __post_init__(self) -> None:
@@ -138,7 +139,7 @@ class ContextPolicy:
                 raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")
         for name in ("vector_weight", "keyword_weight", "neighbour_weight", "neighbour_gap",
                      "importance_weight", "recency_weight", "session_weight", "access_weight",
-                     "pin_bonus"):  # fmt: skip
+                     "pin_bonus", "embedder_wait"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1e6:
                 raise InvalidInputError(f"ContextPolicy.{name} must be >= 0, got {value!r}")

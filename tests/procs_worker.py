@@ -38,7 +38,10 @@ def main() -> None:
     mine: list[str] = []  # my ephemeral ids still live
     deadline = time.monotonic() + seconds
     n = 0
-    with fastmem.open(path, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
+    # A generous lock timeout: on a loaded machine a compaction may hold the lock for seconds,
+    # and this test is about what every process sees, not about how fast.
+    policy = fastmem.ContextPolicy(preload=0, recent=0)
+    with fastmem.open(path, embedder=None, policy=policy, timeout=120) as store:
         while time.monotonic() < deadline:
             op = rng.random()
             if op < 0.25:
