@@ -530,6 +530,14 @@ def _start_together(procs: list[subprocess.Popen[str]], go: str) -> None:
     open(go, "w").close()
 
 
+def _write_together(home: str, go: str, tags: list[str], n: int) -> None:
+    """One WRITER process per tag, n turns each, all at the same time; back when all exit."""
+    procs = [_start_writer(home, tag, n, go) for tag in tags]
+    _start_together(procs, go)
+    for proc in procs:
+        _wait_for(proc)
+
+
 def _turns(texts: list[str], tag: str) -> list[str]:
     """The turns a WRITER process tagged ``tag`` stored, in store order."""
     return [t for t in texts if t.startswith(f"User: {tag} turn ")]
@@ -574,12 +582,8 @@ def test_three_processes_on_one_profile_and_a_fresh_search_finds_every_turn_at_o
     """Issue 17: three Hermes processes write 50 turns each at the same time; a process
     started right after they exit finds all 150 (before: 4 of 10 sampled, the rest in
     pending files until some process imported them)."""
-    go = str(tmp_path / "go")
     tags = ["cli", "gateway", "cron"]
-    procs = [_start_writer(home, tag, 50, go) for tag in tags]
-    _start_together(procs, go)
-    for proc in procs:
-        _wait_for(proc)
+    _write_together(home, str(tmp_path / "go"), tags, 50)
     assert _search_every_turn(home, tags, 50) == []
     assert _spill_files(home) == []  # no side files in normal operation
     texts = _texts(home)
@@ -679,12 +683,7 @@ def test_writes_kept_at_a_lock_are_imported_once_by_the_next_processes(home, tmp
         lock.release()
     kept = _spill_files(home)
     assert kept and len(_texts(home)) == 1
-    go = str(tmp_path / "go")
-    tags = ["a", "b", "c"]
-    procs = [_start_writer(home, tag, 5, go) for tag in tags]
-    _start_together(procs, go)
-    for proc in procs:
-        _wait_for(proc)
+    _write_together(home, str(tmp_path / "go"), ["a", "b", "c"], 5)
     assert _spill_files(home) == []
     texts = _texts(home)
     assert _turns(texts, "kept") == _written("kept", 300)  # once, in order
