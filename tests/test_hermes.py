@@ -690,6 +690,27 @@ def test_writes_kept_at_a_lock_are_imported_once_by_the_next_processes(home, tmp
     assert len(texts) == 1 + 300 + 15
 
 
+def test_a_damaged_spill_file_is_imported_as_far_as_it_goes_and_kept_aside(home, caplog):
+    p = _provider(home)
+    p.sync_turn("created", "ok")
+    p.shutdown()
+    directory = os.path.dirname(_provider_path(home))
+    name = os.path.join(directory, "pending-1.000000-1-aaaaaaaa.jsonl")
+    good = [{"kind": "add", "args": {"text": "kept one"}}, {"kind": "add", "args": {"text": "kept two"}},
+            {"kind": "add", "args": {"text": ""}},  # refused by the store: skipped, logged
+            {"kind": "forget", "args": "m999"}]  # fmt: skip
+    with open(name, "w", encoding="utf-8") as f:
+        f.write(json.dumps(good[0]) + "\n{not json\n\xff\n" + "\n".join(json.dumps(g) for g in good[1:]) + "\n[1]\n")
+    with caplog.at_level("WARNING", logger="fastmem"):
+        _provider(home, "next").shutdown()  # imports at its start
+    assert _texts(home) == ["User: created\nAssistant: ok", "kept one", "kept two"]
+    assert _spill_files(home) == []
+    assert os.path.exists(os.path.join(directory, "damaged-" + os.path.basename(name)))
+    assert "3 damaged lines" in caplog.text and "m999" in caplog.text
+    _provider(home, "again").shutdown()
+    assert len(_texts(home)) == 3  # not imported twice
+
+
 def test_fastmem_import_beside_a_writing_hermes_process(home, tmp_path):
     """`fastmem import` of 10,000 memories while a Hermes process writes turns: both
     finish, nothing refused, nothing kept aside, every memory there once."""

@@ -326,8 +326,8 @@ class _Writer:
                 return True  # another process is importing it
             if os.fstat(fd).st_nlink == 0:  # imported and deleted while we waited
                 return True
-            with os.fdopen(os.dup(fd), encoding="utf-8") as f:
-                entries = _entries(f, name)
+            with os.fdopen(os.dup(fd), encoding="utf-8", errors="replace") as f:
+                entries, damaged = _entries(f, name)
             done = self._apply_entries(store, entries, name)
             if done < len(entries):
                 # Keep what is left under the same name (old first: the order holds); an
@@ -335,7 +335,12 @@ class _Writer:
                 _write_durably(name, [json.dumps(e) for e in entries[done:]])
                 return False
             store.flush()
-            os.unlink(name)  # before the flock goes: nobody imports it again
+            if damaged:  # lines no writer wrote (damage): kept for a person, out of the glob
+                aside = os.path.join(os.path.dirname(name), "damaged-" + os.path.basename(name))
+                os.replace(name, aside)
+                logger.error("fastmem: %s had %d damaged lines; the file is kept as %s", name, damaged, aside)
+            else:
+                os.unlink(name)  # before the flock goes: nobody imports it again
             logger.info("fastmem: imported %d kept writes from %s", len(entries), name)
             return True
         except OSError as exc:
@@ -391,21 +396,24 @@ def _claim(fd: int, wait: float) -> bool:
             time.sleep(0.01)
 
 
-def _entries(f: Any, name: str) -> list[dict[str, Any]]:
+def _entries(f: Any, name: str) -> tuple[list[dict[str, Any]], int]:
+    """The kept writes of a spill file, and how many lines were not one (damage: files
+    are written whole, through a temp file and a rename)."""
     out: list[dict[str, Any]] = []
+    damaged = 0
     for number, line in enumerate(f, 1):
         if not line.strip():
             continue
         try:
             entry = json.loads(line)
-        except ValueError as exc:  # written whole (temp file + rename): damage, not a torn write
-            logger.warning("fastmem: %s line %d is not JSON (%s); skipped", name, number, exc)
-            continue
-        if isinstance(entry, dict) and "kind" in entry and "args" in entry:
+        except ValueError:
+            entry = None
+        if isinstance(entry, dict) and isinstance(entry.get("kind"), str) and "args" in entry:
             out.append(entry)
         else:
+            damaged += 1
             logger.warning("fastmem: %s line %d is not a kept write; skipped", name, number)
-    return out
+    return out, damaged
 
 
 def _write_durably(name: str, lines: list[str]) -> None:
