@@ -13,7 +13,7 @@ Commands (``fastmem COMMAND --help`` for each one's options)::
     fastmem export PATH [-o FILE]           every live memory as JSON lines
     fastmem import PATH FILE                JSON lines (as export writes them) into a store
     fastmem hermes install [--hermes-home DIR] [--activate]
-    fastmem mcp --store PATH                an MCP server over stdio
+    fastmem mcp --store PATH [--timeout S]  an MCP server over stdio (any number per store)
 
 ``PATH`` is a store's name (``PATH.dat`` + ``PATH.idx``), or with ``--namespace NAME`` the
 root directory of namespaced stores. Commands that only read open the store read-only, so
@@ -26,7 +26,7 @@ Exit codes:
     1  problems found (``verify`` found damage, ``repair`` had to cut damaged data away),
        or the operation failed for another reason
     2  usage error: bad arguments or option values, an import file that is not valid
-    3  the store is locked: another process is writing to it
+    3  the store is locked: another process held its writer lock past ``--timeout``
     4  damaged or unreadable files: the store (or a file given) cannot be read
     5  not found: no store at PATH, no memory with that ID, no such file
     6  something needed is not installed: the embedding model, the ``mcp`` package
@@ -258,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
     p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
                    help="the store of one user or profile under PATH")  # fmt: skip
+    p.add_argument("--timeout", type=_seconds_arg, default=5.0, metavar="SECONDS",
+                   help="how long a write waits for another process's write or compaction "
+                        "(default 5; then the tool call fails, naming that process)")  # fmt: skip
     p.set_defaults(func=_cmd_mcp)
     return parser
 
@@ -780,7 +783,7 @@ def _cmd_hermes_install(args: argparse.Namespace, out: _Out) -> int:
 def _cmd_mcp(args: argparse.Namespace, out: _Out) -> int:
     from .integrations import mcp_server
 
-    mcp_server.serve(args.store, namespace=args.namespace)
+    mcp_server.serve(args.store, namespace=args.namespace, timeout=args.timeout)
     return EXIT_OK
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -31,10 +32,10 @@ def backend():
     yield fastmem.BACKEND
 
 
-def _params(path: str) -> StdioServerParameters:
+def _params(path: str, *options: str) -> StdioServerParameters:
     env = {"PYTHONPATH": SOURCE, "FASTMEM_EMBEDDER": "none"}
-    return StdioServerParameters(command=sys.executable, args=["-m", "fastmem", "mcp", "--store", path],
-                                 env=env)  # fmt: skip
+    return StdioServerParameters(command=sys.executable, args=["-m", "fastmem", "mcp", "--store", path,
+                                                               *options], env=env)  # fmt: skip
 
 
 def _payload(result: Any) -> Any:
@@ -52,8 +53,8 @@ def _is_error(result: Any) -> bool:
     return bool(getattr(result, "isError", False) if value is None else value)
 
 
-async def _session(path: str, work: Any) -> Any:
-    async with stdio_client(_params(path)) as (read, write):
+async def _session(path: str, work: Any, *options: str) -> Any:
+    async with stdio_client(_params(path, *options)) as (read, write):
         async with ClientSession(read, write) as session:
             await session.initialize()
             return await work(session)
@@ -135,6 +136,82 @@ def test_tools_resource_errors_and_persistence(tmp_path):
     run(path, second)
     with fastmem.open(path, readonly=True) as store:
         assert {m.id for m in store} == {ids["cat"], ids["plan"]}
+
+
+def test_two_servers_on_one_store_see_each_others_memories_at_once(tmp_path):
+    """Issue 17: two MCP clients configured on one store (Claude Desktop and Cursor, say)
+    each start a server; both write, and each finds the other's memory at once (before:
+    the second server exited with "open for writing in another process")."""
+    path = str(tmp_path / "mem")
+
+    async def both() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            sessions = []
+            for _ in range(2):
+                read, write = await stack.enter_async_context(stdio_client(_params(path)))
+                session = await stack.enter_async_context(ClientSession(read, write))
+                await session.initialize()
+                sessions.append(session)
+            a, b = sessions
+            r = await a.call_tool("remember", {"text": "The user's cat is called Miso.", "type": "fact"})
+            assert not _is_error(r), r
+            cat = _payload(r)["id"]
+            r = await b.call_tool("remember", {"text": "The user's dog is called Rex.", "type": "fact"})
+            assert not _is_error(r), r
+            dog = _payload(r)["id"]
+            assert cat != dog
+            # No sleep, no retry: each server's next call sees the other's write.
+            hits = _payload(await b.call_tool("search", {"query": "cat Miso", "mode": "keyword"}))["hits"]
+            assert [h["id"] for h in hits] == [cat]
+            hits = _payload(await a.call_tool("search", {"query": "dog Rex", "mode": "keyword"}))["hits"]
+            assert [h["id"] for h in hits] == [dog]
+            ctx = _payload(await a.call_tool("context", {"query": "What are the pets called?", "budget": 200}))
+            assert "Miso" in ctx["text"] and "Rex" in ctx["text"]
+            r = _payload(await b.call_tool("forget", {"id": cat}))  # one server forgets the other's
+            assert r == {"forgotten": cat}
+            assert _payload(await a.call_tool("search", {"query": "cat Miso", "mode": "keyword"}))["hits"] == []
+            stats = json.loads((await a.read_resource("fastmem://stats")).contents[0].text)
+            assert stats["memories"] == 1 and stats["forgotten"] == 1
+
+    asyncio.run(asyncio.wait_for(both(), 60))
+    with fastmem.open(path, readonly=True) as store:
+        assert [m.text for m in store] == ["The user's dog is called Rex."]
+        assert store.verify().ok
+
+
+def test_a_write_that_waits_too_long_is_a_tool_error_naming_the_holder(tmp_path):
+    """A lock held past --timeout (a helper process holds the data file's flock, as a long
+    repair would) while a server runs: the write fails with a tool error naming that
+    process, reads go on, and the server writes again once the lock is free."""
+    path = str(tmp_path / "mem")
+    with fastmem.open(path) as store:
+        store.add("The user's cat is called Miso.")
+
+    async def work(session: ClientSession) -> None:
+        # The server has the store open; then the lock is taken (a server's open, too, needs
+        # the lock for a moment: started beside a longer hold, it would exit with code 3).
+        holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR); "
+                                   "fcntl.flock(fd, fcntl.LOCK_EX); print('locked', flush=True); sys.stdin.read()",
+                                   path + ".dat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        try:
+            r = await session.call_tool("remember", {"text": "Written while locked."})
+            assert _is_error(r)
+            message = r.content[0].text
+            assert "locked for writing" in message and f"process {holder.pid}" in message, message
+            hits = _payload(await session.call_tool("search", {"query": "cat", "mode": "keyword"}))["hits"]
+            assert [h["text"] for h in hits] == ["The user's cat is called Miso."]
+        finally:
+            assert holder.stdin is not None and holder.stdout is not None
+            holder.stdin.close()
+            holder.wait(10)
+            holder.stdout.close()
+        r = await session.call_tool("remember", {"text": "Written after."})
+        assert not _is_error(r), r
+
+    asyncio.run(asyncio.wait_for(_session(path, work, "--timeout", "0.2"), 60))
+    with fastmem.open(path, readonly=True) as store:
+        assert [m.text for m in store] == ["The user's cat is called Miso.", "Written after."]
 
 
 def test_missing_sdk(tmp_path):

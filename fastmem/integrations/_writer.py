@@ -1,17 +1,41 @@
-"""A store's write queue for a process that may not hold its writer lock: one thread
-applies the writes in order, and keeps what it cannot write in durable pending files.
+"""A store's write queue: one thread per store per process applies the writes in order and
+acknowledges each batch only after an fsync, so that a caller (Hermes's ``sync_turn``)
+never waits for the disk, an embedding or another process.
 
 Used by the Hermes provider (:mod:`fastmem.integrations.hermes`), and written for any
 integration whose processes share one store. A write is an op: a kind and its arguments
-(JSON data, so that it can wait in a pending file). The writer itself knows ``add``
-(consecutive adds go in one ``add_many``) and ``barrier`` (nothing: its future says that
-everything queued before it is on disk); every other kind is applied by the handler the
-owner passes in, ``handler(store, args)``. Arguments come back from a pending file as
-JSON gives them (a tuple as a list): handlers take either.
+(JSON data, so that it can wait in a spill file). The writer itself knows ``add``
+(consecutive adds go in one ``add_many``), ``open`` and ``barrier`` (nothing: the future
+says that the store is open, or that everything queued before it is on disk); every other
+kind is applied by the handler the owner passes in, ``handler(store, args)``. Arguments
+come back from a spill file as JSON gives them (a tuple as a list): handlers take either.
+
+Every process writes to the store itself. The store's writer lock is taken per write
+(any number of processes open one store read-write), so a batch waits at most for another
+process's append, a few milliseconds; every handle, in any process, sees it as soon as it
+is acknowledged. Nothing goes to a side file in normal operation.
+
+Spill files (``pending-*.jsonl`` beside the store) keep, durably, only two things:
+
+- what is still queued at the shutdown deadline (:meth:`_Writer.stop`; an embedding
+  backlog on a busy CPU, say): the process is leaving, it cannot wait;
+- a batch that did not get the writer lock within ``WRITE_WAIT`` seconds (another
+  process held it that long: a repair of a large store, a stopped process), and the writes
+  queued behind it while that file waits, so that the store gets them in order.
+
+Any writer of the store imports them: when it opens the store (so the next start of any
+process on the profile takes them in), before its next batch after it spilled, and when
+idle (every ``IDLE_TICK`` seconds). Each file is imported once: the importer holds an
+``flock`` on the file while it applies it and deletes it before letting go; an importer
+that gets the flock afterwards finds the file deleted (``st_nlink == 0``) and skips it;
+a killed importer's flock is released by the OS and the next importer takes the file
+over. A process killed in the middle of an import leaves the file, and the next importer
+applies it again: twice rather than never (the adds of one file go in one commit each run).
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import logging
@@ -33,27 +57,32 @@ __all__ = ["PENDING", "Handler"]
 
 logger = logging.getLogger(__name__)
 
-LOCK_WAIT = 0.05  # seconds per attempt at the store's writer lock (rides over a reopen)
-RETRY_LOCK = 1.0  # seconds between attempts while another process holds the lock
-IDLE_TICK = 1.0  # seconds between imports of other processes' pending writes
+# A write waits for the writer lock in slices, not in one wait of the store's own timeout,
+# so that the shutdown deadline can cut the wait short (what is not written by then is
+# spilled, not left to a daemon thread that dies with the interpreter).
+LOCK_SLICE = 0.25  # seconds per attempt (the store's timeout=)
+WRITE_WAIT = 5.0  # seconds a batch waits for the lock in all before it is spilled
+IDLE_TICK = 1.0  # seconds between looks for spill files while nothing is queued
 MAX_BATCH = 64  # writes per commit: bounds one batch's embedding time (~1 s on a laptop CPU)
+SPILL_GLOB = "pending-*.jsonl"
 
 Handler = Callable[["fastmem.MemoryStore", Any], Any]  # applies one kind of write
 
 
 class _Pending:
-    """A write kept in a pending file: it reaches the store when a writer imports it."""
+    """A write kept in a spill file: it reaches the store when a writer imports it."""
 
     def __repr__(self) -> str:
         return "PENDING"
 
 
 PENDING = _Pending()
+_NO_OPS = frozenset({"open", "barrier"})  # nothing to write: never spilled
 
 
 @dataclass
 class _Op:
-    kind: str  # add, barrier, or a kind the owner's handlers apply
+    kind: str  # add, open, barrier, or a kind the owner's handlers apply
     args: Any
     future: Future[Any]
 
@@ -69,16 +98,7 @@ def _open_store(path: str, **kwargs: Any) -> fastmem.MemoryStore:
 
 
 class _Writer:
-    """One thread that applies a store's writes in order and acknowledges each batch only
-    after an fsync.
-
-    It keeps the store's writer lock for as long as the store is in use here: closing a
-    store checkpoints its index (~130 ms and the whole index rewritten at 100k memories),
-    too much to do after every turn. When another process holds the lock (a gateway beside
-    this CLI), batches go to durable ``pending-*.jsonl`` files beside the store instead; the
-    lock holder imports them within about a second, and whoever takes the lock next imports
-    what is left. The same happens to what is still queued at the shutdown deadline.
-    """
+    """One thread that applies a store's writes in order (see the module docstring)."""
 
     def __init__(self, path: str, handlers: Mapping[str, Handler]) -> None:
         self.path = path
@@ -86,7 +106,7 @@ class _Writer:
         self._queue: queue.Queue[_Op | None] = queue.Queue()
         self._store: fastmem.MemoryStore | None = None
         self._deadline: float | None = None  # set by stop(): what is not written by then is kept
-        self._next_try = 0.0  # when to try for the lock again after finding it taken
+        self._spilled: set[str] = set()  # this writer's spill files not yet seen imported
         self._warned = False
         self._thread = threading.Thread(target=self._run, name="fastmem-writer", daemon=True)
         self._thread.start()
@@ -97,7 +117,7 @@ class _Writer:
         return future
 
     def stop(self, timeout: float) -> None:
-        """Write what is queued (to a pending file past ``timeout``), then close."""
+        """Write what is queued (to a spill file past ``timeout``), then close."""
         self._deadline = time.monotonic() + timeout
         self._queue.put(None)
         self._thread.join(timeout + 1.0)
@@ -120,7 +140,7 @@ class _Writer:
                     stopping = True
                 else:
                     batch.append(more)
-            if batch and self._deadline is not None and time.monotonic() >= self._deadline:
+            if batch and self._past_deadline():
                 # Out of time (embedding a backlog, say): keep the rest for the next writer.
                 self._spill(batch + self._drain(), "was not written before the shutdown deadline")
                 stopping = True
@@ -129,6 +149,9 @@ class _Writer:
             if stopping:
                 self._close()
                 return
+
+    def _past_deadline(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline
 
     def _drain(self) -> list[_Op]:
         """Everything still queued (the stop sentinel dropped: nothing behind it is lost)."""
@@ -142,20 +165,36 @@ class _Writer:
                 rest.append(op)
 
     def _idle(self) -> None:
-        """Between writes: import other processes' pending writes, or try for the lock."""
+        """Between writes: import spill files (this process's, or a stopped one's)."""
+        if not self._spilled and not glob.glob(os.path.join(os.path.dirname(self.path), SPILL_GLOB)):
+            return  # the usual case: one listdir a second, no open
         store = self._acquire()
         if store is not None:
+            self._import_spilled(store)
+
+    def _locked_retry(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)``, tried again while another process holds the writer lock, for up to
+        WRITE_WAIT seconds and never past the shutdown deadline; then StoreLockedError.
+        A call refused with StoreLockedError has written nothing: trying again is safe."""
+        give_up = time.monotonic() + WRITE_WAIT
+        if self._deadline is not None:
+            give_up = min(give_up, self._deadline)
+        while True:
             try:
-                self._import_pending(store)
-            except Exception as exc:  # the next tick tries again
-                logger.warning("fastmem: importing pending writes into %s failed: %s", self.path, exc)
+                return call(*args, **kwargs)
+            except StoreLockedError:
+                if time.monotonic() + LOCK_SLICE > give_up:
+                    raise
 
     def _write(self, batch: list[_Op]) -> None:
         store = self._acquire()
         if store is None:
-            self._spill(batch, "is locked by another process")
+            self._spill(batch, "could not be opened for writing")
             return
-        self._import_pending(store)  # older than this batch: first
+        if self._spilled and not self._import_spilled(store):
+            # This writer's earlier writes still wait in a file: what follows waits behind them.
+            self._spill(batch, "waits behind earlier writes the store was locked against")
+            return
         results: list[tuple[_Op, Any, BaseException | None]] = []
         i = 0
         while i < len(batch):
@@ -165,38 +204,58 @@ class _Writer:
                     j += 1
                 results.extend(self._add_run(store, batch[i:j]))
                 i = j
-                continue
-            op = batch[i]
+            else:
+                op = batch[i]
+                try:
+                    results.append((op, self._locked_retry(self._apply, store, op.kind, op.args), None))
+                except Exception as exc:  # a user error (unknown id...) goes to its caller
+                    results.append((op, None, exc))
+                i += 1
+            if results and isinstance(results[-1][2], StoreLockedError):
+                break
+        locked = [n for n, (_, _, error) in enumerate(results) if isinstance(error, StoreLockedError)]
+        rest: list[_Op] = []
+        lock_error: BaseException | None = None
+        if locked:  # the lock stayed taken past WRITE_WAIT: this op and the rest are kept
+            lock_error = results[locked[0]][2]
+            rest = [op for op, _, _ in results[locked[0]:]] + batch[len(results):]
+            results = results[: locked[0]]
+        if results:
             try:
-                results.append((op, self._apply(store, op.kind, op.args), None))
-            except Exception as exc:  # a user error (unknown id...): reported to its caller
-                results.append((op, None, exc))
-            i += 1
-        try:
-            store.flush()  # acknowledged = on disk
-        except Exception as exc:
-            logger.warning("fastmem: flush of %s failed: %s", self.path, exc)
+                store.flush()  # acknowledged = on disk
+            except Exception as exc:
+                logger.warning("fastmem: flush of %s failed: %s", self.path, exc)
         for op, value, error in results:
             if error is None:
                 op.future.set_result(value)
             else:
                 op.future.set_exception(error)
+        if rest:
+            self._spill(rest, f"met the writer lock held for over {WRITE_WAIT:g} s (last try: {lock_error})")
 
     def _add_run(self, store: fastmem.MemoryStore, ops: list[_Op]) -> list[tuple[_Op, Any, Any]]:
+        """Adds as one commit; one bad item refuses the commit, so then one by one. A
+        StoreLockedError ends the run: the caller keeps that op and the rest."""
         try:
-            ids = store.add_many([op.args for op in ops])
+            ids = self._locked_retry(store.add_many, [op.args for op in ops])
             return [(op, mid, None) for op, mid in zip(ops, ids)]
-        except FastmemError:  # one bad item refuses the batch: add the others one by one
-            out: list[tuple[_Op, Any, Any]] = []
-            for op in ops:
-                try:
-                    out.append((op, store.add(**op.args), None))
-                except Exception as exc:
-                    out.append((op, None, exc))
-            return out
+        except StoreLockedError as exc:
+            return [(ops[0], None, exc)]
+        except FastmemError:
+            pass
+        out: list[tuple[_Op, Any, Any]] = []
+        for op in ops:
+            try:
+                out.append((op, self._locked_retry(store.add, **op.args), None))
+            except StoreLockedError as exc:
+                out.append((op, None, exc))
+                break
+            except Exception as exc:
+                out.append((op, None, exc))
+        return out
 
     def _apply(self, store: fastmem.MemoryStore, kind: str, args: Any) -> Any:
-        if kind == "barrier":
+        if kind in _NO_OPS:
             return None
         handler = self._handlers.get(kind)
         if handler is None:
@@ -204,73 +263,177 @@ class _Writer:
         return handler(store, args)
 
     def _acquire(self) -> fastmem.MemoryStore | None:
-        """The writable handle, or None while another process holds the lock (or the store
-        cannot be opened); tries again at most every RETRY_LOCK seconds."""
+        """The read-write handle, opened (and the store created) on first use; spill files
+        found then are imported first. None when the store cannot be opened now."""
         if self._store is not None:
             return self._store
-        now = time.monotonic()
-        if now < self._next_try:
-            return None
         try:
-            self._store = _open_store(self.path, timeout=LOCK_WAIT)
-        except Exception as exc:  # locked elsewhere, or damaged: the writes go to a file
-            self._next_try = now + RETRY_LOCK
-            if not isinstance(exc, StoreLockedError) and not self._warned:
+            self._store = self._locked_retry(_open_store, self.path, timeout=LOCK_SLICE)
+        except Exception as exc:  # locked for long, or damaged: the writes are kept in a file
+            if not self._warned:
                 logger.warning("fastmem: cannot open %s for writing: %s", self.path, exc)
                 self._warned = True
             return None
         self._warned = False
+        self._import_spilled(self._store)
         return self._store
 
     def _close(self) -> None:
         store, self._store = self._store, None
         if store is not None:
-            try:  # pending files stay for the next holder: imports take time a shutdown lacks
+            try:  # spill files stay for the next writer: imports take time a shutdown lacks
                 store.close()
             except Exception as exc:
                 logger.warning("fastmem: closing %s failed: %s", self.path, exc)
 
-    # Pending files: writes that could not be made to the store, as JSON lines.
+    # --- spill files: writes that could not be made to the store, as JSON lines ----------
 
     def _spill(self, ops: list[_Op], why: str) -> None:
-        lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind != "barrier"]
-        directory = os.path.dirname(self.path)
-        name = os.path.join(directory, f"pending-{time.time():.6f}-{os.getpid()}-{uuid.uuid4().hex[:8]}.jsonl")
-        try:
-            if lines:
-                fd, tmp = tempfile.mkstemp(dir=directory, prefix=".pending-")
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write("\n".join(lines) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, name)  # whole or absent: the importer never sees half a file
-                logger.info("fastmem: %s %s; %d writes kept in %s", self.path, why, len(lines), name)
-        except Exception as exc:
-            logger.error("fastmem: could not keep %d writes for %s: %s", len(lines), self.path, exc)
+        lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind not in _NO_OPS]
+        if lines:
+            directory = os.path.dirname(self.path)
+            # The time first: importers take files oldest first, so the store gets them in order.
+            unique = f"{time.time():.6f}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            name = os.path.join(directory, f"pending-{unique}.jsonl")
+            try:
+                _write_durably(name, lines)
+                self._spilled.add(name)
+                logger.warning("fastmem: %s %s; %d writes kept in %s (imported by the next writer)",
+                               self.path, why, len(lines), name)  # fmt: skip
+            except Exception as exc:
+                logger.error("fastmem: could not keep %d writes for %s: %s", len(lines), self.path, exc)
         for op in ops:
             op.future.set_result(PENDING)
 
-    def _import_pending(self, store: fastmem.MemoryStore) -> None:
-        """Apply the pending files (oldest first, by the time in their names), then delete
-        them; a crash between the two imports a file twice rather than never."""
-        names = sorted(glob.glob(os.path.join(os.path.dirname(self.path), "pending-*.jsonl")))
-        for name in names:
-            try:
-                with open(name, encoding="utf-8") as f:
-                    entries = [json.loads(line) for line in f if line.strip()]
-            except FileNotFoundError:  # imported meanwhile by an earlier holder of the lock
-                continue
-            except (OSError, ValueError) as exc:
-                logger.warning("fastmem: cannot read %s: %s", name, exc)
-                continue
-            for entry in entries:
-                try:
-                    kind, args = entry["kind"], entry["args"]
-                    if kind == "add":
-                        store.add(**args)
-                    else:
-                        self._apply(store, kind, args)
-                except (FastmemError, KeyError, TypeError) as exc:
-                    logger.warning("fastmem: a pending write in %s failed: %s", name, exc)
+    def _import_spilled(self, store: fastmem.MemoryStore) -> bool:
+        """Apply every spill file of the store, oldest first; True when none of this
+        writer's own is left (they must reach the store before its later writes)."""
+        for name in sorted(glob.glob(os.path.join(os.path.dirname(self.path), SPILL_GLOB))):
+            if not self._import_file(store, name, wait=name in self._spilled):
+                break  # the lock is taken for long: the rest later, in order
+        self._spilled = {name for name in self._spilled if os.path.exists(name)}
+        return not self._spilled
+
+    def _import_file(self, store: fastmem.MemoryStore, name: str, *, wait: bool) -> bool:
+        """Import one spill file once (see the module docstring); False when the store's
+        lock stayed taken (what is left of the file is kept, for the next try)."""
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except FileNotFoundError:  # imported meanwhile
+            return True
+        try:
+            if not _claim(fd, WRITE_WAIT if wait else 0.0):
+                return True  # another process is importing it
+            if os.fstat(fd).st_nlink == 0:  # imported and deleted while we waited
+                return True
+            with os.fdopen(os.dup(fd), encoding="utf-8", errors="replace") as f:
+                entries, damaged = _entries(f, name)
+            done = self._apply_entries(store, entries, name)
+            if done < len(entries):
+                # Keep what is left under the same name (old first: the order holds); an
+                # importer waiting on the old file finds it deleted.
+                _write_durably(name, [json.dumps(e) for e in entries[done:]])
+                return False
             store.flush()
-            os.unlink(name)
+            if damaged:  # lines no writer wrote (damage): kept for a person, out of the glob
+                aside = os.path.join(os.path.dirname(name), "damaged-" + os.path.basename(name))
+                os.replace(name, aside)
+                logger.error("fastmem: %s had %d damaged lines; the file is kept as %s", name, damaged, aside)
+            else:
+                os.unlink(name)  # before the flock goes: nobody imports it again
+            logger.info("fastmem: imported %d kept writes from %s", len(entries), name)
+            return True
+        except OSError as exc:
+            logger.warning("fastmem: cannot import %s: %s", name, exc)
+            return True
+        finally:
+            os.close(fd)  # lets go of the flock
+
+    def _apply_entries(self, store: fastmem.MemoryStore, entries: list[dict[str, Any]], name: str) -> int:
+        """Apply entries in order (runs of adds as one commit each); the number applied
+        before the store's lock stayed taken (all of them otherwise)."""
+        i = 0
+        while i < len(entries):
+            j = i + 1
+            if entries[i].get("kind") == "add":
+                while j < len(entries) and entries[j].get("kind") == "add":
+                    j += 1
+            run = entries[i:j]
+            try:
+                if run[0].get("kind") == "add":
+                    try:
+                        self._locked_retry(store.add_many, [e["args"] for e in run])
+                    except (FastmemError, KeyError, TypeError) as exc:
+                        if isinstance(exc, StoreLockedError):
+                            raise
+                        for k, e in enumerate(run):  # a bad entry: the others one by one
+                            try:
+                                self._locked_retry(store.add, **e["args"])
+                            except StoreLockedError:
+                                return i + k
+                            except (FastmemError, KeyError, TypeError) as exc2:
+                                logger.warning("fastmem: a kept write in %s failed: %s", name, exc2)
+                else:
+                    self._locked_retry(self._apply, store, run[0]["kind"], run[0]["args"])
+            except StoreLockedError:
+                return i
+            except (FastmemError, KeyError, TypeError, ValueError) as exc:
+                logger.warning("fastmem: a kept write in %s failed: %s", name, exc)
+            i = j
+        return i
+
+
+def _claim(fd: int, wait: float) -> bool:
+    """Take the import flock on a spill file, waiting up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _entries(f: Any, name: str) -> tuple[list[dict[str, Any]], int]:
+    """The kept writes of a spill file, and how many lines were not one (damage: files
+    are written whole, through a temp file and a rename)."""
+    out: list[dict[str, Any]] = []
+    damaged = 0
+    for number, line in enumerate(f, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if isinstance(entry, dict) and isinstance(entry.get("kind"), str) and "args" in entry:
+            out.append(entry)
+        else:
+            damaged += 1
+            logger.warning("fastmem: %s line %d is not a kept write; skipped", name, number)
+    return out, damaged
+
+
+def _write_durably(name: str, lines: list[str]) -> None:
+    """Write ``name`` whole or not at all: a temp file, fsynced, renamed over it."""
+    directory = os.path.dirname(name)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".pending-")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, name)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dfd)  # the rename itself must survive a power loss
+    finally:
+        os.close(dfd)

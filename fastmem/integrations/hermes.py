@@ -11,14 +11,17 @@ never enter another's searches or contexts (see :func:`user_namespace`).
 Threads and processes. Hermes calls a provider from its turn thread, a prefetch thread
 and its ``mem-sync`` worker, and the gateway keeps one provider per cached agent. Every
 provider of one store in a process shares one :class:`_Shared` entry (refcounted): a
-read-only handle for reads (recall never waits for a write) and one writer thread that
-applies writes in order, each batch fsynced before it is acknowledged. One process at a
-time holds a store's writer lock; another process on the same profile (a CLI beside the
-gateway) writes its batches to durable ``pending-*.jsonl`` files beside the store, which
-the lock holder imports within about a second and the next holder imports otherwise.
-What is still queued at the shutdown deadline is kept the same way: nothing queued is
-dropped. The write queue and its pending files are :mod:`fastmem.integrations._writer`;
-the installer is :mod:`fastmem.integrations._hermes_install` (:func:`install` here).
+read-only handle for reads and one writer thread that applies writes in order, each batch
+fsynced before it is acknowledged (``sync_turn`` only queues). Every process on a profile
+(the CLI, the gateway, cron jobs) writes to the store itself: the store's writer lock is
+taken per write, and a search in any process sees every turn acknowledged before it, in
+any process. There are no side files in normal operation. ``pending-*.jsonl`` files
+beside the store keep, durably, only what was still queued at the shutdown deadline and a
+batch that met the writer lock held by another process for more than
+:data:`~fastmem.integrations._writer.WRITE_WAIT` seconds (a tool call then answers
+``"pending": true``); the next writer of the store imports them, once, in any process
+(see :mod:`fastmem.integrations._writer`). The installer is
+:mod:`fastmem.integrations._hermes_install` (:func:`install` here).
 
 This module imports without hermes-agent (the base class falls back to ``object``), so
 ``fastmem`` never needs Hermes.
@@ -45,7 +48,7 @@ from fastmem.namespaces import namespace_path
 from fastmem.types import Level
 
 from ._hermes_install import InstallResult, install
-from ._writer import PENDING, Handler, _open_store, _Writer
+from ._writer import PENDING, SPILL_GLOB, Handler, _open_store, _Writer
 
 if TYPE_CHECKING:
     _Base = object
@@ -75,7 +78,6 @@ PROMPT_CONTEXT_BUDGET = 1000  # tokens of the context the system prompt's pinned
 PINNED_LINE_MAX_CHARS = 300  # per pinned fact in the system prompt
 SEARCH_TEXT_MAX_CHARS = 1000  # per hit in fastmem_search's reply
 PREFETCH_CACHE_SIZE = 4  # queued prefetches kept per provider (Hermes queues one per turn)
-READER_OPEN_TRIES, READER_OPEN_PAUSE = 100, 0.02  # ~2 s for another process to create the store
 
 _MIRROR_SOURCE = "hermes-memory"  # metadata["source"] of mirrored built-in memory writes
 
@@ -92,7 +94,7 @@ def user_namespace(user_id: Any = None, platform: Any = None) -> str:
 
 # --- the shared store: one read handle and one writer per store per process --------------
 # The writer (fastmem.integrations._writer) applies "add" itself; the provider's other
-# writes are these handlers. Their arguments may come back from a pending file (JSON).
+# writes are these handlers. Their arguments may come back from a spill file (JSON).
 
 
 def _forget(store: fastmem.MemoryStore, mid: str) -> str:
@@ -101,7 +103,7 @@ def _forget(store: fastmem.MemoryStore, mid: str) -> str:
 
 
 def _pin(store: fastmem.MemoryStore, args: Any) -> str:
-    mid, pinned = args  # a tuple, or a list when read back from a pending file
+    mid, pinned = args  # a tuple, or a list when read back from a spill file
     store.pin(mid, pinned)
     return str(mid)
 
@@ -121,7 +123,8 @@ def _mirror_write(store: fastmem.MemoryStore, args: dict[str, Any]) -> str | Non
 
 def _record_access(store: fastmem.MemoryStore, args: dict[str, Any]) -> None:
     """The memories a context gave the model, counted as the store counts its own
-    contexts' (the provider reads through a read-only handle, which counts nothing)."""
+    contexts' (the provider reads through a read-only handle, which counts nothing; the
+    counts live in the writer's handle until it checkpoints)."""
     store.record_access(args["ids"], args["now"])
 
 
@@ -164,24 +167,25 @@ class _Shared:
         self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fastmem-prefetch")
         self._reader: fastmem.MemoryStore | None = None
         self._reader_lock = threading.Lock()
-        if glob.glob(os.path.join(os.path.dirname(path), "pending-*.jsonl")):
-            self.writer.submit("barrier", None)  # import what an earlier writer could not write
+        # The store is opened (and created) on first use: a gateway user who never says
+        # anything gets no store. Writes an earlier process could not make are taken in now.
+        if glob.glob(os.path.join(os.path.dirname(path), SPILL_GLOB)):
+            self.writer.submit("open", None)
 
     def reader(self) -> fastmem.MemoryStore:
-        """The read-only handle: opened on first use; readers never wait for a writer."""
+        """The read-only handle, opened on first use. It sees every write acknowledged
+        before each call, in any process, and never waits for the writer lock (a write on
+        the writer's handle may wait for another process's, up to WRITE_WAIT seconds)."""
         with self._reader_lock:
             if self._reader is None:
-                for attempt in range(READER_OPEN_TRIES):
-                    try:
-                        self._reader = _open_store(self.path, readonly=True)
-                        break
-                    except StoreNotFoundError:  # new store: the writer creates it
-                        if attempt == 0:
-                            self.writer.submit("barrier", None).result(TOOL_WAIT)
-                        else:
-                            time.sleep(READER_OPEN_PAUSE)  # another process is creating it right now
-                else:
-                    raise StoreNotFoundError(f"fastmem: {self.path} was not created in time")
+                try:
+                    self._reader = _open_store(self.path, readonly=True)
+                except StoreNotFoundError:  # new, or being created by another process
+                    try:  # the writer creates it, or waits (writer lock) until it is created
+                        self.writer.submit("open", None).result(TOOL_WAIT)
+                    except FutureTimeout:
+                        pass  # the open below says what is wrong
+                    self._reader = _open_store(self.path, readonly=True)
             return self._reader
 
     def close(self, timeout: float) -> None:
@@ -414,8 +418,8 @@ class FastmemProvider(_Base):
             _release_shared(shared, SHUTDOWN_TIMEOUT)
 
     def flush(self, timeout: float = TOOL_WAIT) -> bool:
-        """Wait until every write queued so far is on disk (in the store, or in a pending
-        file while another process holds the store's lock); False on timeout."""
+        """Wait until every write queued so far is on disk (in the store, or in a spill
+        file when another process held the store's lock too long); False on timeout."""
         if self._shared is None:
             return True
         try:
@@ -649,8 +653,8 @@ class FastmemProvider(_Base):
             return _error(str(exc))
 
     def _wait(self, future: Future[Any]) -> Any:
-        """The write's result, or PENDING if it is still queued or was kept in a pending
-        file (another process holds the store): it will reach the store, later."""
+        """The write's result, or PENDING if it is still queued or was kept in a spill file
+        (another process held the store's writer lock too long): it reaches the store later."""
         try:
             return future.result(TOOL_WAIT)
         except FutureTimeout:
@@ -659,8 +663,8 @@ class FastmemProvider(_Base):
     @staticmethod
     def _pending_reply() -> str:
         return _json({"ok": True, "pending": True,
-                      "note": "saved; another Hermes process is using this memory store, so it "
-                              "will be stored when that process takes it in (within seconds)"})  # fmt: skip
+                      "note": "saved to a side file: another process held the memory store's "
+                              "lock too long; it is stored with the next write or start"})  # fmt: skip
 
     def _tool_remember(self, args: dict[str, Any]) -> str:
         text = _arg_str(args, "text", TOOL_TEXT_MAX_CHARS)

@@ -6,10 +6,13 @@ the resource ``fastmem://stats``. Built on the official ``mcp`` SDK (``pip insta
 without the SDK; :func:`serve` and :func:`build_server` then raise
 :class:`McpUnavailableError` with the install hint.
 
-The server holds the store's writer lock while it runs (one writer per store): point
-other tools at it read-only (``fastmem stats``, ``search``...) or stop the server first.
-A bad argument (an unknown id, an empty text, k out of range) comes back as a tool error
-with fastmem's message; it never stops the server.
+Any number of servers (one per MCP client), agents and ``fastmem`` commands can use one
+store at once: each write takes the store's writer lock for its own few milliseconds, and
+every call sees every write acknowledged before it, in any process. A write that waits
+longer than ``timeout`` (``--timeout``, 5 s: another process's repair of a huge store,
+say) comes back as a tool error naming the process that holds the lock. A bad argument
+(an unknown id, an empty text, k out of range) comes back as a tool error with fastmem's
+message; it never stops the server.
 
 An MCP client config (Claude Desktop, Cursor, ...)::
 
@@ -129,25 +132,31 @@ def build_server(store: Any) -> Any:
     return server
 
 
-def serve(path: str | os.PathLike[str], *, namespace: str | None = None) -> None:
+def serve(
+    path: str | os.PathLike[str], *, namespace: str | None = None, timeout: float | None = None
+) -> None:
     """Open the store at ``path`` for writing and serve it over stdio until the client
-    closes the connection; the store is closed (checkpointed) on the way out.
+    closes the connection; the store is closed (checkpointed) on the way out. ``timeout``
+    is how long a write waits for another process's (the store's ``timeout=``; ``None``:
+    its default).
 
     Raises:
         McpUnavailableError: the ``mcp`` package is not installed.
-        StoreLockedError: another process is writing to the store.
+        StoreLockedError: another process held the store's writer lock for the whole
+            timeout while the store was being opened (a repair or compaction, say).
     """
     import fastmem
 
     import sys
 
-    _sdk()  # fail before opening (and locking) the store
+    _sdk()  # fail before opening (and perhaps creating) the store
+    waits: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     try:
-        store = fastmem.open(path, namespace=namespace)
+        store = fastmem.open(path, namespace=namespace, **waits)
     except EmbedderUnavailableError as exc:
         # A server without the model still remembers and finds by keywords; say so on
         # stderr (stdout is the protocol's).
         sys.stderr.write(f"fastmem mcp: keyword search only: {' '.join(str(exc).split())}\n")
-        store = fastmem.open(path, namespace=namespace, embedder=None)
+        store = fastmem.open(path, namespace=namespace, embedder=None, **waits)
     with store:
         build_server(store).run("stdio")
