@@ -21,6 +21,7 @@ from .embed import Embedder
 from .errors import InvalidInputError, InvalidTypeError, UnknownMemoryError
 from .summarize import Summarizer
 from .tokens import TokenCounter
+from .types import ContextPolicy
 
 SUMMARY_TOKENS = 64  # a summary's bound, whoever writes it
 STORED_ENCODING = "cl100k_base"  # the token counts kept in the index; others count on demand
@@ -286,3 +287,54 @@ def check_batch(items: Iterable[Mapping[str, Any]], dim: int) -> None:
                 exc = type(exc)(message if message.startswith(f"item {i}:") else f"item {i}: {message}")
                 exc.item = i
             raise exc from None
+
+
+DURABILITY = ("always", "batch", "none")
+SEARCH_MODES = ("hybrid", "vector", "keyword")
+MAX_K = 10_000  # hits a search returns at most
+
+
+def check_open(
+    dim: Any, durability: Any, readonly: Any, timeout: Any, embedder: Any, summarizer: Any,
+    policy: Any, default: object,
+) -> float:
+    """Check ``fastmem.open``'s arguments (``default``: a keyword left out); the timeout."""
+    if dim is not None:
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= fmt.MAX_DIM:
+            raise InvalidInputError(f"dim must be an int from 1 to {fmt.MAX_DIM}, got {dim!r}")
+    if not isinstance(durability, str) or durability not in DURABILITY:
+        raise InvalidInputError(f"durability must be one of {DURABILITY}, got {durability!r}")
+    if not isinstance(readonly, bool):
+        raise InvalidTypeError("readonly must be True or False")
+    if embedder is not default and embedder is not None and not callable(getattr(embedder, "encode", None)):
+        raise InvalidTypeError("embedder must have an encode(list[str]) method, or be None")
+    if summarizer is not default and summarizer is not None and not callable(
+        getattr(summarizer, "summarize", None)
+    ):
+        raise InvalidTypeError("summarizer must have a summarize(list[str]) method, or be None")
+    if policy is not None and not isinstance(policy, ContextPolicy):
+        raise InvalidTypeError("policy must be a fastmem.ContextPolicy")
+    return check_real(timeout, "timeout", 0.0, 1e9)
+
+
+def check_search(
+    query: Any, k: Any, types: Any, since: Any, until: Any, session: Any, mode: Any
+) -> tuple[float, float, str | None, list[str] | None]:
+    """Check ``search``'s arguments; ``(since, until, session, type names)`` as checked."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise InvalidInputError(f"k must be an int from 1 to {MAX_K}, got {k!r}")
+    lo = -math.inf if since is None else check_real(since, "since", -1e300, 1e300)
+    hi = math.inf if until is None else check_real(until, "until", -1e300, 1e300)
+    session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
+    if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
+        raise InvalidTypeError("types must be a list of type names")
+    names = type_names(types)
+    if not isinstance(mode, str) or mode not in SEARCH_MODES:
+        raise InvalidInputError(f"mode must be 'hybrid', 'vector' or 'keyword', got {mode!r}")
+    if isinstance(query, str):
+        check_utf8(query, "query")
+        if mode != "vector" and len(query) > fmt.MAX_TEXT_BYTES:
+            raise InvalidInputError(f"query is over {fmt.MAX_TEXT_BYTES} characters")
+    elif mode == "keyword":
+        raise InvalidTypeError(f"a keyword query is a string, not {type(query).__name__}")
+    return lo, hi, session, names

@@ -39,6 +39,8 @@ from ._engine import Engine, read_payload
 from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, remove_compaction_files
 from ._index import F_ID, F_LENGTH, F_OFFSET, MemoryIndex, default_importance
 from ._items import f32
+from ._vectors import to_float16
+from .embed import Embedder
 from .namespaces import base_path
 from .retrieval import importance_scores
 from .errors import (
@@ -53,6 +55,7 @@ from .types import (
 DAMAGED_SUFFIX = ".damaged-"  # <name>.dat.damaged-<UTC time>: what repair() cut away
 DAMAGED_REGION = struct.Struct("<QQ")  # offset in the old .dat, length; then the bytes
 _WRITE_CHUNK = 4 << 20
+_EMBED_BATCH = 256  # texts a re-embedding encodes at once
 
 
 # --- eviction ---------------------------------------------------------------------------
@@ -184,9 +187,13 @@ class _Snapshot:
         return len(self.columns["id"])
 
 
-def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta: Any, path: str) -> bytes:
+def _folded_record(
+    dat: Any, offset: int, length: int, row: dict[str, Any], meta: Any, path: str,
+    vector: np.ndarray | None = None,
+) -> bytes:  # fmt: skip
     """The memory record at ``offset``, byte for byte when its row says what it says; else a
-    new memory record with the row's importance and pin and the current metadata."""
+    new memory record with the row's importance and pin and the current metadata (and, when
+    given, ``vector``: a unit float16 vector in place of the stored one)."""
     kind, dim, payload, _ = read_payload(dat, offset, offset + length, path)
     if kind != fmt.KIND_MEMORY or payload.get("i") != row["id"]:
         raise CorruptRecordError(f"{path}: the record at offset {offset} is not memory m{row['id']}",
@@ -207,11 +214,13 @@ def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta
             want.pop("m", None)
         else:
             want["m"] = meta
-    if want == payload:
+    if want == payload and vector is None:
         return bytes(dat[offset : offset + length])
     stored, raw_len = fmt.encode_payload(want)
     vectors = has = None
-    if dim:
+    if vector is not None:
+        vectors, has = vector.view(np.uint16).reshape(1, -1), np.ones(1, dtype=np.uint8)
+    elif dim:
         vectors = fmt.record_vector(dat, offset, dim).view(np.uint16).reshape(1, dim)
         has = np.ones(1, dtype=np.uint8)
     data, _, _ = _kernels.frame_records(fmt.KIND_MEMORY, [stored], np.array([raw_len], np.uint32), vectors, has)
@@ -221,23 +230,31 @@ def _folded_record(dat: Any, offset: int, length: int, row: dict[str, Any], meta
 _UNCHANGED = object()
 
 
-def _write_records(dat: Any, dat_end: int, snap: _Snapshot, fd: int, path: str) -> int:
+def _write_records(
+    dat: Any, dat_end: int, snap: _Snapshot, fd: int, path: str, embedder: Embedder | None
+) -> int:
     """Write the snapshot's memory records to ``fd`` after its header, in (session,
-    timestamp, id) order: a session's memories sit together. Returns the end offset."""
+    timestamp, id) order: a session's memories sit together; with ``embedder``, each with
+    the vector it makes of the memory's text. Returns the end offset."""
     c = snap.columns
     order = np.lexsort((c["id"], c["timestamp"], c["session"])).tolist()
     offsets, lengths, metas = c["offset"].tolist(), c["length"].tolist(), c["meta_offset"].tolist()
+    vectors: dict[int, np.ndarray] = {}
     parts: list[bytes] = []
     size = 0
     end = fmt.DAT_HEADER_SIZE
-    for i in order:
+    for at, i in enumerate(order):
         off, length = offsets[i], lengths[i]
+        if embedder is not None and i not in vectors:  # the next batch's texts, embedded at once
+            batch = order[at : at + _EMBED_BATCH]
+            texts = [read_payload(dat, offsets[j], offsets[j] + lengths[j], path)[2]["x"] for j in batch]
+            vectors = dict(zip(batch, to_float16(list(embedder.encode(texts)), 0)))
         meta: Any = _UNCHANGED
         if metas[i]:
             _, update = fmt.read_record(dat, metas[i], dat_end, path)
             meta = update.get("m")
         row = {"id": int(c["id"][i]), "importance": c["importance"][i], "flags": int(c["flags"][i])}
-        parts.append(_folded_record(dat, off, length, row, meta, path))
+        parts.append(_folded_record(dat, off, length, row, meta, path, vectors.get(i)))
         size += len(parts[-1])
         if size >= _WRITE_CHUNK:
             end += _write_all(fd, b"".join(parts))
@@ -253,9 +270,13 @@ def _write_all(fd: int, data: bytes) -> int:
     return len(data)
 
 
-def _new_store(engine: Engine, dat: Any, dat_end: int, snap: _Snapshot) -> tuple[int, int]:
+def _new_store(
+    engine: Engine, dat: Any, dat_end: int, snap: _Snapshot,
+    embedder: Embedder | None = None, identity: tuple[str, int] | None = None,
+) -> tuple[int, int]:  # fmt: skip
     """Write ``<name>.dat.compact`` (locked, fsynced) and ``<name>.idx.compact`` for the
-    snapshot. Returns the new data file's descriptor (open, locked) and its size."""
+    snapshot (with ``embedder``: every memory with its vector, and ``identity`` in the
+    header). Returns the new data file's descriptor (open, locked) and its size."""
     snap.fill()
     header = fmt.unpack_dat_header(dat, engine.dat_path)
     new_dat = engine.dat_path + COMPACT_SUFFIX
@@ -265,9 +286,12 @@ def _new_store(engine: Engine, dat: Any, dat_end: int, snap: _Snapshot) -> tuple
         # store after the rename waits for this lock, never writes beside this one.
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         os.write(fd, bytes(fmt.DAT_HEADER_SIZE))
-        end = _write_records(dat, dat_end, snap, fd, engine.dat_path)
+        end = _write_records(dat, dat_end, snap, fd, engine.dat_path, embedder)
         next_id = max(snap.next_id, header.next_id)
-        new_header = fmt.pack_dat_header(header.uuid, header.dim, header.created, next_id, end, header.embedder)
+        dim, fingerprint = header.dim, header.embedder
+        if identity is not None:
+            dim, fingerprint = identity[1], fmt.embedder_fingerprint(*identity)
+        new_header = fmt.pack_dat_header(header.uuid, dim, header.created, next_id, end, fingerprint)
         os.pwrite(fd, new_header, 0)
         # The store appends through it from now on (Linux would append the pwrite above
         # too if it had been set already).
@@ -433,6 +457,32 @@ def repair(engine: Engine) -> RepairReport:
     cut = sorted(problems, key=lambda p: p.offset)
     return RepairReport(not regions and not problems, memories, records, cut,
                         sum(n for _, n in regions), damaged_path, sum(before), sum(_sizes(engine)))  # fmt: skip
+
+
+def reembed(engine: Engine, embedder: Embedder, identity: tuple[str, int]) -> int:
+    """See ``MemoryStore.reembed``: a compaction whose records carry the vectors
+    ``embedder`` makes of their texts, and whose header records ``identity``. Holds the
+    writer lock throughout (other processes' writes wait: no record may be written with the
+    old model's vector while the new one is being made). Returns the memories re-embedded."""
+    with engine.maintenance_lock, engine.writing():
+        if engine.valid_end != engine.dat_end:
+            raise CorruptionError(f"{engine.dat_path} ends with damaged bytes: repair() it first",
+                                  path=engine.dat_path)  # fmt: skip
+        before = engine.identity
+        dat = engine.data()
+        snap = _Snapshot(engine, engine.index)
+        engine.stop_change_log()  # all of it holds the lock: nothing changes meanwhile
+        fd, _ = _new_store(engine, dat, engine.dat_end, snap, embedder, identity)
+        engine.identity = identity  # the new header's: the swap checks it
+        try:
+            retired = _commit(engine, fd, b"")
+        except BaseException:
+            engine.identity = before
+            raise
+        memories = engine.index.live
+    del dat
+    _after_commit(engine, retired)
+    return memories
 
 
 def rebuild_header(dat_path: str, idx_path: str, timeout: float = 0.0) -> Problem | None:

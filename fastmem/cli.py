@@ -10,6 +10,7 @@ Commands (``fastmem COMMAND --help`` for each one's options)::
     fastmem verify PATH                     check every record and the index
     fastmem repair PATH                     keep every intact record, rebuild the index
     fastmem compact PATH                    reclaim forgotten memories' space
+    fastmem reembed PATH                    rewrite every vector with the default model
     fastmem export PATH [-o FILE]           every live memory as JSON lines
     fastmem import PATH FILE                JSON lines (as export writes them) into a store
     fastmem hermes install [--hermes-home DIR] [--activate]
@@ -229,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "data was cut)")).set_defaults(func=_cmd_repair)  # fmt: skip
     writes(command("compact", "rewrite the live memories, reclaiming forgotten ones' space")
            ).set_defaults(func=_cmd_compact)  # fmt: skip
+    writes(command("reembed", "rewrite every memory's vector with the default embedding model "
+                   "(after a model change), atomically")).set_defaults(func=_cmd_reembed)  # fmt: skip
 
     p = command("export", "every live memory as JSON lines, oldest first", json_=False)
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
@@ -629,6 +632,30 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
                           f"{_human_bytes(report.bytes_after)} "
                           f"({100 * report.reclaimed_fraction:.1f}% reclaimed) in "
                           f"{report.seconds:.2f} s")  # fmt: skip
+    return EXIT_OK
+
+
+def _cmd_reembed(args: argparse.Namespace, out: _Out) -> int:
+    import fastmem
+    from .embed import default_embedder
+
+    base = _require_store(args)
+    embedder = default_embedder()
+    # Opened without an embedder: the store may have been written by another model.
+    with fastmem.open(base, embedder=None, timeout=args.timeout,
+                      policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
+        # Each record gains or keeps one vector: its size is the old one's, give or take.
+        total = sum(r.bytes for r in store.largest(len(store)))
+        started = time.perf_counter()
+        with _file_progress(out, "re-embedding", base + ".dat.compact", total):
+            count = store.reembed(embedder)
+        seconds = time.perf_counter() - started
+    if out.json:
+        out.emit({"memories": count, "embedder": embedder.name, "dim": embedder.dim,
+                  "seconds": seconds})  # fmt: skip
+    else:
+        out.console.print(f"re-embedded {count:,} memories with {_e(embedder.name)} "
+                          f"({embedder.dim} dims) in {seconds:.2f} s")  # fmt: skip
     return EXIT_OK
 
 

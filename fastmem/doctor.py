@@ -15,7 +15,6 @@ import importlib
 import importlib.metadata
 import os
 import platform
-import sys
 import time
 from pathlib import Path
 from typing import Any

@@ -19,7 +19,6 @@ and ``_maintenance`` (eviction, compaction, repair, backup, verify).
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -35,8 +34,8 @@ from ._index import (
     F_FLAGS, F_ID, F_OFFSET, update_changes,
 )  # fmt: skip
 from ._items import (
-    STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8, parse_id,
-    check_batch, check_ids, prepare, summarize_and_count, type_names, vectors_for,
+    DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8, parse_id,
+    check_batch, check_ids, check_open, check_search, prepare, summarize_and_count, vectors_for,
 )  # fmt: skip
 from .embed import (  # light: the model's libraries load in its thread
     Embedder, default_embedder, embedder_for_existing, ready_within,
@@ -56,9 +55,7 @@ from .types import (
 
 __all__ = ["MemoryStore", "open", "repair", "DURABILITY"]
 
-DURABILITY = ("always", "batch", "none")
 LOCK_TIMEOUT = 5.0  # seconds: a write holds the lock for micro- to milliseconds
-MAX_K = 10_000  # hits a search returns at most
 _DEFAULT: Any = object()  # a keyword left out: the documented default
 _QUIET = ContextPolicy(preload=0, recent=0)  # no background loading: for a one-off job
 
@@ -170,24 +167,7 @@ class MemoryStore:
         evict: EvictionPolicy | None = None,
     ) -> None:
         base = base_path(path)
-        if dim is not None:
-            if isinstance(dim, bool) or not isinstance(dim, int) or not 0 < dim <= fmt.MAX_DIM:
-                raise InvalidInputError(f"dim must be an int from 1 to {fmt.MAX_DIM}, got {dim!r}")
-        if not isinstance(durability, str) or durability not in DURABILITY:
-            raise InvalidInputError(f"durability must be one of {DURABILITY}, got {durability!r}")
-        if not isinstance(readonly, bool):
-            raise InvalidTypeError("readonly must be True or False")
-        timeout = check_real(timeout, "timeout", 0.0, 1e9)
-        if embedder is not _DEFAULT and embedder is not None and not callable(
-            getattr(embedder, "encode", None)
-        ):
-            raise InvalidTypeError("embedder must have an encode(list[str]) method, or be None")
-        if summarizer is not _DEFAULT and summarizer is not None and not callable(
-            getattr(summarizer, "summarize", None)
-        ):
-            raise InvalidTypeError("summarizer must have a summarize(list[str]) method, or be None")
-        if policy is not None and not isinstance(policy, ContextPolicy):
-            raise InvalidTypeError("policy must be a fastmem.ContextPolicy")
+        timeout = check_open(dim, durability, readonly, timeout, embedder, summarizer, policy, _DEFAULT)
         self._eviction = _maintenance.check_policy(evict)
         self.path = base
         self.dat_path, self.idx_path = base + ".dat", base + ".idx"
@@ -462,23 +442,8 @@ class MemoryStore:
             the best hit), with ``vector`` (approximate cosine) and ``keyword`` (BM25) set.
             A hybrid search before the embedding model has loaded ranks by keywords alone.
         """
-        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-            raise InvalidInputError(f"k must be an int from 1 to {MAX_K}, got {k!r}")
-        lo = -math.inf if since is None else check_real(since, "since", -1e300, 1e300)
-        hi = math.inf if until is None else check_real(until, "until", -1e300, 1e300)
-        session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
-        if types is not None and (isinstance(types, str) or not isinstance(types, Iterable)):
-            raise InvalidTypeError("types must be a list of type names")
-        names = type_names(types)
-        if not isinstance(mode, str) or mode not in ("hybrid", "vector", "keyword"):
-            raise InvalidInputError(f"mode must be 'hybrid', 'vector' or 'keyword', got {mode!r}")
+        lo, hi, session, names = check_search(query, k, types, since, until, session, mode)
         self._last_call = time.monotonic()
-        if isinstance(query, str):
-            check_utf8(query, "query")
-            if mode != "vector" and len(query) > fmt.MAX_TEXT_BYTES:
-                raise InvalidInputError(f"query is over {fmt.MAX_TEXT_BYTES} characters")
-        elif mode == "keyword":
-            raise InvalidTypeError(f"a keyword query is a string, not {type(query).__name__}")
         if mode == "vector" or not isinstance(query, str):
             vector = self._embed_query(query) if isinstance(query, str) else query
             try:
@@ -711,6 +676,27 @@ class MemoryStore:
         self._stop_preload()
         try:
             return _maintenance.repair(self._engine)
+        finally:
+            self._start_preload()
+
+    def reembed(self, embedder: Embedder | None = _DEFAULT) -> int:
+        """Rewrite every memory's vector with ``embedder`` (default: the default model) and
+        record it as the store's embedder, atomically (a compaction, whose swap is the commit
+        point); returns how many memories were re-embedded. Other processes' writes wait
+        until it is done; their handles then need this embedder to open the store.
+
+        Raises:
+            InvalidInputError: the embedder does not say its ``name`` and ``dim``.
+        """
+        new = _resolve_embedder(embedder)
+        identity = _embedder_identity(new)
+        if new is None or identity is None:
+            raise InvalidInputError("reembed needs an embedder with a name and a dim")
+        self._stop_preload()
+        try:
+            count = _maintenance.reembed(self._engine, new, identity)
+            self._embedder = new
+            return count
         finally:
             self._start_preload()
 

@@ -574,3 +574,22 @@ def test_progress_bars_only_on_a_terminal_and_never_with_json(tmp_path):
     assert code == EXIT_OK and "importing" in drawn and "3000" in drawn
     code, drawn = _stderr_on_a_terminal("import", str(tmp_path / "b"), str(lines), "--json")
     assert code == EXIT_OK and drawn == ""
+
+
+def test_reembed_gives_a_keyword_only_store_the_default_models_vectors(capsys, tmp_path):
+    from fastmem.embed import default_embedder
+
+    path = str(tmp_path / "kw")
+    with fastmem.open(path, embedder=None) as s:
+        ids = s.add_many([{"text": "The user adopted a grey cat called Miso."},
+                          {"text": "Deploys go out on Tuesdays."}])  # fmt: skip
+        assert s.stats().with_vector == 0
+    code, out, err = cli(capsys, "reembed", path, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    model = default_embedder()
+    assert (report["memories"], report["embedder"], report["dim"]) == (2, model.name, model.dim)
+    with fastmem.open(path, embedder=model) as s:  # the store now belongs to the default model
+        assert s.stats().with_vector == 2 and s.verify().ok
+        hit = s.search("what pet does the user have", k=1, mode="vector")[0]
+        assert hit.id == ids[0]

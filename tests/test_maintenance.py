@@ -569,3 +569,48 @@ def test_a_reader_whose_swap_fails_stays_on_its_files_and_follows_later(tmp_path
         assert [m.text for m in reader][-1] == "after the compaction" and len(reader) == 10
     finally:
         reader.close()
+
+
+class _Fixed:
+    """A deterministic embedder for the re-embedding tests: ``name`` and ``dim`` identify it."""
+
+    def __init__(self, name: str, dim: int, seed: int) -> None:
+        self.name, self.dim, self._seed = name, dim, seed
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            rng = np.random.default_rng([self._seed, *text.encode()])
+            out[i] = rng.standard_normal(self.dim)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_reembed_rewrites_every_vector_and_the_stores_embedder(tmp_path):
+    path = str(tmp_path / "s")
+    old, new = _Fixed("model-a", 8, 1), _Fixed("model-b", 5, 2)
+    with fastmem.open(path, embedder=old, policy=NO_PRELOAD) as store:
+        ids = store.add_many([{"text": f"memory number {i}", "session": f"s{i % 3}"} for i in range(40)])
+        store.add("no vector, written keyword-only", embedding=None)
+        store.update(ids[3], importance=0.77, metadata={"k": 1})
+        store.pin(ids[4])
+        store.forget(ids[5])
+        before = [(m.id, m.text, m.importance, m.pinned, m.metadata, m.session) for m in store]
+        reader = fastmem.open(path, embedder=None, readonly=True, policy=NO_PRELOAD)
+        assert store.reembed(new) == 40
+        after = [(m.id, m.text, m.importance, m.pinned, m.metadata, m.session) for m in store]
+        assert after == before  # everything but the vectors is as it was
+        for m in store:
+            np.testing.assert_allclose(store.vector(m.id), new.encode([m.text])[0], atol=2e-3)
+        hit = store.search(new.encode(["memory number 7"])[0], k=1, mode="vector")[0]
+        assert hit.id == ids[7] and hit.score == pytest.approx(1.0, abs=1e-3)
+        assert store.verify().ok
+        assert len(reader) == 40 and reader.get(ids[7]).text == "memory number 7"  # follows
+        reader.close()
+    with pytest.raises(fastmem.DimensionMismatchError):  # the old model's vectors are gone
+        fastmem.open(path, embedder=old)
+    with pytest.raises(fastmem.EmbedderMismatchError):  # and so is its name
+        fastmem.open(path, embedder=_Fixed("model-a", 5, 1))
+    with fastmem.open(path, embedder=new, policy=NO_PRELOAD) as store:
+        assert store.add("after the change") and store.verify().ok
+        with pytest.raises(fastmem.InvalidInputError):
+            store.reembed(None)
