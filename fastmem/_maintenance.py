@@ -316,7 +316,7 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
         if engine.durability == "always":
             # Before any write to the new file is acknowledged. The other modes may lose the
             # last few ms of writes to a power loss anyway: they sync it after the lock.
-            fsync_dir(engine.dat_path)
+            engine.sync_dir(engine.dat_path)
         try:  # the old index, to drop its pages from the cache later (see Retired)
             old_idx = os.open(engine.idx_path, os.O_RDONLY)
         except FileNotFoundError:
@@ -348,7 +348,7 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
 def _after_commit(engine: Engine, retired: Retired) -> None:
     """Outside the lock: make the renames durable (were the index's lost, the recovery
     rule would rename it again) and let the old files go."""
-    fsync_dir(engine.idx_path)
+    engine.sync_dir(engine.idx_path)
     retired.release(drop_cache=True)
 
 
@@ -360,6 +360,11 @@ def _sizes(engine: Engine) -> tuple[int, int]:
 
 def compact(engine: Engine) -> CompactReport:
     """See ``MemoryStore.compact``."""
+    with engine.failures():
+        return _compact(engine)
+
+
+def _compact(engine: Engine) -> CompactReport:
     started = time.perf_counter()
     # The writer lock is held from the snapshot to the swap: other processes' writes wait
     # (their records would otherwise change rows this process reads without its lock).
@@ -406,6 +411,11 @@ def compact(engine: Engine) -> CompactReport:
 
 def repair(engine: Engine) -> RepairReport:
     """See ``MemoryStore.repair``."""
+    with engine.failures():
+        return _repair(engine)
+
+
+def _repair(engine: Engine) -> RepairReport:
     with engine.maintenance_lock:
         with engine.writing():
             before = _sizes(engine)
@@ -534,7 +544,12 @@ def _keep_damaged(path: str, dat: Any, regions: list[tuple[int, int]]) -> None:
 
 
 def backup(engine: Engine, dest: Any) -> BackupReport:
-    """See ``MemoryStore.backup``."""
+    """See ``MemoryStore.backup``: a failure leaves nothing at ``dest``."""
+    with engine.failures():
+        return _backup(engine, dest)
+
+
+def _backup(engine: Engine, dest: Any) -> BackupReport:
     base = base_path(dest)
     dat_path, idx_path = base + ".dat", base + ".idx"
     if os.path.abspath(dat_path) == os.path.abspath(engine.dat_path):

@@ -20,6 +20,7 @@ PACKAGE = Path(fastmem.__file__).parent
 FLOORS: list[tuple[str, ...]] = [
     ("errors", "_stopwords", "_threads", "_ext"),  # leaves: import nothing of fastmem's
     ("types", "_format", "namespaces", "summarize", "tokens", "embed", "export"),
+    ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
     ("_vectors", "_keyword"),
@@ -170,6 +171,7 @@ def test_public_names_are_pinned():
         "DependencyUnavailableError",
         "DimensionMismatchError",
         "DURABILITY",
+        "DurabilityError",
         "EmbedderMismatchError",
         "EmbedderUnavailableError",
         "EncodingUnavailableError",
@@ -193,6 +195,7 @@ def test_public_names_are_pinned():
         "Report",
         "StoreClosedError",
         "StoreForkedError",
+        "StoreFullError",
         "StoreLockedError",
         "StoreNotFoundError",
         "StoreStats",
