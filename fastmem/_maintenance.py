@@ -347,9 +347,11 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
 
 def _after_commit(engine: Engine, retired: Retired) -> None:
     """Outside the lock: make the renames durable (were the index's lost, the recovery
-    rule would rename it again) and let the old files go."""
-    engine.sync_dir(engine.idx_path)
-    retired.release(drop_cache=True)
+    rule would rename it again) and let the old files go (even when the sync fails)."""
+    try:
+        engine.sync_dir(engine.idx_path)
+    finally:
+        retired.release(drop_cache=True)
 
 
 def _sizes(engine: Engine) -> tuple[int, int]:
@@ -563,11 +565,11 @@ def _backup(engine: Engine, dest: Any) -> BackupReport:
         # same file even if a compaction replaces it meanwhile.
         end = engine.valid_end
         src = engine.copy_descriptor()
-    parent = os.path.dirname(os.path.abspath(dat_path))
-    os.makedirs(parent, mode=0o700, exist_ok=True)
     tmp = dat_path + ".tmp"
-    out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    out = -1
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(dat_path)), mode=0o700, exist_ok=True)
+        out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         at = 0
         while at < end:
             chunk = os.pread(src, min(_WRITE_CHUNK, end - at), at)
@@ -587,14 +589,17 @@ def _backup(engine: Engine, dest: Any) -> BackupReport:
         os.replace(tmp, dat_path)
         fsync_dir(dat_path)
     except BaseException:
-        for name in (tmp, idx_path):
+        # A failed backup leaves nothing: not half a copy, nor a copy whose directory
+        # entry may not survive (the directory sync failed), nor the index's .tmp.
+        for name in (tmp, idx_path, idx_path + ".tmp", dat_path):
             try:
                 os.remove(name)
             except FileNotFoundError:
                 pass
         raise
     finally:
-        os.close(out)
+        if out >= 0:
+            os.close(out)
         os.close(src)
     return BackupReport(base, memories, end + os.path.getsize(idx_path))
 
