@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._files import Retired, fsync_dir, pending_index, recover, releaser
+from ._files import Retired, fsync_dir, pending_index, recover, releaser, remove_quietly
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
@@ -806,7 +806,11 @@ class Engine:
         if sync:
             self.sync(self._fd)  # the index must never cover data that is not on disk
         with self.failures(self.idx_path):
-            self.index.save(self.idx_path, self.data(), sync=sync)
+            try:
+                self.index.save(self.idx_path, self.data(), sync=sync)
+            except BaseException:
+                remove_quietly(self.idx_path + ".tmp")  # on a full disk it holds the space
+                raise
         if sync:
             self.sync_dir(self.idx_path)  # the rename itself must survive a power loss
         # Continue from the file just written: the tail's memory is released.

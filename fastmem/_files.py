@@ -46,6 +46,14 @@ def pending_index(idx_path: str, header: fmt.DatHeader, dat: Any, size: int) -> 
         return None
 
 
+def remove_quietly(path: str) -> None:
+    """Remove ``path`` if it exists; a failure to remove it is not the caller's error."""
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
 def remove_compaction_files(dat_path: str, idx_path: str) -> None:
     for name in (dat_path + COMPACT_SUFFIX, idx_path + COMPACT_SUFFIX, idx_path + COMPACT_SUFFIX + ".tmp"):
         try:

@@ -152,3 +152,75 @@ def test_the_seam_covers_every_module_that_does_file_io():
     ext = package.parent / "src_cython"
     for pyx in ext.glob("*.pyx"):  # the compiled kernels do no file I/O of their own
         assert not re.search(r"\b(fopen|fwrite|fsync|fdatasync|open\(|write\()", pyx.read_text()), pyx
+
+
+def test_a_failed_checkpoint_leaves_no_partial_index(store_path):
+    """On a full disk, a half-written ``.idx.tmp`` would hold the space that is missing."""
+    import os
+
+    with _open(store_path) as store:
+        store.add_many([{"text": f"memory {i}"} for i in range(100)])
+        with Faults(fail_at=3, errno_=errno.ENOSPC, only=("write",)), pytest.raises(StoreFullError):
+            store.checkpoint()
+        assert not os.path.exists(store.idx_path + ".tmp")
+        store.add("the handle still writes")
+
+
+# --- a real full disk --------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 2 MiB tmpfs (root only): a file system that really fills up."""
+    import subprocess
+
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        reason = f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}"
+        print(reason)
+        pytest.skip(reason)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_real_full_disk(small_fs, backend):
+    if backend != "cython":
+        pytest.skip("file I/O is the same under both kernel backends: once is enough")
+    import os
+
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (1 << 20))  # space to give back later
+    path = str(small_fs / "store")
+    acknowledged: dict[str, str] = {}
+    store = _open(path)
+    with pytest.raises(StoreFullError) as raised:
+        for _ in range(100_000):
+            batch = [os.urandom(300).hex() for _ in range(10)]  # incompressible
+            acknowledged.update(zip(store.add_many([{"text": t} for t in batch]), batch))
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == store.dat_path
+    assert len(acknowledged) > 100
+    with pytest.raises(StoreFullError):  # still full: refused cleanly again
+        store.add(os.urandom(50_000).hex())
+    assert {m.id: m.text for m in store} == acknowledged
+    # Closing writes the index: there may be no room for it. Every record is on disk
+    # already; a half-written index must not stay behind holding space.
+    try:
+        store.close()
+    except StoreFullError:
+        pass
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "store.dat", "store.idx"]
+    filler.unlink()  # space comes back: a reopened store writes again
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastmem.RecoveryWarning)
+        with _open(path) as store:
+            assert {m.id: m.text for m in store} == acknowledged
+            mid = store.add("after freeing space")
+            acknowledged[mid] = "after freeing space"
+        with _open(path) as store:
+            assert {m.id: m.text for m in store} == acknowledged
+            assert store.verify().ok
