@@ -22,8 +22,8 @@ failure leaves the handle on its old files, or, past a compaction's commit point
 
 from __future__ import annotations
 
+import errno
 import fcntl
-import gc
 import mmap
 import os
 import threading
@@ -38,17 +38,18 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._cache import ContentCache
-from ._files import Retired, fsync_dir, lock_holder, pending_index, recover, releaser
+from ._files import Retired, fsync_dir, pending_index, recover, releaser, remove_quietly
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
+from ._io import ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc, torn
 from ._items import Prepared, f32, parse_id
 from .errors import (
     CorruptIndexError,
     CorruptionError,
     CorruptRecordError,
     DimensionMismatchError,
+    DurabilityError,
     EmbedderMismatchError,
     FormatVersionError,
     ReadOnlyError,
@@ -125,13 +126,18 @@ class Engine:
         self.closed = True
         self._changes: list[tuple[int, int, int]] | None = None  # see note_change
         self._generation = _fork_generation
-        self._commit: _GroupCommit | None = None
+        self._commit: GroupCommit | None = None
         self._dat: mmap.mmap | None = None
         self._map_fd = -1
         self._fd = -1
         self._holds = 0  # holds of the writer lock by this handle's threads (see write_lock)
         self._holds_mutex = threading.Lock()
         self._damage_reported = -1  # the offset of damaged tail bytes already warned about
+        # A failed sync (or a failed cut of a failed write): every later write raises it and
+        # the handle writes nothing more; only a new open knows what reached the file.
+        self.failed: DurabilityError | None = None
+        self._failure_reported = False
+        self._cut_pending: int | None = None  # a failed write's start, not yet cut back to
         if readonly:
             self._open_for_reading(dim)
         else:
@@ -270,9 +276,7 @@ class Engine:
         unless ``committed`` (a compaction renamed the new files into place: the old ones
         are no longer the store), in which case the handle is closed; either way the
         error is raised. Returns the old files' objects, for the caller to release."""
-        if self._commit is not None:
-            self._commit.stop()
-            self._commit = None
+        self._stop_commit()
         try:
             state = self._build(fd, None, locked=committed)
         except BaseException:
@@ -362,29 +366,90 @@ class Engine:
         """Hold the writer lock (flock, so a killed process never leaves it behind) for
         one write, or for a compaction's whole run; re-entrant across this handle's
         threads, released when the last hold ends. Other processes' writes wait for it."""
-        with self._holds_mutex:
-            if self._holds == 0:
-                self._flock()
-            self._holds += 1
-        try:
-            yield
-        finally:
+        with self.failures():
             with self._holds_mutex:
-                self._holds -= 1
-                if self._holds == 0 and self._fd >= 0:
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+                if self._holds == 0:
+                    self._flock()
+                self._holds += 1
+            try:
+                yield
+            finally:
+                with self._holds_mutex:
+                    self._holds -= 1
+                    # A failed write not cut back yet keeps the lock: no other process may
+                    # apply its records or append after them (close cuts them).
+                    if self._holds == 0 and self._fd >= 0 and self._cut_pending is None:
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     @contextmanager
     def writing(self) -> Iterator[None]:
         """One write: the writer lock taken, the view brought up to the end of the data
         file (what other processes appended is applied first, so ids stay unique and
         increasing), and the engine's thread lock held for the write itself."""
-        with self.lock:
-            self.check_writable()  # fail fast, before waiting for the lock
-        with self.write_lock(), self.lock:
-            self.check_writable()  # brings the view up to the end of the file
-            self._cut_torn_tail()
-            yield
+        with self.failures():
+            with self.lock:
+                self.check_writable()  # fail fast, before waiting for the lock
+            with self.write_lock(), self.lock:
+                self.check_writable()  # brings the view up to the end of the file
+                self._cut_torn_tail()
+                yield
+
+    def failures(self, path: str | None = None) -> Any:
+        """Around a public write: an ``OSError`` of a file operation is raised as a
+        :class:`StoreFullError` or :class:`DurabilityError` naming the file (``path``, or
+        the data file, when the error does not say)."""
+        return mapped_errors(path or self.dat_path)
+
+    # --- failed syncs are sticky ------------------------------------------------------------
+
+    def _sync_failed(self, exc: OSError, path: str, what: str) -> DurabilityError:
+        """Remember a failed sync (the first one) and return the error to raise."""
+        code = exc.errno if exc.errno is not None else errno.EIO
+        err = DurabilityError(
+            code,
+            f"{what} failed ({os.strerror(code)}): what was written since the last sync may "
+            f"not be on the disk, and a later sync would not say so; this handle writes "
+            f"nothing more: open the store again (it reads what actually reached the file)",
+            path,
+        )
+        if self.failed is None:
+            self.failed = err
+            self._failure_reported = False
+        return err
+
+    def sync(self, fd: int, path: str | None = None, what: str = "fdatasync") -> None:
+        """``fdatasync(fd)``; a failure is sticky (see ``DurabilityError``)."""
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            raise self._sync_failed(exc, path or self.dat_path, what) from exc
+
+    def sync_dir(self, path: str) -> None:
+        """The directory sync of a rename or a new file of the store; a failure is sticky."""
+        try:
+            fsync_dir(path)
+        except OSError as exc:
+            raise self._sync_failed(exc, os.path.dirname(os.path.abspath(path)), "the directory's fsync") from exc
+
+    def _stop_commit(self) -> None:
+        """Stop the group commit (its last sync), keeping its error if it had one."""
+        commit, self._commit = self._commit, None
+        if commit is not None:
+            commit.stop()
+            self._harvest(commit)
+
+    def _harvest(self, commit: GroupCommit | None = None) -> None:
+        commit = commit or self._commit
+        if commit is not None and commit.error is not None and self.failed is None:
+            self._sync_failed(commit.error, self.dat_path, "the background (group commit) fdatasync")
+
+    def raise_failed(self) -> None:
+        """Raise the remembered failure, if there is one (a fresh copy each time)."""
+        self._harvest()
+        failed = self.failed
+        if failed is not None:
+            self._failure_reported = True
+            raise DurabilityError(failed.errno, failed.strerror, failed.filename)
 
     def _cut_torn_tail(self) -> None:
         """Holding the writer lock: cut an interrupted write (a process killed while
@@ -393,7 +458,7 @@ class Engine:
         if self.valid_end == self.dat_end:
             return
         size = self.dat_end
-        if _torn(self.data(), self.valid_end, size):
+        if torn(self.data(), self.valid_end, size):
             os.ftruncate(self._fd, self.valid_end)
             self.dat_end = self.valid_end
             warnings.warn(
@@ -428,10 +493,13 @@ class Engine:
         self.check()
         if self.readonly:
             raise ReadOnlyError(f"{self.path} was opened with readonly=True")
+        self.raise_failed()
 
     def _refresh(self) -> None:
         """Apply the records other processes have appended since the last call: every call
         sees every write committed before it. On a store nobody else wrote to, one fstat."""
+        if self._cut_pending is not None and not self._retry_cut():
+            return  # the file ends with a failed write: nothing past dat_end is read
         st = os.fstat(self._fd)
         if st.st_nlink == 0:  # a compaction or repair replaced the file: open the new one
             flags = os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND
@@ -511,7 +579,7 @@ class Engine:
         try:
             start = self._append(data)
         except BaseException:
-            _drop_types_since(index, n_types)
+            index.drop_types_since(n_types)
             raise
         try:
             rows["length"] = lengths
@@ -526,11 +594,40 @@ class Engine:
             self.checkpoint()
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
 
+    def _cut_back(self, start: int) -> None:
+        """Cut a failed write's bytes off. When even that fails, the handle keeps the writer
+        lock (no other process may apply those records) and refuses writes; the cut is
+        tried again on the next call and when it closes."""
+        try:
+            os.ftruncate(self._fd, start)
+        except OSError as exc:
+            self._cut_pending = start
+            if self.failed is None:
+                self.failed = DurabilityError(
+                    exc.errno or errno.EIO,
+                    f"a failed write could not be cut off ({os.strerror(exc.errno or errno.EIO)}):"
+                    f" this handle keeps the writer lock and writes nothing more; close it (the"
+                    f" cut is tried again) and open the store again",
+                    self.dat_path,
+                )
+            self.raise_failed()  # the worse news than the write's own error (its context)
+
+    def _retry_cut(self) -> bool:
+        """Try again to cut a failed write off; whether the file is whole now."""
+        try:
+            os.ftruncate(self._fd, self._cut_pending)  # type: ignore[arg-type]
+        except OSError:
+            return False
+        self._cut_pending = None
+        return True
+
     def _undo_append(self, start: int) -> None:
         """A write whose records were appended but could not be applied: cut them off and
         continue on the index as the files say (it may have been changed half-way)."""
         try:
+            self._cut_pending = start
             os.ftruncate(self._fd, start)
+            self._cut_pending = None
             self.dat_end = start
             self._adopt(self._build(self._fd, None, locked=True)).release(drop_cache=False)
         except BaseException:
@@ -539,21 +636,22 @@ class Engine:
             raise
 
     def _append(self, data: bytes) -> int:
-        """Append whole records; on failure the file is cut back and nothing is applied."""
+        """Append whole records; on failure (of the write, or of the sync that makes it
+        durable) the file is cut back and nothing is applied: nothing was acknowledged."""
         start = self.dat_end
         view = memoryview(data)
         try:
             while view:
                 view = view[os.write(self._fd, view) :]
+            if self.durability == "always":
+                self.sync(self._fd)
         except BaseException:
-            os.ftruncate(self._fd, start)
+            self._cut_back(start)
             raise
         self.dat_end = start + len(data)
-        if self.durability == "always":
-            os.fdatasync(self._fd)
-        elif self.durability == "batch":
+        if self.durability == "batch":
             if self._commit is None:
-                self._commit = _GroupCommit(self._fd, GROUP_COMMIT_SECONDS)
+                self._commit = GroupCommit(self._fd, GROUP_COMMIT_SECONDS)
             self._commit.notify()
         return start
 
@@ -702,16 +800,23 @@ class Engine:
 
     def flush(self) -> None:
         if not self.readonly:
-            os.fdatasync(self._fd)
+            self.raise_failed()  # the group commit's: its sync consumed the kernel's report
+            with self.failures():
+                self.sync(self._fd)
 
     def checkpoint(self) -> None:
         """Write the index file (atomically) and continue from it."""
         sync = self.durability != "none"
         if sync:
-            os.fdatasync(self._fd)  # the index must never cover data that is not on disk
-        self.index.save(self.idx_path, self.data(), sync=sync)
+            self.sync(self._fd)  # the index must never cover data that is not on disk
+        with self.failures(self.idx_path):
+            try:
+                self.index.save(self.idx_path, self.data(), sync=sync)
+            except BaseException:
+                remove_quietly(self.idx_path + ".tmp")  # on a full disk it holds the space
+                raise
         if sync:
-            fsync_dir(self.idx_path)  # the rename itself must survive a power loss
+            self.sync_dir(self.idx_path)  # the rename itself must survive a power loss
         # Continue from the file just written: the tail's memory is released.
         self.index = MemoryIndex.load(self.idx_path, self.uuid, self.index.dim, self.data(), self.dat_end)
 
@@ -733,15 +838,16 @@ class Engine:
                 return
         try:
             if not self.readonly:
-                self._close_writer(before)
+                with self.failures():
+                    self._close_writer(before)
         finally:
             with self.lock:
                 self.abandon()
 
     def _close_writer(self, before: Callable[[], Any] | None) -> None:
-        if self._commit is not None:
-            self._commit.stop()  # its last sync: every write so far is on disk
-            self._commit = None
+        self._stop_commit()  # its last sync: every write so far is on disk
+        if self.failed is not None and self._failure_reported:
+            return  # a caller was told; the next open reads what reached the file
         try:
             with self.writing():
                 if before is not None:
@@ -757,9 +863,9 @@ class Engine:
         """Close the handle without a checkpoint (its files are no longer the store, or can
         no longer be trusted to match its state); the next open recovers from the files."""
         self.closed = True
-        if self._commit is not None:
-            self._commit.stop()
-            self._commit = None
+        self._stop_commit()
+        if self._cut_pending is not None and self._fd >= 0:
+            self._retry_cut()  # best effort: the lock goes with the descriptor below
         self._dat = None
         self.index = None  # type: ignore[assignment]
         if self._map_fd >= 0:
@@ -768,14 +874,6 @@ class Engine:
         if self._fd >= 0:
             os.close(self._fd)  # releases the writer lock
             self._fd = -1
-
-
-def _drop_types_since(index: MemoryIndex, n_types: int) -> None:
-    """Forget the type names a failed write added to the index's table."""
-    del index.user_types[n_types:]
-    index.type_codes = {
-        name: code for name, code in index.type_codes.items() if code < fmt.FIRST_USER_TYPE + n_types
-    }
 
 
 def read_payload(
@@ -795,65 +893,3 @@ def read_payload(
     start = fmt.payload_start(offset, dim)
     payload = fmt.decode_payload(buf[start : start + plen], plen, rlen, offset, path)
     return kind, dim, payload, start + plen
-
-
-class _GroupCommit:
-    """Background fdatasync for ``durability="batch"``: writes reach the disk in batches."""
-
-    def __init__(self, fd: int, interval: float) -> None:
-        self._fd, self._interval = fd, interval
-        self._pending = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="fastmem-commit", daemon=True)
-        self._thread.start()
-
-    def notify(self) -> None:
-        self._pending.set()
-
-    def _run(self) -> None:
-        while True:
-            self._pending.wait()
-            if not self._stopping:
-                time.sleep(self._interval)  # let the writes of the next few ms join this sync
-            self._pending.clear()
-            try:
-                os.fdatasync(self._fd)
-            except OSError:  # the next flush or close reports it to the caller
-                pass
-            if self._stopping:
-                return
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._pending.set()
-        self._thread.join()
-
-
-@contextmanager
-def no_cyclic_gc() -> Iterator[None]:
-    """Pause the cycle collector while a batch is built: its many short-lived dicts and
-    lists hold no cycles (reference counting frees them), yet they would trigger full
-    collections that cost a quarter of add_many's time on large batches."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _torn(dat: Any, start: int, end: int) -> bool:
-    """Whether ``dat[start:end]`` looks like an interrupted append, not damaged records.
-
-    An interrupted append leaves less than a header, zeros (blocks allocated, never
-    written), or a record that claims more bytes than the file has. Anything else may be
-    an acknowledged record hit by bit rot: it is kept for ``verify()`` to report.
-    """
-    tail = dat[start:end]
-    if len(tail) < fmt.RECORD_HEADER_SIZE or not any(tail):
-        return True
-    if tail[:4] != fmt.RECORD_MAGIC:
-        return False
-    _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)
-    return fmt.record_size(dim, plen) > len(tail)

@@ -457,6 +457,12 @@ class MemoryIndex:
         self.type_codes[name] = code
         return code
 
+    def drop_types_since(self, n_types: int) -> None:
+        """Forget the type names added after the first ``n_types`` (a write that failed)."""
+        del self.user_types[n_types:]
+        limit = fmt.FIRST_USER_TYPE + n_types
+        self.type_codes = {name: code for name, code in self.type_codes.items() if code < limit}
+
     def type_code(self, name: str, create: bool) -> int:
         """The code of a type name, assigning the next free one when ``create``; -1 if none."""
         code = self.type_codes.get(name)

@@ -340,7 +340,7 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
         if engine.durability == "always":
             # Before any write to the new file is acknowledged. The other modes may lose the
             # last few ms of writes to a power loss anyway: they sync it after the lock.
-            fsync_dir(engine.dat_path)
+            engine.sync_dir(engine.dat_path)
         try:  # the old index, to drop its pages from the cache later (see Retired)
             old_idx = os.open(engine.idx_path, os.O_RDONLY)
         except FileNotFoundError:
@@ -371,9 +371,11 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
 
 def _after_commit(engine: Engine, retired: Retired) -> None:
     """Outside the lock: make the renames durable (were the index's lost, the recovery
-    rule would rename it again) and let the old files go."""
-    fsync_dir(engine.idx_path)
-    retired.release(drop_cache=True)
+    rule would rename it again) and let the old files go (even when the sync fails)."""
+    try:
+        engine.sync_dir(engine.idx_path)
+    finally:
+        retired.release(drop_cache=True)
 
 
 def _sizes(engine: Engine) -> tuple[int, int]:
@@ -384,6 +386,11 @@ def _sizes(engine: Engine) -> tuple[int, int]:
 
 def compact(engine: Engine) -> CompactReport:
     """See ``MemoryStore.compact``."""
+    with engine.failures():
+        return _compact(engine)
+
+
+def _compact(engine: Engine) -> CompactReport:
     started = time.perf_counter()
     # The writer lock is held from the snapshot to the swap: other processes' writes wait
     # (their records would otherwise change rows this process reads without its lock).
@@ -430,6 +437,11 @@ def compact(engine: Engine) -> CompactReport:
 
 def repair(engine: Engine) -> RepairReport:
     """See ``MemoryStore.repair``."""
+    with engine.failures():
+        return _repair(engine)
+
+
+def _repair(engine: Engine) -> RepairReport:
     with engine.maintenance_lock:
         with engine.writing():
             before = _sizes(engine)
@@ -584,7 +596,12 @@ def _keep_damaged(path: str, dat: Any, regions: list[tuple[int, int]]) -> None:
 
 
 def backup(engine: Engine, dest: Any) -> BackupReport:
-    """See ``MemoryStore.backup``."""
+    """See ``MemoryStore.backup``: a failure leaves nothing at ``dest``."""
+    with engine.failures():
+        return _backup(engine, dest)
+
+
+def _backup(engine: Engine, dest: Any) -> BackupReport:
     base = base_path(dest)
     dat_path, idx_path = base + ".dat", base + ".idx"
     if os.path.abspath(dat_path) == os.path.abspath(engine.dat_path):
@@ -598,11 +615,11 @@ def backup(engine: Engine, dest: Any) -> BackupReport:
         # same file even if a compaction replaces it meanwhile.
         end = engine.valid_end
         src = engine.copy_descriptor()
-    parent = os.path.dirname(os.path.abspath(dat_path))
-    os.makedirs(parent, mode=0o700, exist_ok=True)
     tmp = dat_path + ".tmp"
-    out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    out = -1
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(dat_path)), mode=0o700, exist_ok=True)
+        out = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         at = 0
         while at < end:
             chunk = os.pread(src, min(_WRITE_CHUNK, end - at), at)
@@ -622,14 +639,17 @@ def backup(engine: Engine, dest: Any) -> BackupReport:
         os.replace(tmp, dat_path)
         fsync_dir(dat_path)
     except BaseException:
-        for name in (tmp, idx_path):
+        # A failed backup leaves nothing: not half a copy, nor a copy whose directory
+        # entry may not survive (the directory sync failed), nor the index's .tmp.
+        for name in (tmp, idx_path, idx_path + ".tmp", dat_path):
             try:
                 os.remove(name)
             except FileNotFoundError:
                 pass
         raise
     finally:
-        os.close(out)
+        if out >= 0:
+            os.close(out)
         os.close(src)
     return BackupReport(base, memories, end + os.path.getsize(idx_path))
 

@@ -22,6 +22,8 @@ __all__ = [
     "StoreClosedError",
     "StoreForkedError",
     "ReadOnlyError",
+    "StoreFullError",
+    "DurabilityError",
     "DependencyUnavailableError",
     "EncodingUnavailableError",
     "EmbedderMismatchError",
@@ -106,6 +108,26 @@ class StoreForkedError(StoreClosedError):
 
 class ReadOnlyError(FastmemError):
     """A write was attempted on a store opened with ``readonly=True``."""
+
+
+class StoreFullError(FastmemError, OSError):
+    """The device or the user's quota is full (``ENOSPC``, ``EDQUOT``): a write could not be
+    made. Nothing of the failed call was kept (its records were cut off again) and the store
+    stays consistent; free space and write again, on the same handle.
+
+    ``errno`` is the operating system's; ``filename`` the file being written.
+    """
+
+
+class DurabilityError(FastmemError, OSError):
+    """An I/O error (``EIO``) or a failed ``fsync``/``fdatasync``: what was written may not
+    be on the disk. A failed sync is sticky: the handle raises it from the next ``add``,
+    ``flush``, ``checkpoint`` or ``close`` and refuses writes until the store is opened
+    again, which reads what actually reached the file (the kernel reports a writeback
+    error once, so a later sync that succeeds proves nothing; PostgreSQL's rule since 2018).
+
+    ``errno`` is the operating system's; ``filename`` the file concerned.
+    """
 
 
 class DependencyUnavailableError(FastmemError):

@@ -20,12 +20,13 @@ PACKAGE = Path(fastmem.__file__).parent
 FLOORS: list[tuple[str, ...]] = [
     ("errors", "_stopwords", "_threads", "_ext"),  # leaves: import nothing of fastmem's
     ("types", "_format", "namespaces", "summarize", "tokens", "embed", "export"),
+    ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
     ("_vectors", "_keyword"),
     ("_index",),
     ("_vsearch",),
-    ("_items", "retrieval", "_files", "_cache"),  # what add accepts; ranking; files around the store's two
+    ("_items", "retrieval", "_files"),  # what add accepts; ranking; files around the store's two
     ("_engine",),  # the storage engine
     ("_figures", "_maintenance", "context"),  # over the engine
     ("store",),  # the facade
@@ -171,6 +172,7 @@ def test_public_names_are_pinned():
         "DependencyUnavailableError",
         "DimensionMismatchError",
         "DURABILITY",
+        "DurabilityError",
         "EmbedderMismatchError",
         "EmbedderUnavailableError",
         "EncodingUnavailableError",
@@ -194,6 +196,7 @@ def test_public_names_are_pinned():
         "Report",
         "StoreClosedError",
         "StoreForkedError",
+        "StoreFullError",
         "StoreLockedError",
         "StoreNotFoundError",
         "StoreStats",

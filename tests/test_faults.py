@@ -1,0 +1,226 @@
+"""Faults in the file operations: a full disk, I/O errors, failed syncs (issue 18).
+
+Every file operation fastmem makes goes through one seam (``tests/faults.py``): these
+tests make the n-th call fail with ENOSPC, EIO or EDQUOT and check what a store promises:
+the call raises a fastmem error naming the cause and the file; nothing acknowledged is
+lost; nothing of the failed call is visible after a reopen; the store opens and
+``verify()``s clean; writes work again once the fault clears.
+"""
+
+from __future__ import annotations
+
+import errno
+import warnings
+
+import pytest
+
+import fastmem
+from fastmem import ContextPolicy, DurabilityError, StoreFullError
+
+from faults import Faults
+
+QUIET = ContextPolicy(preload=0, recent=0)
+
+
+def _open(path: str, **kw) -> fastmem.MemoryStore:
+    kw.setdefault("durability", "always")
+    return fastmem.open(path, embedder=None, policy=QUIET, **kw)
+
+
+def _contents(path: str) -> dict[str, fastmem.Memory]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastmem.RecoveryWarning)  # a cut tail is allowed
+        with _open(path) as store:
+            assert store.verify().ok, store.verify().problems
+            return {m.id: m for m in store}
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [(errno.ENOSPC, StoreFullError), (errno.EDQUOT, StoreFullError), (errno.EIO, DurabilityError)],
+)
+def test_a_failed_append_raises_a_named_error_and_keeps_nothing(store_path, code, error):
+    with _open(store_path) as store:
+        kept = store.add("acknowledged")
+        with Faults(fail_at=1, errno_=code, only=("write",)), pytest.raises(error) as raised:
+            store.add("never acknowledged")
+        assert raised.value.errno == code
+        assert raised.value.filename == store.dat_path
+        assert isinstance(raised.value, OSError) and isinstance(raised.value, fastmem.FastmemError)
+        assert "never acknowledged" not in [m.text for m in store]
+        if error is StoreFullError:  # the space is back: the same handle writes again
+            again = store.add("after the fault")
+            assert store.get(again).text == "after the fault"
+    texts = sorted(m.text for m in _contents(store_path).values())
+    assert texts == (["acknowledged", "after the fault"] if error is StoreFullError else ["acknowledged"])
+    assert kept in _contents(store_path)
+
+
+def test_a_failed_cut_back_keeps_the_failed_write_out(store_path):
+    """A short write (whole records of the batch reach the file), then ENOSPC, then the
+    ftruncate that would cut them off fails too: the handle keeps the writer lock, refuses
+    writes, and cuts them when it closes, so they never become visible."""
+    with _open(store_path) as store:
+        store.add("acknowledged")
+        with Faults(fail_at=1, errno_=errno.ENOSPC, only=("write", "ftruncate"), short=True,
+                    sticky=True) as faults:
+            faults.errnos = {"ftruncate": errno.EIO}
+            with pytest.raises(DurabilityError) as raised:
+                store.add_many([{"text": f"unacknowledged {i}"} for i in range(50)])
+            assert raised.value.__context__.__context__.errno == errno.ENOSPC  # the write's
+            assert [kind for kind, _ in faults.calls] == ["write", "write", "ftruncate"]
+        with pytest.raises(DurabilityError):  # refuses writes until reopened
+            store.add("refused")
+        assert [m.text for m in store] == ["acknowledged"]
+    assert sorted(m.text for m in _contents(store_path).values()) == ["acknowledged"]
+
+
+# --- a failed sync is sticky (review S2) -------------------------------------------------
+
+
+def test_a_failed_background_sync_is_raised_by_the_next_flush(store_path):
+    """durability="batch": the group commit's fdatasync fails (the kernel reports a
+    writeback error once, and that sync consumed it). The next flush must not succeed over
+    data that may not be on the disk, and the handle writes nothing more."""
+    with fastmem.open(store_path, embedder=None, policy=QUIET, durability="batch") as store:
+        kept = store.add("acknowledged before the failure")
+        store.flush()
+        with Faults(fail_at=1, errno_=errno.EIO, only=("fdatasync",)) as faults:
+            store.add("acknowledged, its sync failed")
+            store._engine._commit.notify()  # noqa: SLF001 - wait for the background sync
+            for _ in range(400):
+                if faults.fired:
+                    break
+                import time
+
+                time.sleep(0.005)
+            assert faults.fired and faults.fired[0] == "fdatasync"
+        with pytest.raises(DurabilityError) as raised:
+            store.flush()  # a later fdatasync would succeed: it must not be trusted
+        assert raised.value.errno == errno.EIO and raised.value.filename == store.dat_path
+        for write in (lambda: store.add("refused"), store.checkpoint, store.flush,
+                      lambda: store.update(kept, importance=0.5)):  # fmt: skip
+            with pytest.raises(DurabilityError):
+                write()
+        assert store.get(kept).text == "acknowledged before the failure"  # reads still work
+    # Reopened: what reached the file is read again, and writes work.
+    with _open(store_path) as store:
+        assert {m.text for m in store} >= {"acknowledged before the failure"}
+        store.add("after reopening")
+        assert store.verify().ok
+
+
+@pytest.mark.parametrize("op", ["add", "flush", "checkpoint", "close"])
+def test_a_failed_background_sync_is_raised_by_each_kind_of_call(store_path, op):
+    store = fastmem.open(store_path, embedder=None, policy=QUIET, durability="batch")
+    store.add("one")
+    with Faults(fail_at=1, errno_=errno.EIO, only=("fdatasync",)):
+        store.add("two")
+        store._engine._commit.stop()  # noqa: SLF001 - its last sync happens now, and fails
+    call = {"add": lambda: store.add("three"), "flush": store.flush,
+            "checkpoint": store.checkpoint, "close": store.close}[op]  # fmt: skip
+    with pytest.raises(DurabilityError):
+        call()
+    store.close()  # reported once already: closing is quiet
+    with pytest.raises(fastmem.StoreClosedError):
+        store.add("closed")
+
+
+def test_a_failed_foreground_sync_cuts_the_write_and_is_sticky(store_path):
+    """durability="always": the add whose fdatasync fails raises; its record is cut off
+    (it was never acknowledged), and the handle refuses writes until reopened."""
+    with _open(store_path) as store:
+        store.add("acknowledged")
+        with Faults(fail_at=1, errno_=errno.EIO, only=("fdatasync",)), pytest.raises(DurabilityError):
+            store.add("its sync failed")
+        with pytest.raises(DurabilityError):
+            store.add("refused")
+        assert [m.text for m in store] == ["acknowledged"]
+    assert [m.text for m in _contents(store_path).values()] == ["acknowledged"]
+
+
+def test_the_seam_covers_every_module_that_does_file_io():
+    import re
+    from pathlib import Path
+
+    import faults
+
+    calls = re.compile(r"\bos\.(write|pwrite|fdatasync|fsync|ftruncate|replace|rename|open|fdopen)\(|\bmmap\.mmap\(")
+    package = Path(fastmem.__file__).parent
+    doing_io = {p.stem for p in package.glob("*.py") if calls.search(p.read_text())}
+    assert doing_io - {"cli", "export", "_demo"} <= set(faults.NAMES)  # the CLI's own files: not the store's
+    ext = package.parent / "src_cython"
+    for pyx in ext.glob("*.pyx"):  # the compiled kernels do no file I/O of their own
+        assert not re.search(r"\b(fopen|fwrite|fsync|fdatasync|open\(|write\()", pyx.read_text()), pyx
+
+
+def test_a_failed_checkpoint_leaves_no_partial_index(store_path):
+    """On a full disk, a half-written ``.idx.tmp`` would hold the space that is missing."""
+    import os
+
+    with _open(store_path) as store:
+        store.add_many([{"text": f"memory {i}"} for i in range(100)])
+        with Faults(fail_at=3, errno_=errno.ENOSPC, only=("write",)), pytest.raises(StoreFullError):
+            store.checkpoint()
+        assert not os.path.exists(store.idx_path + ".tmp")
+        store.add("the handle still writes")
+
+
+# --- a real full disk --------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 2 MiB tmpfs (root only): a file system that really fills up."""
+    import subprocess
+
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        reason = f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}"
+        print(reason)
+        pytest.skip(reason)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_real_full_disk(small_fs, backend):
+    if backend != "cython":
+        pytest.skip("file I/O is the same under both kernel backends: once is enough")
+    import os
+
+    filler = small_fs / "filler"
+    filler.write_bytes(b"\0" * (1 << 20))  # space to give back later
+    path = str(small_fs / "store")
+    acknowledged: dict[str, str] = {}
+    store = _open(path)
+    with pytest.raises(StoreFullError) as raised:
+        for _ in range(100_000):
+            batch = [os.urandom(300).hex() for _ in range(10)]  # incompressible
+            acknowledged.update(zip(store.add_many([{"text": t} for t in batch]), batch))
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == store.dat_path
+    assert len(acknowledged) > 100
+    with pytest.raises(StoreFullError):  # still full: refused cleanly again
+        store.add(os.urandom(50_000).hex())
+    assert {m.id: m.text for m in store} == acknowledged
+    # Closing writes the index: there may be no room for it. Every record is on disk
+    # already; a half-written index must not stay behind holding space.
+    try:
+        store.close()
+    except StoreFullError:
+        pass
+    assert sorted(p.name for p in small_fs.iterdir()) == ["filler", "store.dat", "store.idx"]
+    filler.unlink()  # space comes back: a reopened store writes again
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastmem.RecoveryWarning)
+        with _open(path) as store:
+            assert {m.id: m.text for m in store} == acknowledged
+            mid = store.add("after freeing space")
+            acknowledged[mid] = "after freeing space"
+        with _open(path) as store:
+            assert {m.id: m.text for m in store} == acknowledged
+            assert store.verify().ok
