@@ -549,9 +549,9 @@ class MemoryStore:
         return _context.new_context(text, tokens, budget, items, counter.name, degraded, started)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
-        if encoding is None or encoding == self.tokens.name:
+        if encoding is None or (isinstance(encoding, str) and encoding == self.tokens.name):
             return self.tokens
-        return counter_for(encoding)
+        return counter_for(encoding)  # checks the type
 
     def importance_scores(self, now: float | None = None) -> np.ndarray:
         """Every row's current importance (float32; forgotten rows ``-inf``), computed by

@@ -387,3 +387,11 @@ def test_lines_with_equal_timestamps_follow_the_ids_numerically(store_path):
     lines = [line for line in ctx.text.splitlines() if line.startswith("turn number")]
     assert lines == [f"turn number {i} of the batch" for i in range(12)]
     assert [i.id for i in ctx.items] != [] and set(i.id for i in ctx.items) == set(ids)
+
+
+def test_an_encoding_that_is_not_a_name_is_a_type_error(store_path):
+    with fastmem.open(store_path) as store:
+        store.add("anything")
+        for bad in (np.full(8, np.nan), 3, b"cl100k_base"):
+            with pytest.raises(fastmem.InvalidTypeError):
+                store.context("anything", encoding=bad)
