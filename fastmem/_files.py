@@ -165,3 +165,19 @@ def _unmap_pages(mm: mmap.mmap) -> None:
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
     _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.MADV_DONTNEED)
+
+
+def lock_holder(fd: int) -> int | None:
+    """The pid of the process holding the flock on ``fd``'s file, from /proc/locks (Linux),
+    or None where the OS does not tell."""
+    st = os.fstat(fd)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == inode and fields[4].isdigit():
+                    return int(fields[4])
+    except OSError:
+        pass
+    return None

@@ -458,15 +458,16 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
     (_, version, size, uuid, rows, live, dim, row_size, covered, last_offset, last_crc,
      types_len, next_id, hot_len, when, kw_version, kw_terms, kw_postings, kw_tokens,
      ) = IDX_HEADER.unpack_from(buf, 0)  # fmt: skip
+    (crc,) = struct.unpack_from("<I", buf, IDX_HEADER_CRC_AT)
+    if crc != crc32(memoryview(buf)[:IDX_HEADER_CRC_AT]):  # damage first: a flipped version is damage
+        raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
     if version != FORMAT_VERSION:
         raise FormatVersionError(
             f"{path} has index format version {version}; this fastmem reads {FORMAT_VERSION}"
         )
-    (crc,) = struct.unpack_from("<I", buf, IDX_HEADER_CRC_AT)
     if (
         size != IDX_HEADER_SIZE
         or row_size != INDEX_DTYPE.itemsize
-        or crc != crc32(memoryview(buf)[:IDX_HEADER_CRC_AT])
         or dim > MAX_DIM
         or live > rows
         or rows >= 1 << 32

@@ -61,4 +61,26 @@ def use(backend: str) -> str:
     return BACKEND
 
 
+def _warn_if_source_tree() -> None:
+    """Warn (once: this runs at import) when fastmem is imported from a checkout whose
+    kernels were never built, as ``python -c 'import fastmem'`` in the repository does: it
+    silently runs the numpy fallback, several times slower. An explicit FASTMEM_BACKEND=python
+    is a choice and gets no warning."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "setup.py")) and os.path.isdir(
+        os.path.join(root, "src_cython")
+    ):
+        import warnings
+
+        warnings.warn(
+            f"fastmem is imported from the source tree {root}, whose compiled kernels are not "
+            f"built: using the slower numpy fallback. Build them with: cd {root} && python "
+            f"setup.py build_ext --inplace (or set FASTMEM_BACKEND=python to silence this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
 use(os.environ.get("FASTMEM_BACKEND", "auto"))
+if BACKEND == "python" and "FASTMEM_BACKEND" not in os.environ:  # at import only: once
+    _warn_if_source_tree()

@@ -103,8 +103,7 @@ def evict(
     The forgets are one write: one tombstone per memory, appended together."""
     ttls, floor, max_count, max_bytes = _checked(ttl, min_importance, max_count, max_bytes)
     now = time.time() if now is None else float(now)
-    with engine.lock:
-        engine.check_writable()
+    with engine.writing():
         rows = _chosen(engine.index, importance_scores(engine.index, policy, now), ttls, floor,
                        max_count, max_bytes, now)  # fmt: skip
         return engine.append_tombstones(rows, now) if rows else []
@@ -362,10 +361,11 @@ def _sizes(engine: Engine) -> tuple[int, int]:
 def compact(engine: Engine) -> CompactReport:
     """See ``MemoryStore.compact``."""
     started = time.perf_counter()
-    with engine.maintenance_lock:
+    # The writer lock is held from the snapshot to the swap: other processes' writes wait
+    # (their records would otherwise change rows this process reads without its lock).
+    with engine.maintenance_lock, engine.write_lock():
         held = time.perf_counter()
-        with engine.lock:
-            engine.check_writable()
+        with engine.writing():
             if engine.valid_end != engine.dat_end:
                 raise CorruptionError(
                     f"{engine.dat_path} ends with damaged bytes: repair() it first", path=engine.dat_path
@@ -382,9 +382,8 @@ def compact(engine: Engine) -> CompactReport:
             raise
         try:
             held = time.perf_counter()
-            with engine.lock:
+            with engine.writing():
                 engine.stop_change_log()
-                engine.check_writable()
                 if engine.valid_end != engine.dat_end:
                     raise CorruptionError(f"{engine.dat_path} was damaged during compaction")
                 tail = engine.read_since(dat_end)
@@ -408,8 +407,7 @@ def compact(engine: Engine) -> CompactReport:
 def repair(engine: Engine) -> RepairReport:
     """See ``MemoryStore.repair``."""
     with engine.maintenance_lock:
-        with engine.lock:
-            engine.check_writable()
+        with engine.writing():
             before = _sizes(engine)
             dat, end = engine.data(), engine.dat_end
             index, problems, _ = build_index(dat, end, engine.dat_path)
@@ -437,7 +435,7 @@ def repair(engine: Engine) -> RepairReport:
                         sum(n for _, n in regions), damaged_path, sum(before), sum(_sizes(engine)))  # fmt: skip
 
 
-def rebuild_header(dat_path: str, idx_path: str) -> Problem | None:
+def rebuild_header(dat_path: str, idx_path: str, timeout: float = 0.0) -> Problem | None:
     """Write a new header over a damaged one so that the store opens again; ``None`` when
     the header is intact (nothing is written).
 
@@ -453,7 +451,7 @@ def rebuild_header(dat_path: str, idx_path: str) -> Problem | None:
 
     Raises:
         StoreNotFoundError: there is no data file.
-        StoreLockedError: a writer has the store open.
+        StoreLockedError: another process held the writer lock for ``timeout`` seconds.
         CorruptionError: the file holds no intact record: not a store, or nothing to save.
         FormatVersionError: the header is intact and from another format version.
     """
@@ -462,10 +460,18 @@ def rebuild_header(dat_path: str, idx_path: str) -> Problem | None:
     except FileNotFoundError:
         raise StoreNotFoundError(f"no fastmem store at {dat_path}") from None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StoreLockedError(f"{dat_path} is open for writing: close it first") from None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreLockedError(
+                        f"{dat_path} has been locked for writing for {timeout:g} s: pass a "
+                        f"longer timeout to wait for it"
+                    ) from None
+                time.sleep(0.005)
         size = os.fstat(fd).st_size
         head = os.pread(fd, fmt.DAT_HEADER_SIZE, 0)
         try:

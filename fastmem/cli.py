@@ -122,6 +122,16 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
+def _seconds_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= 86400:
+        raise argparse.ArgumentTypeError("seconds must be from 0 to 86400")
+    return value
+
+
 def _namespace_arg(value: str) -> str:
     from .namespaces import check_namespace
 
@@ -209,10 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("verify", "check every record and the index (exit 1 on damage)").set_defaults(
         func=_cmd_verify)  # fmt: skip
-    command("repair", "keep every intact record and rebuild the index (exit 1 when data "
-            "was cut)").set_defaults(func=_cmd_repair)  # fmt: skip
-    command("compact", "rewrite the live memories, reclaiming forgotten ones' space").set_defaults(
-        func=_cmd_compact)  # fmt: skip
+    def writes(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--timeout", type=_seconds_arg, default=5.0, metavar="SECONDS",
+                       help="how long to wait for another process's write or compaction "
+                            "(default 5; exit 3 after it)")  # fmt: skip
+        return p
+
+    writes(command("repair", "keep every intact record and rebuild the index (exit 1 when "
+                   "data was cut)")).set_defaults(func=_cmd_repair)  # fmt: skip
+    writes(command("compact", "rewrite the live memories, reclaiming forgotten ones' space")
+           ).set_defaults(func=_cmd_compact)  # fmt: skip
 
     p = command("export", "every live memory as JSON lines, oldest first", json_=False)
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
@@ -220,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "embedding, so that import keeps it instead of embedding the text again")  # fmt: skip
     p.set_defaults(func=_cmd_export)
 
-    p = command("import", "JSON lines (as export writes them) into a store (created if "
-                "missing); memories get new ids")  # fmt: skip
+    p = writes(command("import", "JSON lines (as export writes them) into a store (created "
+                       "if missing); memories get new ids"))  # fmt: skip
     p.add_argument("file", metavar="FILE", help="a JSON-lines file, or - for stdin")
     p.set_defaults(func=_cmd_import)
 
@@ -233,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--activate", action="store_true", help="also set memory.provider: fastmem")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
     p.set_defaults(func=_cmd_hermes_install)
+
+    command("doctor", "what is installed: version, kernels, embedder, tokenizers, load times",
+            store=False).set_defaults(func=lambda args, out: importlib.import_module(
+                "fastmem.doctor").run(out))  # fmt: skip
 
     p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
@@ -566,7 +586,7 @@ def _cmd_repair(args: argparse.Namespace, out: _Out) -> int:
 
     base = _require_store(args)
     with _file_progress(out, "repairing", base + ".dat.compact", os.path.getsize(base + ".dat")):
-        report = fastmem.repair(base)
+        report = fastmem.repair(base, timeout=args.timeout)
     if out.json:
         out.emit({"ok": report.ok, "memories": report.memories, "records": report.records,
                   "cut": _problems(report.cut), "cut_bytes": report.cut_bytes,
@@ -589,7 +609,8 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
     import fastmem
 
     base = _require_store(args)
-    with fastmem.open(base, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
+    with fastmem.open(base, embedder=None, timeout=args.timeout,
+                      policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
         # The new data file holds the live records: their sizes are the bar's total.
         total = sum(r.bytes for r in store.largest(len(store)))
         with _file_progress(out, "compacting", base + ".dat.compact", total):
@@ -701,7 +722,7 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
     # summarizer=None: a summary comes back as exported, and a memory exported without one
     # does not get one made up on the way in.
     ids: list[str] = []
-    with fastmem.open(base, embedder=embedder, summarizer=None,
+    with fastmem.open(base, embedder=embedder, summarizer=None, timeout=args.timeout,
                       policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
         _check_items(store, items, args.file)  # a bad line imports nothing, not half a file
         embedding = embedder is not None and any("embedding" not in i for i in items)

