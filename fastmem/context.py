@@ -41,8 +41,10 @@ __all__ = ["Preload", "build", "excerpt", "level1_rows", "pack", "pinned_rows", 
 # taken to cost when the pinned and recent shares are filled: a summary's bound.
 UNCOUNTED_TOKENS = 64
 # Candidates are read until their tokens reach this many budgets: enough for the packer to
-# choose from when some do not fit, and no more records decoded than that.
-CANDIDATE_BUDGETS = 2
+# choose from when some do not fit and short evidence ranked below long memories still
+# wins by value per token (2 budgets: BEAM dev 0.50, 4: 0.58, 8: 0.62), and no more records
+# decoded than that.
+CANDIDATE_BUDGETS = 8
 # The packer's estimate of what a line costs beyond its text: the line break, the
 # "[type] " prefix of a memory that is not a conversation turn, and "(summary) ".
 LINE_BREAK_TOKENS = 1
@@ -62,6 +64,7 @@ class Candidate:
     tokens: int  # of ``item.text``, in the context's encoding
     priority: float  # higher goes in first
     alternative: tuple[str, int] | None = None  # (summary, tokens) to use if the text won't fit
+    excerpt: Callable[[str], str | None] | None = None  # the text is too long: its passage
 
 
 PINNED_HEADER = "## Pinned"
@@ -199,8 +202,10 @@ def pack(
 
     Candidates go in by descending priority while the estimate (their stored token counts
     plus a line break and the headers they open) fits; a candidate whose text does not fit
-    may go in as its summary. The rendered text is then counted exactly, and the
-    lowest-priority items leave until it fits.
+    may go in as its summary. A candidate with an ``excerpt`` function (a long memory: its
+    ``tokens`` are the most its passage may take) is cut to its passage only when it is
+    reached and could fit, so the passages of memories left out are never computed. The
+    rendered text is then counted exactly, and the lowest-priority items leave until it fits.
 
     Returns ``(text, tokens, items)``.
     """
@@ -219,6 +224,14 @@ def pack(
                 header_cost[h] = count(h) + LINE_BREAK_TOKENS
             extra = header_cost[h]
         line = LINE_BREAK_TOKENS + (0 if c.item.type == "conversation" else TYPE_PREFIX_TOKENS)
+        if c.excerpt is not None:
+            room = budget - used - extra - line - SUMMARY_MARK_TOKENS
+            if room < min(c.tokens, c.alternative[1] if c.alternative else c.tokens):
+                continue
+            c = _cut(c, count)
+            if c is None:
+                continue
+            line += SUMMARY_MARK_TOKENS
         if used + extra + c.tokens + line <= budget:
             chosen[i] = c.item
             used += extra + c.tokens + line
@@ -236,6 +249,16 @@ def pack(
             return text, tokens, items
         # The estimate was short (tokens merge differently across lines): drop the least.
         kept.pop()
+
+
+def _cut(c: Candidate, count: Callable[[str], int]) -> Candidate | None:
+    """A long memory's candidate as its passage, else its summary, else ``None``."""
+    passage = c.excerpt(c.item.text) if c.excerpt is not None else None
+    if passage is not None:
+        return Candidate(_as_excerpt(c.item, passage), count(passage), c.priority, c.alternative)
+    if c.alternative is not None:
+        return Candidate(_as_summary(c.item, c.alternative[0]), c.alternative[1], c.priority)
+    return None
 
 
 def _as_summary(item: ContextItem, summary: str) -> ContextItem:
@@ -384,6 +407,10 @@ def _candidates(
     total = 0
     cap = int(policy.item_share * budget)
     found = sum(1 for level, _ in levels.values() if level == Level.FOUND)
+
+    def cut(text: str) -> str | None:
+        return excerpt(text, terms, cap, counter.count, counter.truncate)
+
     for j, g in enumerate(order):
         if total > CANDIDATE_BUDGETS * budget:
             break
@@ -409,16 +436,13 @@ def _candidates(
         item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
                            memory.session, memory.type)  # fmt: skip
         summary = (memory.summary, summary_tokens) if memory.summary else None
-        if level == Level.FOUND and text_tokens > cap and found > 1:
-            passage = excerpt(memory.text, terms, cap, counter.count, counter.truncate)
-            if passage is not None:
-                item, text_tokens = _as_excerpt(item, passage), counter.count(passage)
-            elif summary is not None:
-                item, text_tokens, summary = _as_summary(item, summary[0]), summary[1], None
+        long = level == Level.FOUND and text_tokens > cap and found > 1
+        if long:  # its passage (computed by the packer if it gets that far), at most ``cap``
+            text_tokens = min(text_tokens, cap)
         if level == Level.FOUND and policy.length_penalty and text_tokens > DENSITY_TOKENS:
             priority *= (DENSITY_TOKENS / text_tokens) ** policy.length_penalty
-        if item.summary or item.excerpt:
-            out.append(Candidate(item, text_tokens, priority, summary if item.excerpt else None))
+        if long:
+            out.append(Candidate(item, text_tokens, priority, summary, cut))
             total += text_tokens
         elif summary is not None and level == Level.FOUND and score < policy.full_text_score:
             # Weakly related: its summary first (more evidence fits), its text if room.
