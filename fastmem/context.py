@@ -14,6 +14,7 @@ tiktoken. Level 2,
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 import threading
@@ -392,7 +393,9 @@ def _candidates(
     terms: frozenset[str] = frozenset(),
 ) -> list[Candidate]:  # fmt: skip
     """Context candidates for rows, best first, near-duplicates left out (the better one
-    stays); enough of them to fill the budget ``CANDIDATE_BUDGETS`` times over.
+    stays). Reading stops once the candidates whose priority is at least the next row's
+    relevance fill the budget (no later row can go in before them: a priority is at most
+    the relevance), or after ``CANDIDATE_BUDGETS`` budgets of tokens.
 
     A found memory longer than ``item_share`` of the budget (unless it is the only one)
     becomes its excerpt for ``terms`` (or its summary); found memories' priorities are
@@ -411,10 +414,20 @@ def _candidates(
     def cut(text: str) -> str | None:
         return excerpt(text, terms, cap, counter.count, counter.truncate)
 
+    waiting: list[tuple[float, int]] = []  # (-priority, tokens) of candidates not yet ahead
+    queued = 0  # candidates of ``out`` put in ``waiting``
+    ahead = 0  # tokens of the candidates whose priority is at least the current relevance
     for j, g in enumerate(order):
         if total > CANDIDATE_BUDGETS * budget:
             break
         level, priority = levels[g]
+        for done in out[queued:]:
+            heapq.heappush(waiting, (-done.priority, done.tokens))
+        queued = len(out)
+        while waiting and -waiting[0][0] >= priority:
+            ahead += heapq.heappop(waiting)[1]
+        if ahead >= budget:
+            break
         row = index.row(g)
         memory = engine.cached_memory(g)
         key = " ".join(memory.text.casefold().split())

@@ -525,3 +525,23 @@ def test_day_headers_name_the_session_only_when_sessions_share_the_day(store_pat
         lines = store.context("plan for lisbon", budget=500).text.splitlines()
     assert lines == ["## a · 14 Nov 2023", "alpha plan for lisbon", "## b · 14 Nov 2023",
                      "beta plan for lisbon", "## 19 Nov 2023", "gamma plan for lisbon"]  # fmt: skip
+
+
+def test_passages_are_cut_only_for_long_memories_the_packer_reaches(store_path, monkeypatch):
+    import fastmem.context as context_module
+
+    calls = []
+    real = context_module.excerpt
+
+    def counting(text, *args):
+        calls.append(text)
+        return real(text, *args)
+
+    monkeypatch.setattr(context_module, "excerpt", counting)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=ContextPolicy(recent=0)) as store:
+        for i in range(12):
+            store.add(_tool_result(f"Deploy number {i} of the staging key went fine."), timestamp=1e9 + i)
+        ctx = store.context("staging deploy key", budget=600)
+    cut = [i for i in ctx.items if i.excerpt]
+    assert cut and ctx.tokens <= 600
+    assert len(calls) <= len(cut) + 1  # twelve long candidates, but only those that go in
