@@ -229,9 +229,10 @@ def pack(
             room = budget - used - extra - line - SUMMARY_MARK_TOKENS
             if room < min(c.tokens, c.alternative[1] if c.alternative else c.tokens):
                 continue
-            c = _cut(c, count)
-            if c is None:
+            shown = _cut(c, count)
+            if shown is None:
                 continue
+            c = shown
             line += SUMMARY_MARK_TOKENS
         if used + extra + c.tokens + line <= budget:
             chosen[i] = c.item
