@@ -1,7 +1,7 @@
 """LoCoMo retrieval: recall of evidence turns within a 1,300-token context.
 
     python benchmarks/locomo.py [--data ../shared/data/locomo-dev.json] [--budget 1300]
-                                [--baselines] [--out benchmarks/RESULTS-locomo.md]
+                                [--baselines] [--cache DIR] [--out benchmarks/RESULTS-locomo.md]
 
 The measure of ``shared/data/README.md``: each conversation goes into a fresh store, one
 memory per turn (text ``"<speaker>: <text>"``, the session's date as timestamp, the session
@@ -13,6 +13,9 @@ largest context (tokens, exact cl100k_base; never above the budget) and context 
 ``--baselines`` also measures, on the same turns and tokenizer, the plain baselines of the
 data README packed greedily in rank order (whole turns, one per line): recency, MiniLM
 cosine, BM25 (rank-bm25) and their reciprocal-rank fusion.
+
+``--cache DIR`` keeps the built stores and copies them afresh for each run (access counts
+never leak between runs).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -85,7 +89,25 @@ def questions(sample: dict, known: set[str]) -> list[tuple[str, int, list[str]]]
     return out
 
 
-def run_fastmem(data: list[dict], budget: int) -> dict:
+def store_for(name: str, items: list[dict], tmp: str, cache: str) -> str:
+    """A fresh store of ``items`` in ``tmp``: built there, or copied from ``cache`` (where
+    it is built under ``name`` the first time)."""
+    path = os.path.join(tmp, name)
+    if cache:
+        src = os.path.join(cache, name)
+        if not os.path.exists(src + ".idx"):
+            os.makedirs(cache, exist_ok=True)
+            with fastmem.open(src, durability="none") as store:
+                store.add_many(items)
+        for ext in (".dat", ".idx"):
+            shutil.copyfile(src + ext, path + ext)
+    else:
+        with fastmem.open(path, durability="none") as store:
+            store.add_many(items)
+    return path
+
+
+def run_fastmem(data: list[dict], budget: int, cache: str = "", policy: object = None) -> dict:
     """fastmem as a user runs it: the default embedder, a store per conversation."""
     recalls: dict[int, list[float]] = {c: [] for c in CATEGORIES}
     latencies, max_tokens, over = [], 0, 0
@@ -93,10 +115,9 @@ def run_fastmem(data: list[dict], budget: int) -> dict:
         turns = turns_of(sample)
         text_of = {t["metadata"]["dia_id"]: t["text"] for t in turns}
         with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "conv")
-            with fastmem.open(path, durability="none") as store:
-                store.add_many(turns)
-            with fastmem.open(path) as store:  # as after a restart
+            path = store_for(sample["sample_id"], turns, tmp, cache)
+            kwargs = {} if policy is None else {"policy": policy}
+            with fastmem.open(path, **kwargs) as store:  # as after a restart
                 _wait_ready(store)
                 for question, category, ids in questions(sample, set(text_of)):
                     started = time.perf_counter()
@@ -125,6 +146,23 @@ def _wait_ready(store: fastmem.MemoryStore) -> None:
         wait()  # recall is measured at full quality; degraded contexts are another figure
 
 
+def plain_rankings(cosines: np.ndarray, bm25: np.ndarray) -> dict[str, list[int]]:
+    """The plain baselines' orders of the memories: recency (newest first), cosine, BM25,
+    and the reciprocal-rank fusion (k = 60) of the two."""
+    cos = np.argsort(-cosines, kind="stable").tolist()
+    kw = np.argsort(-bm25, kind="stable").tolist()
+    fused: dict[int, float] = {}
+    for ranking in (cos, kw):
+        for rank, i in enumerate(ranking, 1):
+            fused[i] = fused.get(i, 0.0) + 1.0 / (60 + rank)
+    return {
+        "recency": list(range(len(cos) - 1, -1, -1)),
+        "cosine": cos,
+        "bm25": kw,
+        "rrf": sorted(fused, key=lambda i: -fused[i]),
+    }
+
+
 def run_baselines(data: list[dict], budget: int, embedder: MiniLM) -> dict[str, dict]:
     from rank_bm25 import BM25Okapi
 
@@ -142,19 +180,8 @@ def run_baselines(data: list[dict], budget: int, embedder: MiniLM) -> dict[str, 
         vectors = embedder.encode(texts)
         bm25 = BM25Okapi([token.findall(t.lower()) for t in texts])
         for question, category, ids in questions(sample, set(where)):
-            q = embedder.encode_query(question)
-            cos = list(np.argsort(-(vectors @ q), kind="stable"))
-            kw = list(np.argsort(-bm25.get_scores(token.findall(question.lower())), kind="stable"))
-            fused: dict[int, float] = {}
-            for ranking in (cos, kw):
-                for rank, i in enumerate(ranking, 1):
-                    fused[i] = fused.get(i, 0.0) + 1.0 / (60 + rank)
-            orders = {
-                "recency": list(range(len(texts) - 1, -1, -1)),
-                "cosine": cos,
-                "bm25": kw,
-                "rrf": sorted(fused, key=lambda i: -fused[i]),
-            }
+            orders = plain_rankings(embedder.encode_query(question) @ vectors.T,
+                                    bm25.get_scores(token.findall(question.lower())))  # fmt: skip
             for name, order in orders.items():
                 used, chosen = 0, set()
                 for i in order:
@@ -171,40 +198,51 @@ def run_baselines(data: list[dict], budget: int, embedder: MiniLM) -> dict[str, 
     }
 
 
+def table(result: dict[str, dict], cats: list[str], short: dict[str, str] | None = None) -> list[str]:
+    """A markdown table: a row per method, its recall overall and per category."""
+    heads = [short.get(c, c) for c in cats] if short else cats
+    lines = ["| method | recall | " + " | ".join(heads) + " |", "|---|---:|" + "---:|" * len(cats)]
+    for name, r in result.items():
+        row = " | ".join(f"{r['by_category'].get(c, float('nan')):.3f}" for c in cats)
+        lines.append(f"| {name} | {r['recall']:.3f} | {row} |")
+    return lines
+
+
+def publish(report: str, result: dict, out: str, script: str) -> None:
+    """Print the report (and write it to ``out`` with the command that made it); the raw
+    figures go to stderr as JSON."""
+    print(report)
+    if out:
+        Path(out).write_text(
+            f"{report}\n\nCommand: `python benchmarks/{script} --baselines --out {out}`\n"
+        )
+    json.dump(result, sys.stderr, indent=1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--budget", type=int, default=1300)
     parser.add_argument("--baselines", action="store_true")
+    parser.add_argument("--cache", default="", help="keep built stores here between runs")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     data = json.loads(Path(args.data).read_text())
-    result = {"fastmem": run_fastmem(data, args.budget)}
+    result = {"fastmem": run_fastmem(data, args.budget, args.cache)}
     if args.baselines:
         result.update(run_baselines(data, args.budget, default_embedder()))
-    lines = [
+    title = (
         f"LoCoMo evidence recall within {args.budget} tokens — {len(data)} conversations of "
-        f"{Path(args.data).name}, {result['fastmem']['questions']} questions",
-        "",
-        "| method | recall | " + " | ".join(CATEGORIES.values()) + " |",
-        "|---|---:|" + "---:|" * len(CATEGORIES),
-    ]
-    for name, r in result.items():
-        cats = " | ".join(f"{r['by_category'].get(c, float('nan')):.3f}" for c in CATEGORIES.values())
-        lines.append(f"| {name} | {r['recall']:.3f} | {cats} |")
+        f"{Path(args.data).name}, {result['fastmem']['questions']} questions"
+    )
+    lines = [title, "", *table(result, list(CATEGORIES.values()))]
     f = result["fastmem"]
     lines += [
         "",
         f"fastmem contexts: largest {f['max_tokens']} tokens, {f['over_budget']} over budget; "
         f"context() p50 {f['p50_ms']:.1f} ms, p95 {f['p95_ms']:.1f} ms (query embedding included).",
     ]
-    report = "\n".join(lines)
-    print(report)
-    if args.out:
-        Path(args.out).write_text(
-            f"{report}\n\nCommand: `python benchmarks/locomo.py --baselines --out {args.out}`\n"
-        )
-    json.dump(result, sys.stderr, indent=1)
+    publish("\n".join(lines), result, args.out, "locomo.py")
 
 
 if __name__ == "__main__":

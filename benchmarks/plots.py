@@ -4,7 +4,8 @@
 
 * docs/restart.png and docs/query-latency.png from results-compare.json
   (``python benchmarks/compare.py``, whose command each figure names);
-* docs/locomo-recall.png from RESULTS-locomo.md (``LOCOMO_COMMAND``).
+* docs/locomo-recall.png from RESULTS-locomo.md (``LOCOMO_COMMAND``);
+* docs/beam-recall.png from RESULTS-beam.md (``BEAM_COMMAND``).
 
 Needs matplotlib (``pip install '.[bench]'``).
 """
@@ -24,7 +25,8 @@ HERE = Path(__file__).resolve().parent
 DOCS = HERE.parent / "docs"
 FASTMEM_RED = "#d62728"
 LOCOMO_COMMAND = "python benchmarks/locomo.py --baselines --out benchmarks/RESULTS-locomo.md"
-OTHERS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#7f7f7f", "#17becf"]
+BEAM_COMMAND = "python benchmarks/beam.py --baselines --out benchmarks/RESULTS-beam.md"
+OTHERS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#7f7f7f", "#17becf", "#e377c2", "#bcbd22"]
 
 
 def _colors(names: list[str]) -> dict[str, str]:
@@ -79,15 +81,17 @@ def query_latency(data: dict[str, Any]) -> None:
 
 
 def locomo_table(text: str) -> tuple[list[str], dict[str, list[float]]]:
-    """The header and rows of RESULTS-locomo.md's first table."""
+    """The header and rows of a recall results file's first table (RESULTS-locomo.md,
+    RESULTS-beam.md)."""
     rows = [line.strip().strip("|").split("|") for line in text.splitlines() if line.startswith("|")]
     header = [c.strip() for c in rows[0]][1:]
     return header, {r[0].strip(): [float(c) for c in r[1:]] for r in rows[2:]}
 
 
-def locomo(text: str) -> None:
+def recall_bars(text: str, name: str, command: str) -> None:
+    """Bars of recall by method, overall and per category, from a recall results file."""
     header, table = locomo_table(text)
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, ax = plt.subplots(figsize=(8 if len(header) < 8 else 11, 4.2))
     width = 0.8 / len(table)
     colors = _colors(list(table))
     for i, (method, values) in enumerate(table.items()):
@@ -98,14 +102,15 @@ def locomo(text: str) -> None:
     ax.set_ylim(0, 1)
     ax.set_title(text.splitlines()[0].replace(" — ", "\n"), fontsize=10)
     ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.08))
-    _save(fig, "locomo-recall.png", [LOCOMO_COMMAND])
+    _save(fig, name, [command])
 
 
 def main() -> None:
     data = json.loads((HERE / "results-compare.json").read_text())
     restart(data)
     query_latency(data)
-    locomo((HERE / "RESULTS-locomo.md").read_text())
+    recall_bars((HERE / "RESULTS-locomo.md").read_text(), "locomo-recall.png", LOCOMO_COMMAND)
+    recall_bars((HERE / "RESULTS-beam.md").read_text(), "beam-recall.png", BEAM_COMMAND)
     print("wrote", ", ".join(str(p.relative_to(HERE.parent)) for p in sorted(DOCS.glob("*.png"))))
 
 

@@ -3,14 +3,20 @@
 ``MemoryStore.context(query, budget)`` calls :func:`build`, which gathers candidates from
 the levels — pinned memories, level 1 (the newest memories, :func:`level1_rows`) and
 level 3 (the hybrid ranking of ``fastmem.retrieval``) — and packs them: de-duplicated,
-pinned facts first, then in time order under one header per session and day, full text
-where it fits and matters, summaries where they let more evidence in, and never a token
-over the budget: the final text is counted exactly with tiktoken. Level 2,
+pinned facts first, then in time order under one header per day (naming the session
+when several share the day), full text
+where it fits and matters, summaries where they let more evidence in, the passage of a long
+memory that matches the query (:func:`excerpt`) rather than the whole of it, chosen by value
+per token, and never a token over the budget: the final text is counted exactly with
+tiktoken. Level 2,
 :class:`Preload`, reads the most important memories into the cache in the background.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -22,26 +28,34 @@ import numpy as np
 
 from . import _format as fmt
 from ._engine import Engine
-from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex
+from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash
+from ._stopwords import QUERY_STOP_WORDS
 from ._threads import Background
 from .errors import FastmemError, InvalidInputError
 from .retrieval import Ranked, importance_scores
 from .tokens import TokenCounter
 from .types import Context, ContextItem, ContextPolicy, Level
 
-__all__ = ["Preload", "build", "level1_rows", "pack", "pinned_rows", "render"]
+__all__ = ["Preload", "build", "excerpt", "level1_rows", "pack", "pinned_rows", "render"]
 
 # What a memory whose tokens were never counted (a store written before token counts) is
 # taken to cost when the pinned and recent shares are filled: a summary's bound.
 UNCOUNTED_TOKENS = 64
 # Candidates are read until their tokens reach this many budgets: enough for the packer to
-# choose from when some do not fit, and no more records decoded than that.
-CANDIDATE_BUDGETS = 2
+# choose from when some do not fit and short evidence ranked below long memories still
+# wins by value per token (2 budgets: BEAM dev 0.50, 4: 0.58, 8: 0.62), and no more records
+# decoded than that.
+CANDIDATE_BUDGETS = 8
 # The packer's estimate of what a line costs beyond its text: the line break, the
 # "[type] " prefix of a memory that is not a conversation turn, and "(summary) ".
 LINE_BREAK_TOKENS = 1
 TYPE_PREFIX_TOKENS = 3
 SUMMARY_MARK_TOKENS = 3
+# Found memories up to this many tokens go in by relevance alone; a longer one's priority is
+# scaled by (DENSITY_TOKENS / tokens) ** policy.length_penalty: value per token.
+DENSITY_TOKENS = 64
+EXCERPT_MARK = "(excerpt) "
+ELLIPSIS = "…"
 
 @dataclass(slots=True)
 class Candidate:
@@ -51,23 +65,33 @@ class Candidate:
     tokens: int  # of ``item.text``, in the context's encoding
     priority: float  # higher goes in first
     alternative: tuple[str, int] | None = None  # (summary, tokens) to use if the text won't fit
+    excerpt: Callable[[str], str | None] | None = None  # the text is too long: its passage
 
 
 PINNED_HEADER = "## Pinned"
 
 
-def group_header(session: str | None, timestamp: float) -> str:
-    """One header per session and day, so dates are not repeated on every line."""
+def group_header(session: str | None, timestamp: float, named: bool = True) -> str:
+    """One header per session and day, so dates are not repeated on every line; the
+    session's name only when ``named`` (several sessions share the day in this context)."""
     if not 0 <= timestamp <= fmt.MAX_TIMESTAMP:  # a damaged index row: no date rather than an error
         return f"## {session}" if session else "## (no date)"
     day = time.strftime("%d %b %Y", time.gmtime(timestamp)).lstrip("0")
-    return f"## {session} · {day}" if session else f"## {day}"
+    return f"## {session} · {day}" if session and named else f"## {day}"
+
+
+def _day(timestamp: float) -> int:
+    return int(timestamp // 86400) if 0 <= timestamp <= fmt.MAX_TIMESTAMP else -1
 
 
 def render(items: list[ContextItem]) -> str:
-    """Pinned first (by score), then by time under session/day headers."""
+    """Pinned first (by score), then by time under session/day headers (a day's header
+    names its session only when several sessions share that day)."""
     pinned = [i for i in items if i.level == Level.PINNED]
     rest = sorted((i for i in items if i.level != Level.PINNED), key=lambda i: (i.timestamp, int(i.id[1:])))
+    sessions: dict[int, set[str | None]] = {}
+    for item in rest:
+        sessions.setdefault(_day(item.timestamp), set()).add(item.session)
     lines: list[str] = []
     if pinned:
         lines.append(PINNED_HEADER)
@@ -75,7 +99,8 @@ def render(items: list[ContextItem]) -> str:
     if rest:
         header = None
         for item in rest:
-            h = group_header(item.session, item.timestamp)
+            named = _day(item.timestamp) < 0 or len(sessions[_day(item.timestamp)]) > 1
+            h = group_header(item.session, item.timestamp, named)
             if h != header:
                 lines.append(h)
                 header = h
@@ -85,7 +110,88 @@ def render(items: list[ContextItem]) -> str:
 
 def _line(item: ContextItem) -> str:
     prefix = "" if item.type == "conversation" else f"[{item.type}] "
-    return prefix + ("(summary) " if item.summary else "") + item.text
+    mark = "(summary) " if item.summary else EXCERPT_MARK if item.excerpt else ""
+    return prefix + mark + item.text
+
+
+# --- excerpts -----------------------------------------------------------------------------
+
+# A passage ends at . ! ? or … followed by a space, or at a line break.
+_BREAK = re.compile(r"(?<=[.!?\u2026])\s+|\s*\n+\s*")
+_WORD = re.compile(r"[^\W_]+")
+_SPEAKER = re.compile(r"[^\s:]{1,32}: ")
+
+
+def _stem(word: str) -> str:
+    """A crude stem, enough to match "deploy" with "deployment" and "tests" with "test"."""
+    return word[:6] if len(word) > 6 else word.rstrip("s") or word
+
+
+def query_stems(query: str) -> frozenset[str]:
+    """The query's content words (question and function words left out), stemmed."""
+    words = (w.lower() for w in _WORD.findall(query))
+    return frozenset(_stem(w) for w in words if w not in QUERY_STOP_WORDS and len(w) > 1)
+
+
+def excerpt(text: str, terms: frozenset[str], max_tokens: int, count: Callable[[str], int],
+            truncate: Callable[[str, int], str]) -> str | None:  # fmt: skip
+    """The passage of ``text`` that best matches ``terms`` (:func:`query_stems`), within
+    ``max_tokens`` tokens: the sentence or line holding the most of the query's words
+    (those rare in ``text`` weigh more), grown with its neighbours while it fits, "…" where
+    it was cut, the speaker prefix ("assistant: ") kept. ``None`` when no passage holds a
+    query word (the caller shows a summary instead).
+
+    >>> from fastmem.tokens import TokenCounter
+    >>> c = TokenCounter()
+    >>> excerpt("bob: Hi. The flat is in Berlin. Rent is 900 EUR. Bye.",
+    ...         query_stems("what is the rent?"), 12, c.count, c.truncate)
+    'bob: … Rent is 900 EUR. …'
+    """
+    spans, at = [], 0
+    speaker = _SPEAKER.match(text)
+    head = speaker.group(0) if speaker else ""
+    at = len(head)
+    for m in _BREAK.finditer(text, at):
+        if m.start() > at:
+            spans.append((at, m.start()))
+        at = max(at, m.end())
+    if at < len(text):
+        spans.append((at, len(text)))
+    if not spans or not terms:
+        return None
+    words = [{_stem(w.lower()) for w in _WORD.findall(text[a:b])} & terms for a, b in spans]
+    df: dict[str, int] = {}
+    for found in words:
+        for t in found:
+            df[t] = df.get(t, 0) + 1
+    score = [sum(math.log(1.0 + len(spans) / df[t]) for t in found) for found in words]
+    best = max(range(len(spans)), key=lambda i: (score[i], -i))
+    if score[best] <= 0:
+        return None
+    cost = [count(text[a:b]) + 1 for a, b in spans]
+    room = max_tokens - count(head) - 2 * count(ELLIPSIS) - 1
+    lo = hi = best
+    used = cost[best]
+    while True:  # grow towards the better neighbour (ties: what follows) while it fits
+        left = score[lo - 1] if lo > 0 and used + cost[lo - 1] <= room else None
+        right = score[hi + 1] if hi + 1 < len(spans) and used + cost[hi + 1] <= room else None
+        if left is None and right is None:
+            break
+        if right is not None and (left is None or right >= left):
+            hi += 1
+            used += cost[hi]
+        else:
+            lo -= 1
+            used += cost[lo]
+    body = text[spans[lo][0] : spans[hi][1]]
+    before = ELLIPSIS + " " if lo > 0 else ""
+    after = " " + ELLIPSIS if hi + 1 < len(spans) else ""
+    out = head + before + body + after
+    if count(out) > max_tokens:  # one passage longer than the room: its beginning
+        out = truncate(head + before + body, max(0, max_tokens - count(ELLIPSIS) - 1)).rstrip() + " " + ELLIPSIS
+        if count(out) > max_tokens:
+            return None
+    return out
 
 
 def pack(
@@ -97,8 +203,10 @@ def pack(
 
     Candidates go in by descending priority while the estimate (their stored token counts
     plus a line break and the headers they open) fits; a candidate whose text does not fit
-    may go in as its summary. The rendered text is then counted exactly, and the
-    lowest-priority items leave until it fits.
+    may go in as its summary. A candidate with an ``excerpt`` function (a long memory: its
+    ``tokens`` are the most its passage may take) is cut to its passage only when it is
+    reached and could fit, so the passages of memories left out are never computed. The
+    rendered text is then counted exactly, and the lowest-priority items leave until it fits.
 
     Returns ``(text, tokens, items)``.
     """
@@ -109,13 +217,23 @@ def pack(
     header_cost: dict[str, int] = {}
     for i in order:
         c = candidates[i]
-        h = PINNED_HEADER if c.item.level == Level.PINNED else group_header(c.item.session, c.item.timestamp)
+        # The header as its group will show (the day alone) when no other session shares it.
+        h = PINNED_HEADER if c.item.level == Level.PINNED else group_header(c.item.session, c.item.timestamp, False)
         extra = 0
         if h not in headers:
             if h not in header_cost:
                 header_cost[h] = count(h) + LINE_BREAK_TOKENS
             extra = header_cost[h]
         line = LINE_BREAK_TOKENS + (0 if c.item.type == "conversation" else TYPE_PREFIX_TOKENS)
+        if c.excerpt is not None:
+            room = budget - used - extra - line - SUMMARY_MARK_TOKENS
+            if room < min(c.tokens, c.alternative[1] if c.alternative else c.tokens):
+                continue
+            shown = _cut(c, count)
+            if shown is None:
+                continue
+            c = shown
+            line += SUMMARY_MARK_TOKENS
         if used + extra + c.tokens + line <= budget:
             chosen[i] = c.item
             used += extra + c.tokens + line
@@ -135,9 +253,24 @@ def pack(
         kept.pop()
 
 
+def _cut(c: Candidate, count: Callable[[str], int]) -> Candidate | None:
+    """A long memory's candidate as its passage, else its summary, else ``None``."""
+    passage = c.excerpt(c.item.text) if c.excerpt is not None else None
+    if passage is not None:
+        return Candidate(_as_excerpt(c.item, passage), count(passage), c.priority, c.alternative)
+    if c.alternative is not None:
+        return Candidate(_as_summary(c.item, c.alternative[0]), c.alternative[1], c.priority)
+    return None
+
+
 def _as_summary(item: ContextItem, summary: str) -> ContextItem:
     return ContextItem(item.id, item.level, item.score, summary, True, item.timestamp,
                        item.session, item.type)  # fmt: skip
+
+
+def _as_excerpt(item: ContextItem, passage: str) -> ContextItem:
+    return ContextItem(item.id, item.level, item.score, passage, False, item.timestamp,
+                       item.session, item.type, True)  # fmt: skip
 
 
 def new_context(
@@ -207,19 +340,37 @@ def _level_priority(level: Level, position: int) -> float:
     return 3.0 - level - position * 1e-6
 
 
+def about_now(index: MemoryIndex, recent: list[int], ranked: list[Ranked], query: str,
+              session: str | None, policy: ContextPolicy) -> bool:  # fmt: skip
+    """Whether level 1 takes budget: no query (a hot restore), ``recent_always``, the
+    caller's ``session`` is the newest memories' session, or the best match is one of the
+    newest memories. A question whose best matches are old gets no level 1."""
+    if not query.strip() or policy.recent_always:
+        return True
+    if not recent:
+        return False
+    if session and index.row(recent[0])[F_SESSION] == session_hash(session):
+        return True
+    return bool(ranked) and ranked[0].row in recent
+
+
 def build(
     engine: Engine, policy: ContextPolicy, ranked: list[Ranked], *, budget: int,
-    counter: TokenCounter, stored_counts: bool, exclude: set[int],
+    counter: TokenCounter, stored_counts: bool, exclude: set[int], query: str = "",
+    session: str | None = None,
 ) -> tuple[str, int, list[ContextItem]]:  # fmt: skip
     """The context from the three levels: pinned memories (up to ``pinned_share`` of the
-    budget), level 1 (up to ``recent_share``) and the ranked search hits, never the rows
-    of ``exclude``; packed into ``budget`` tokens of ``counter``'s encoding. Returns
-    ``(text, tokens, items)``."""
+    budget), level 1 (up to ``recent_share``, when :func:`about_now`) and the ranked search
+    hits for ``query``, never the rows of ``exclude``; packed into ``budget`` tokens of
+    ``counter``'s encoding. Returns ``(text, tokens, items)``."""
     index = engine.index
     levels: dict[int, tuple[Level, float]] = {}  # row -> (level, priority)
     share = {Level.PINNED: policy.pinned_share * budget, Level.RECENT: policy.recent_share * budget}
     spent = {Level.PINNED: 0.0, Level.RECENT: 0.0}
-    for level, rows in ((Level.PINNED, pinned_rows(index)), (Level.RECENT, level1_rows(index, policy))):
+    recent = level1_rows(index, policy)
+    if not about_now(index, recent, ranked, query, session, policy):
+        recent = []
+    for level, rows in ((Level.PINNED, pinned_rows(index)), (Level.RECENT, recent)):
         for i, g in enumerate(rows):
             row = index.row(g)
             cost = row[F_TEXT_TOKENS] if row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS else UNCOUNTED_TOKENS
@@ -232,16 +383,24 @@ def build(
         scores[hit.row] = hit.relevance
         if hit.row not in levels and hit.row not in exclude:
             levels[hit.row] = (Level.FOUND, hit.relevance)
-    candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget)
+    candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget,
+                             query_stems(query))  # fmt: skip
     return pack(candidates, budget, counter.count)
 
 
 def _candidates(
     engine: Engine, policy: ContextPolicy, levels: dict[int, tuple[Level, float]],
     scores: dict[int, float], counter: TokenCounter, stored_counts: bool, budget: int,
+    terms: frozenset[str] = frozenset(),
 ) -> list[Candidate]:  # fmt: skip
     """Context candidates for rows, best first, near-duplicates left out (the better one
-    stays); enough of them to fill the budget ``CANDIDATE_BUDGETS`` times over."""
+    stays). Reading stops once the candidates whose priority is at least the next row's
+    relevance fill the budget (no later row can go in before them: a priority is at most
+    the relevance), or after ``CANDIDATE_BUDGETS`` budgets of tokens.
+
+    A found memory longer than ``item_share`` of the budget (unless it is the only one)
+    becomes its excerpt for ``terms`` (or its summary); found memories' priorities are
+    their value per token (see :class:`ContextPolicy`)."""
     index = engine.index
     order = sorted(levels, key=lambda g: -levels[g][1])
     vectors, has_vector = index.unit_vectors(np.array(order, dtype=np.int64))
@@ -250,10 +409,26 @@ def _candidates(
     seen_texts: set[str] = set()
     out: list[Candidate] = []
     total = 0
+    cap = int(policy.item_share * budget)
+    found = sum(1 for level, _ in levels.values() if level == Level.FOUND)
+
+    def cut(text: str) -> str | None:
+        return excerpt(text, terms, cap, counter.count, counter.truncate)
+
+    waiting: list[tuple[float, int]] = []  # (-priority, tokens) of candidates not yet ahead
+    queued = 0  # candidates of ``out`` put in ``waiting``
+    ahead = 0  # tokens of the candidates whose priority is at least the current relevance
     for j, g in enumerate(order):
         if total > CANDIDATE_BUDGETS * budget:
             break
         level, priority = levels[g]
+        for done in out[queued:]:
+            heapq.heappush(waiting, (-done.priority, done.tokens))
+        queued = len(out)
+        while waiting and -waiting[0][0] >= priority:
+            ahead += heapq.heappop(waiting)[1]
+        if ahead >= budget:
+            break
         row = index.row(g)
         memory = engine.cached_memory(g)
         key = " ".join(memory.text.casefold().split())
@@ -275,7 +450,15 @@ def _candidates(
         item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
                            memory.session, memory.type)  # fmt: skip
         summary = (memory.summary, summary_tokens) if memory.summary else None
-        if summary is not None and level == Level.FOUND and score < policy.full_text_score:
+        long = level == Level.FOUND and text_tokens > cap and found > 1
+        if long:  # its passage (computed by the packer if it gets that far), at most ``cap``
+            text_tokens = min(text_tokens, cap)
+        if level == Level.FOUND and policy.length_penalty and text_tokens > DENSITY_TOKENS:
+            priority *= (DENSITY_TOKENS / text_tokens) ** policy.length_penalty
+        if long:
+            out.append(Candidate(item, text_tokens, priority, summary, cut))
+            total += text_tokens
+        elif summary is not None and level == Level.FOUND and score < policy.full_text_score:
             # Weakly related: its summary first (more evidence fits), its text if room.
             item = _as_summary(item, memory.summary or "")
             out.append(Candidate(item, summary_tokens, priority))

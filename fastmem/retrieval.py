@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, NamedTuple
@@ -32,8 +33,19 @@ from .errors import CorruptIndexError, CorruptRecordError
 from .types import DAY, ContextPolicy
 
 __all__ = [
-    "Filters", "NO_FILTERS", "Ranked", "content_words", "filters", "importance_scores",
-    "keyword_search", "query_vector", "rank", "type_mask", "vector_search",
+    "NO_FILTERS",
+    "Filters",
+    "Ranked",
+    "content_words",
+    "filters",
+    "has_identifier",
+    "identifiers",
+    "importance_scores",
+    "keyword_search",
+    "query_vector",
+    "rank",
+    "type_mask",
+    "vector_search",
 ]  # fmt: skip
 
 IMPORTANCE_FIELDS = ("importance", "flags", "access_count", "last_access", "timestamp")
@@ -121,6 +133,8 @@ def rank(
     else:
         kw_rows, kw_scores = index.keyword.search(index, words, k, *where)
     parts.append(kw_rows)
+    id_rows, id_scores = _identifier_matches(index, query, k, where, policy)
+    parts.append(id_rows)
     found = np.unique(np.concatenate(parts)).astype(np.int64)
     if not len(found):
         return [], degraded
@@ -130,11 +144,7 @@ def rank(
     if vector is not None:
         cosines = _cosines(index, cand, vector)
         score += policy.vector_weight * _z(cosines)
-    keyword = np.zeros(len(cand))
-    at = np.searchsorted(cand, kw_rows)
-    kept = at < len(cand)  # a keyword hit the filters drop (a damaged row) is not a candidate
-    kept[kept] &= cand[at[kept]] == kw_rows[kept]
-    keyword[at[kept]] = kw_scores[kept]
+    keyword = _spread(cand, kw_rows, kw_scores)
     score += policy.keyword_weight * _z(keyword)
     # Neighbours: smooth, then let a strong match lift the memory next to it.
     lam = policy.neighbour_weight
@@ -146,6 +156,11 @@ def rank(
     after = np.where(nxt >= 0, smooth[np.maximum(nxt, 0)], -np.inf)
     fused = np.maximum(smooth, np.maximum(before, after) - policy.neighbour_gap)
     fused += bonuses(index, cand, policy, session, now)
+    if id_scores is not None and len(id_rows):
+        # The memories holding the query's identifiers go up by a share of the whole
+        # spread of scores (all of it at weight 1: above any memory without them).
+        held = _spread(cand, id_rows, id_scores)
+        fused += policy.identifier_weight * (float(fused.max() - fused.min()) + 1e-3) * held
     order = np.lexsort((cand, -fused))
     lo, hi = float(fused.min()), float(fused.max())
     relevance = (fused - lo) / (hi - lo) if hi > lo else np.ones(len(fused))
@@ -154,6 +169,44 @@ def rank(
                float(keyword[i]))
         for i in order
     ], degraded  # fmt: skip
+
+
+def _spread(cand: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` of ``rows`` at their places in the sorted ``cand`` (0 elsewhere); a row
+    the filters dropped (a damaged row) is not a candidate."""
+    out = np.zeros(len(cand))
+    at = np.searchsorted(cand, rows)
+    kept = at < len(cand)
+    kept[kept] &= cand[at[kept]] == rows[kept]
+    out[at[kept]] = values[kept]
+    return out
+
+
+# An identifier held by more memories than this is vocabulary ("API", "2024"), not a key.
+IDENTIFIER_MAX_ROWS = 8
+
+
+def _identifier_matches(
+    index: MemoryIndex, query: str, k: int, where: Filters, policy: ContextPolicy
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The memories holding the query's exact identifiers (:func:`identifiers`) that
+    few memories hold (``IDENTIFIER_MAX_ROWS``), and for each the share of those
+    identifiers it holds; ``None`` when there are none."""
+    found = list(dict.fromkeys(identifiers(query)))[:4]
+    if not found or not policy.identifier_weight:
+        return np.zeros(0, dtype=np.int64), None
+    held: dict[int, int] = {}
+    keys = 0
+    for word in found:
+        rows, _ = index.keyword.search(index, word, IDENTIFIER_MAX_ROWS + 1, *where)
+        if 0 < len(rows) <= IDENTIFIER_MAX_ROWS:
+            keys += 1
+            for g in np.asarray(rows).tolist():
+                held[g] = held.get(g, 0) + 1
+    if not held:
+        return np.zeros(0, dtype=np.int64), None
+    rows = np.array(sorted(held), dtype=np.int64)
+    return rows, np.array([held[g] / keys for g in rows.tolist()])
 
 
 def with_neighbours(
@@ -285,6 +338,29 @@ def content_words(query: str) -> str:
     left): they match everywhere and push the content words' matches down."""
     words = [w for w in query.split() if w.strip("?!.,;:'\"()").lower() not in QUERY_STOP_WORDS]
     return " ".join(words) if words else query
+
+
+# A word with a digit in it ("v2", "2024", "INC-4411"), a dotted, slashed or underscored
+# name ("settings.py", "api/v1", "user_id"), an acronym or an inner capital ("JWT", "getUser").
+_IDENTIFIER = re.compile(
+    r"\b\w*\d\w*\b|\b\w+(?:[._/]\w+)+\b|\b[A-Z]{2,}s?\b|\b[a-z]+[A-Z]\w*\b"
+)
+
+
+def identifiers(query: str) -> list[str]:
+    """The exact identifiers in ``query`` (numbers, codes, file names, acronyms), which
+    the keyword side finds better than any embedding: the memories holding one that few
+    memories hold rank higher (``ContextPolicy.identifier_weight``).
+
+    >>> identifiers("where is settings.py for INC-4411?"), identifiers("what did Ada like?")
+    (['settings.py', 'INC', '4411'], [])
+    """
+    return [m.group(0) for m in _IDENTIFIER.finditer(query)]
+
+
+def has_identifier(query: str) -> bool:
+    """Whether ``query`` holds an exact identifier (see :func:`identifiers`)."""
+    return _IDENTIFIER.search(query) is not None
 
 
 def query_vector(embedder: Embedder, query: str) -> np.ndarray:

@@ -506,17 +506,20 @@ class MemoryStore:
     ) -> Context:
         """The memories that matter for ``query``, as text within ``budget`` tokens.
 
-        Merges pinned memories, the newest memories (level 1) and a hybrid search for the
+        Merges pinned memories, the newest memories (level 1: with a query, only when it is
+        about the current conversation, see ``ContextPolicy``) and a hybrid search for the
         query over everything (level 3); removes duplicates; orders them for a model to
         read (pinned first, then by time under one header per session and day); uses a
-        memory's summary where its full text would not fit or matter. ``tokens`` is the
+        memory's summary where its full text would not fit or matter, and the passage of a
+        long memory that matches the query (marked ``(excerpt)``) rather than all of it. ``tokens`` is the
         exact count of ``text`` in ``encoding`` (``cl100k_base``, whose counts the index keeps, by default) and never exceeds
         ``budget``. Every memory used counts as an access (importance statistics).
 
         Args:
             query: what the model is about to be asked ("" for no search).
             budget: tokens, 1 to 1,000,000 (≈1,300 is what fastmem is tuned for).
-            session: the current session: its memories rank a little higher.
+            session: the current session: its memories rank a little higher, and level 1
+                is included when it is the newest memories' session.
             encoding: count with another tiktoken encoding than the store's.
             exclude: ids of memories to leave out (e.g. those the model has already been
                 shown this session); ids of forgotten or unknown memories are ignored.
@@ -543,6 +546,7 @@ class MemoryStore:
             text, tokens, items = _context.build(
                 engine, self.policy, ranked, budget=budget, counter=counter,
                 stored_counts=counter is self.tokens, exclude=engine.rows_of(excluded_ids),
+                query=query, session=session,
             )  # fmt: skip
             if not self.readonly:
                 engine.index.touch([engine.index.find(parse_id(item.id)) for item in items], now)

@@ -99,7 +99,21 @@ class ContextPolicy:
     memories next to them in their sessions, adds the two scores as z-scores with their
     weights, smooths each with its neighbours' (``neighbour_weight``), lets a memory rank
     just below (``neighbour_gap``) a neighbour that matches strongly, and adds importance,
-    recency and same-session bonuses with their weights.
+    recency and same-session bonuses with their weights. When the query holds an exact
+    identifier (a number, a code, a file name, an acronym) that only a few memories hold
+    (``retrieval.IDENTIFIER_MAX_ROWS``), those memories go up by ``identifier_weight``
+    times the spread of the candidates' scores, times the share of such identifiers they
+    hold (at 1, the memory holding them all ranks above every memory holding none): it
+    must not lose to a vague semantic match.
+
+    Packing spends the budget on evidence. Level 1 takes budget only when the question is
+    about the current conversation (no query; ``session`` names the newest memories'
+    session; the best match is one of them) or ``recent_always`` asks for it. No found
+    memory takes more than ``item_share`` of the budget unless it is the only match: a
+    longer one shows its passage that matches the query (an excerpt, marked so) or its
+    summary. Found memories go in by value per token: relevance times
+    ``(DENSITY_TOKENS / tokens) ** length_penalty`` for those longer than
+    ``DENSITY_TOKENS`` (0: by relevance alone).
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """
@@ -108,13 +122,17 @@ class ContextPolicy:
     recent_minutes: float | None = None
     recent_session: bool = False
     recent_share: float = 0.08
+    recent_always: bool = False
     pinned_share: float = 0.3
     preload: int = 1000
     preload_chunk: int = 128
     candidates: int = 64
     full_text_score: float = 0.35
+    item_share: float = 0.25
+    length_penalty: float = 0.5
     vector_weight: float = 1.0
     keyword_weight: float = 0.3
+    identifier_weight: float = 1.0
     neighbour_weight: float = 0.3
     neighbour_gap: float = 1.0
     importance_weight: float = 0.1
@@ -133,13 +151,14 @@ class ContextPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be an int >= 0, got {value!r}")
-        for name in ("recent_share", "pinned_share", "full_text_score", "near_duplicate"):
+        for name in ("recent_share", "pinned_share", "full_text_score", "near_duplicate",
+                     "item_share"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")
         for name in ("vector_weight", "keyword_weight", "neighbour_weight", "neighbour_gap",
                      "importance_weight", "recency_weight", "session_weight", "access_weight",
-                     "pin_bonus", "embedder_wait"):  # fmt: skip
+                     "pin_bonus", "embedder_wait", "identifier_weight", "length_penalty"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1e6:
                 raise InvalidInputError(f"ContextPolicy.{name} must be >= 0, got {value!r}")
@@ -147,6 +166,8 @@ class ContextPolicy:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 < value < 1e6:
                 raise InvalidInputError(f"ContextPolicy.{name} must be > 0, got {value!r}")
+        if not isinstance(self.recent_always, bool):
+            raise InvalidInputError("ContextPolicy.recent_always must be a bool")
         if self.recent_minutes is not None and not (
             isinstance(self.recent_minutes, (int, float)) and self.recent_minutes > 0
         ):
@@ -169,11 +190,12 @@ class ContextItem:
     id: str
     level: Level
     score: float
-    text: str  # the memory's full text, or its summary when ``summary`` is true
+    text: str  # the memory's full text, its summary (``summary``) or an excerpt (``excerpt``)
     summary: bool
     timestamp: float
     session: str | None
     type: str
+    excerpt: bool = False  # the passage of a long memory that matches the query
 
 
 @dataclass(frozen=True)

@@ -135,13 +135,17 @@ def test_context_puts_pinned_first_groups_by_session_and_counts_exactly(store_pa
                   timestamp=t0 + 86400 * 3)  # fmt: skip
         for i in range(10):
             store.add(f"Later turn {i} about groceries.", session="s3", timestamp=t0 + 86400 * 9 + i)
-        ctx = store.context("What is the name of Caroline's dog", budget=200)
+        # The current conversation is s3: level 1 (its newest turns) takes a share.
+        ctx = store.context("What is the name of Caroline's dog", budget=200, session="s3")
         assert ctx.tokens == count(ctx.text) <= 200
         lines = ctx.text.splitlines()
         assert lines[0] == "## Pinned" and lines[1] == "[fact] The user is vegetarian."
         assert "Caroline: I adopted a dog named Rex last week." in lines
-        assert any(line.startswith("## s2 · ") for line in lines)
-        assert sum(line.startswith("## s3") for line in lines) == 1  # one header per group
+        # One header per day, naming the session only when several share the day.
+        headers = [line for line in lines[2:] if line.startswith("## ")]
+        assert len(headers) == len(set(headers)) and all(" · " not in h for h in headers)
+        rex = lines.index("Caroline: I adopted a dog named Rex last week.")
+        assert lines[rex - 1] == "## " + time.strftime("%d %b %Y", time.gmtime(t0 + 86400 * 3)).lstrip("0")
         levels = {item.id: item.level for item in ctx.items}
         assert 0 in levels.values() and 1 in levels.values() and 3 in levels.values()
         assert ctx.messages == [{"role": "system", "content": ctx.text}]
@@ -395,3 +399,157 @@ def test_an_encoding_that_is_not_a_name_is_a_type_error(store_path):
         for bad in (np.full(8, np.nan), 3, b"cl100k_base"):
             with pytest.raises(fastmem.InvalidTypeError):
                 store.context("anything", encoding=bad)
+
+
+# --- packing that spends the budget on evidence (issue 20) -----------------------------------
+
+FILLER = [
+    f"Step {i}: the build of module {chr(97 + i % 26)} compiled with {i * 7} warnings about unused imports."
+    for i in range(80)
+]  # fmt: skip
+
+
+def _tool_result(secret_line: str) -> str:
+    lines = FILLER[:40] + [secret_line] + FILLER[40:]
+    return "tool: " + "\n".join(lines)
+
+
+def test_a_long_memory_shows_the_passage_that_matches_as_an_excerpt(store_path):
+    long_text = _tool_result("The staging deploy key is ZX-4411 and it rotates every Friday.")
+    assert count(long_text) > 1300
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=ContextPolicy(recent=0)) as store:
+        big = store.add(long_text, type="tool_result", timestamp=1e9)
+        for i in range(20):
+            store.add(f"Chat {i} about lunch and the weather.", timestamp=1e9 + 10 + i)
+        ctx = store.context("When does the staging deploy key rotate?", budget=1300)
+        assert ctx.tokens == count(ctx.text) <= 1300
+        (item,) = [i for i in ctx.items if i.id == big]
+        assert item.excerpt and not item.summary
+        assert "ZX-4411 and it rotates every Friday." in item.text
+        assert item.text.startswith("tool: …") and item.text in ctx.text
+        assert f"\n[tool_result] (excerpt) {item.text}\n" in ctx.text
+        assert count(item.text) <= 0.4 * 1300  # its share
+        assert store.get(big).text == long_text  # the memory itself is whole
+
+
+def test_no_found_memory_takes_more_than_its_share_unless_it_is_the_only_match(store_path):
+    long_text = _tool_result("Nothing to see here.")
+    policy = ContextPolicy(recent=0, item_share=0.25)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=policy) as store:
+        only = store.add(long_text, timestamp=1e9)
+        alone = store.context("build warnings of module c", budget=3000)
+        assert [i.id for i in alone.items] == [only]
+        assert not alone.items[0].excerpt and alone.items[0].text == long_text  # the only match
+        for i in range(5):
+            store.add(f"The build of module c had {i} warnings today.", timestamp=1e9 + 1 + i)
+        ctx = store.context("build warnings of module c", budget=3000)
+        assert ctx.tokens <= 3000 and len(ctx.items) > 1
+        for item in ctx.items:
+            assert count(item.text) <= 0.25 * 3000
+        assert any(i.id == only and (i.excerpt or i.summary) for i in ctx.items)
+
+
+def test_short_evidence_goes_in_before_a_long_memory_of_equal_relevance(store_path):
+    # Value per token: with room for only one of them, the short one wins.
+    long_text = "assistant: " + " ".join(["The hotel in Lisbon has a room with a view."] * 60)
+    short_text = "user: The hotel in Lisbon has a room."
+    budget = count(long_text) + 12
+    for penalty, wanted in ((0.5, short_text), (0.0, long_text)):
+        policy = ContextPolicy(recent=0, item_share=1.0, length_penalty=penalty)
+        path = f"{store_path}-{penalty}"
+        with fastmem.open(path, embedder=WordHashEmbedder(), summarizer=None, policy=policy) as store:
+            store.add(long_text, timestamp=1e9)
+            store.add(short_text, timestamp=1e9 + 5000)
+            for i in range(10):  # relevance is relative: the least relevant candidate gets 0
+                store.add(f"Unrelated note {i} on groceries.", timestamp=1e9 + 9000 + i)
+            ctx = store.context("hotel in Lisbon room with a view", budget=budget)
+            texts = [i.text for i in ctx.items]
+            assert wanted in texts and ({long_text, short_text} - {wanted}).isdisjoint(texts)
+
+
+def test_level1_takes_budget_only_for_the_current_conversation(store_path):
+    t0 = 1_700_000_000.0
+    with fastmem.open(store_path, embedder=WordHashEmbedder()) as store:
+        store.add("Caroline: I adopted a dog named Rex.", session="s1", timestamp=t0)
+        for i in range(10):
+            store.add(f"Turn {i} about groceries and milk.", session="s2", timestamp=t0 + 86400 + i)
+        store.add("We take the train to Porto tomorrow.", session="s2", timestamp=t0 + 86400 + 10)
+        old = store.context("Caroline: adopted a dog named", budget=300)
+        assert "Rex" in old.text and all(i.level != fastmem.Level.RECENT for i in old.items)
+        now = store.context("Caroline: adopted a dog named", budget=300, session="s2")
+        assert any(i.level == fastmem.Level.RECENT for i in now.items)
+        about = store.context("When is the train to Porto?", budget=300)
+        assert any(i.level == fastmem.Level.RECENT for i in about.items)  # the best match is new
+        assert any(i.level == fastmem.Level.RECENT for i in store.context("", budget=300).items)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(),
+                      policy=ContextPolicy(recent_always=True)) as store:  # fmt: skip
+        ctx = store.context("Caroline: adopted a dog named", budget=300)
+        assert any(i.level == fastmem.Level.RECENT for i in ctx.items)
+
+
+def test_a_query_with_an_identifier_finds_the_memory_holding_it(store_path):
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=ContextPolicy(recent=0)) as store:
+        for i in range(30):
+            store.add(f"The payment service outage incident was discussed again, round {i}.")
+        target = store.add("Closed ticket INC-4411 yesterday.")
+        query = "what happened with the payment service outage incident INC-4411"
+        assert store.search(query, 1)[0].id == target
+    flat = ContextPolicy(recent=0, identifier_weight=0.0)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=flat) as store:
+        assert store.search(query, 1)[0].id != target  # the boost is what finds it
+
+
+def test_identifiers_are_recognised():
+    from fastmem.retrieval import has_identifier
+
+    for q in ("INC-4411", "what is in settings.py", "the JWT secret", "call getUser", "api/v1",
+              "meeting on 12 May", "user_id column"):  # fmt: skip
+        assert has_identifier(q), q
+    for q in ("What did Caroline say about her dog?", "How are you", "Where's the cat?"):
+        assert not has_identifier(q), q
+
+
+def test_excerpts_keep_the_speaker_and_mark_cuts():
+    from fastmem.context import excerpt, query_stems
+    from fastmem.tokens import TokenCounter
+
+    c = TokenCounter()
+    text = "assistant: One. Two. The answer is forty-two. Three. Four."
+    out = excerpt(text, query_stems("what is the answer?"), 14, c.count, c.truncate)
+    assert out is not None and out.startswith("assistant: … ") and "answer is forty-two." in out
+    assert out.endswith(" …") and c.count(out) <= 14
+    assert excerpt(text, query_stems("unrelated zebra"), 9, c.count, c.truncate) is None
+    one_line = "tool: " + "word " * 500 + "needle"
+    out = excerpt(one_line, query_stems("needle"), 20, c.count, c.truncate)
+    assert out is not None and c.count(out) <= 20
+
+
+def test_day_headers_name_the_session_only_when_sessions_share_the_day(store_path):
+    t0 = 1_700_000_000.0  # 14 Nov 2023, 22:13 UTC
+    with fastmem.open(store_path, embedder=None, policy=ContextPolicy(recent=0)) as store:
+        store.add("alpha plan for lisbon", session="a", timestamp=t0)
+        store.add("beta plan for lisbon", session="b", timestamp=t0 + 60)
+        store.add("gamma plan for lisbon", session="c", timestamp=t0 + 86400 * 5)
+        lines = store.context("plan for lisbon", budget=500).text.splitlines()
+    assert lines == ["## a · 14 Nov 2023", "alpha plan for lisbon", "## b · 14 Nov 2023",
+                     "beta plan for lisbon", "## 19 Nov 2023", "gamma plan for lisbon"]  # fmt: skip
+
+
+def test_passages_are_cut_only_for_long_memories_the_packer_reaches(store_path, monkeypatch):
+    import fastmem.context as context_module
+
+    calls = []
+    real = context_module.excerpt
+
+    def counting(text, *args):
+        calls.append(text)
+        return real(text, *args)
+
+    monkeypatch.setattr(context_module, "excerpt", counting)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=ContextPolicy(recent=0)) as store:
+        for i in range(12):
+            store.add(_tool_result(f"Deploy number {i} of the staging key went fine."), timestamp=1e9 + i)
+        ctx = store.context("staging deploy key", budget=600)
+    cut = [i for i in ctx.items if i.excerpt]
+    assert cut and ctx.tokens <= 600
+    assert len(calls) <= len(cut) + 1  # twelve long candidates, but only those that go in
