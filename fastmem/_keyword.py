@@ -275,6 +275,12 @@ class KeywordIndex:
         b_hi = np.searchsorted(bt, terms, "right")  # 0 or 1 entries: terms are distinct
         b_start = np.where(b_hi > b_lo, base.offsets[np.minimum(b_lo, len(bt))], 0).astype(np.int64)
         b_end = np.where(b_hi > b_lo, base.offsets[np.minimum(b_lo + 1, len(bt))], 0).astype(np.int64)
+        if ((b_start < 0) | (b_end < b_start) | (b_end > len(base.rows))).any():
+            # Damaged offsets (a u64 past int64 wraps negative): refuse them here, before the
+            # tail's postings are merged in Python, as the kernel refuses them otherwise.
+            raise CorruptIndexError(
+                "the keyword postings' offsets are damaged; delete the .idx file to rebuild it"
+            )
         t_lo = np.searchsorted(t_terms, terms, "left").astype(np.int64)
         t_hi = np.searchsorted(t_terms, terms, "right").astype(np.int64)
         if not (t_hi > t_lo).any():  # nothing new matches: the mapped postings as they are
