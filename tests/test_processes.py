@@ -16,9 +16,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from procs_worker import read_acks
 
 import fastmem
 
@@ -32,14 +34,30 @@ def backend() -> str:
     return fastmem.BACKEND
 
 
-def _start(path: str, acks: str, seed: int, seconds: float, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "FASTMEM_EMBEDDER": "none", "PYTHONWARNINGS": "ignore::fastmem.RecoveryWarning"}
-    return subprocess.Popen([sys.executable, WORKER, path, acks, str(seed), str(seconds), *extra],
-                            env=env, stderr=subprocess.PIPE)  # fmt: skip
+@pytest.fixture
+def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Starts workers; any still running when the test ends (it failed) are killed and reaped."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(path: str, acks: str, seed: int, seconds: float, *extra: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "FASTMEM_EMBEDDER": "none"}
+        worker = subprocess.Popen([sys.executable, WORKER, path, acks, str(seed), str(seconds), *extra],
+                                  env=env, stderr=subprocess.PIPE)  # fmt: skip
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        if worker.returncode is None:  # neither reaped nor read by the test
+            worker.kill()
+            worker.communicate()
 
 
 def _acks(path: str) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+    """Every line, each complete: with no process killed, no line can be torn."""
+    text = Path(path).read_text()
+    assert text == "" or text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
 
 
 def _check_final_state(store_path: str, acks: list[dict], *, killed: bool) -> None:
@@ -65,12 +83,14 @@ def _check_final_state(store_path: str, acks: list[dict], *, killed: bool) -> No
         store.add("the lock was not left held")
 
 
-def test_eight_processes_write_and_read_one_store(tmp_path: Path) -> None:
+def test_eight_processes_write_and_read_one_store(
+    tmp_path: Path, start: Callable[..., subprocess.Popen[bytes]]
+) -> None:
     path, acks = str(tmp_path / "shared"), str(tmp_path / "acks.jsonl")
     Path(acks).touch()
     with fastmem.open(path, embedder=None):
         pass  # created once, so the workers race on writes, not on creation
-    workers = [_start(path, acks, seed, SECONDS) for seed in range(8)]
+    workers = [start(path, acks, seed, SECONDS) for seed in range(8)]
     for w in workers:
         _, err = w.communicate(timeout=SECONDS + 120)
         assert w.returncode == 0, err.decode()[-2000:]
@@ -80,28 +100,32 @@ def test_eight_processes_write_and_read_one_store(tmp_path: Path) -> None:
     _check_final_state(path, lines, killed=False)
 
 
-def test_compaction_beside_three_writers_loses_nothing_and_refuses_no_write(tmp_path: Path) -> None:
+def test_compaction_beside_three_writers_loses_nothing_and_refuses_no_write(
+    tmp_path: Path, start: Callable[..., subprocess.Popen[bytes]]
+) -> None:
     path, acks = str(tmp_path / "shared"), str(tmp_path / "acks.jsonl")
     Path(acks).touch()
     seconds = min(SECONDS, 8.0)
-    workers = [_start(path, acks, seed, seconds) for seed in range(3)]
-    workers.append(_start(path, acks, 99, seconds, "--compact"))
+    workers = [start(path, acks, seed, seconds) for seed in range(3)]
+    workers.append(start(path, acks, 99, seconds, "--compact"))
     for w in workers:
         _, err = w.communicate(timeout=seconds + 120)
         assert w.returncode == 0, err.decode()[-2000:]  # no StoreLockedError, no other error
     lines = _acks(acks)
-    assert [a["compactions"] for a in lines if a["op"] == "done" and a["seed"] == 99][0] > 0
+    assert next(a["compactions"] for a in lines if a["op"] == "done" and a["seed"] == 99) > 0
     _check_final_state(path, lines, killed=False)
 
 
-def test_writers_killed_at_random_lose_nothing_acknowledged(tmp_path: Path) -> None:
+def test_writers_killed_at_random_lose_nothing_acknowledged(
+    tmp_path: Path, start: Callable[..., subprocess.Popen[bytes]]
+) -> None:
     path, acks = str(tmp_path / "shared"), str(tmp_path / "acks.jsonl")
     Path(acks).touch()
     rng = random.Random(7)
     seconds = min(SECONDS, 8.0)
     deadline = time.monotonic() + seconds
     seeds = iter(range(1000))
-    workers = [_start(path, acks, next(seeds), 60, *(["--compact"] if i == 0 else [])) for i in range(4)]
+    workers = [start(path, acks, next(seeds), 60, *(["--compact"] if i == 0 else [])) for i in range(4)]
     kills = 0
     while time.monotonic() < deadline:
         time.sleep(rng.uniform(0.05, 0.4))
@@ -109,11 +133,11 @@ def test_writers_killed_at_random_lose_nothing_acknowledged(tmp_path: Path) -> N
         workers[i].send_signal(signal.SIGKILL)  # mid-append, mid-compaction, anywhere
         workers[i].communicate()
         kills += 1
-        workers[i] = _start(path, acks, next(seeds), 60, *(["--compact"] if i == 0 else []))
+        workers[i] = start(path, acks, next(seeds), 60, *(["--compact"] if i == 0 else []))
     for w in workers:
         w.send_signal(signal.SIGKILL)
         w.communicate()
     assert kills > 5
-    lines = _acks(acks)
+    lines = read_acks(acks)  # a kill may have torn a line: it was never acknowledged
     assert len([a for a in lines if a["op"] == "add"]) > 0
     _check_final_state(path, lines, killed=True)
