@@ -41,6 +41,7 @@ def test_doctor_reports_kernels_embedder_and_tokenizers():
     from fastmem._ext import topk
 
     assert report["kernels"]["simd"] == topk.simd() in topk.SIMD_LEVELS
+    assert report["kernels"]["openmp"] is topk.OPENMP  # the wheels are built without it
     assert set(report["kernels"]["compiled"]) == {"records", "scoring", "topk", "vectors", "keyword"}
     e = report["embedder"]
     assert e["status"] == "ok" and e["name"] == fastmem.embed.INT8_NAME
