@@ -28,6 +28,7 @@ import mmap
 import os
 import threading
 import time
+import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -64,6 +65,14 @@ from .namespaces import make_private_dirs
 from .types import Memory
 
 __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
+
+
+def _release_maps(exc: BaseException) -> None:
+    """Drop the locals of the frames that ``exc`` unwound (its traceback keeps them, from
+    CPython 3.12 often in a cycle only the garbage collector frees): a map among them holds
+    a descriptor of its own, and the file must not stay open until a collection. The frames
+    still running are skipped (their own code drops what they hold)."""
+    traceback.clear_frames(exc.__traceback__)
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
@@ -242,8 +251,13 @@ class Engine:
                         f"it with dim={index.dim} or the embedder that wrote it"
                     )
                 index.set_dim(dim)
-        except BaseException:
+        except BaseException as exc:
             os.close(map_fd)
+            _release_maps(exc)
+            try:
+                del dat, index
+            except NameError:  # failed before they were made
+                pass
             raise
         return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None)
 
