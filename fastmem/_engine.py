@@ -811,7 +811,10 @@ class Engine:
             self.sync(self._fd)  # the index must never cover data that is not on disk
         with self.failures(self.idx_path):
             try:
-                self.index.save(self.idx_path, self.data(), sync=sync)
+                # A delta when the index file can take one (what changed since the full
+                # checkpoint, appended); else the whole index, written aside and renamed.
+                if not self.index.save_delta(self.idx_path, self.data(), sync=sync):
+                    self.index.save(self.idx_path, self.data(), sync=sync)
             except BaseException:
                 remove_quietly(self.idx_path + ".tmp")  # on a full disk it holds the space
                 raise
