@@ -384,7 +384,10 @@ class MemoryIndex:
             return False
         limit = self.n_base // DELTA_SHARE
         self._views()  # the loaded delta's changed rows, applied to the base
-        patched = np.union1d(self.patched, np.fromiter(self.dirty, dtype=np.uint32, count=len(self.dirty)))
+        # Sorted and unique without np.union1d/np.unique: they import numpy.ma (~0.1 s) on
+        # their first call in a process, which would be the close of a restarted agent.
+        patched = np.sort(np.concatenate([self.patched, np.fromiter(self.dirty, np.uint32, len(self.dirty))]))
+        patched = patched[np.concatenate(([True], patched[1:] != patched[:-1]))] if len(patched) else patched
         if self.tail.n > limit or len(patched) > limit:
             return False
         t = self.tail.n
