@@ -66,7 +66,11 @@ from .types import Memory
 __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
-CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
+# Checkpoint while writing once the rows added since the last one are this many and at
+# least as many as it holds: a bulk load writes its index at 256 k, 512 k, 1 M... rows
+# (twice the bytes of one write at the end, in all) and holds at most half its rows in
+# memory, instead of every row until close (issue 21: peak RSS).
+CHECKPOINT_TAIL_ROWS = 1 << 18
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # A write waiting for the lock polls it (flock has no timeout), first often, since writes
 # hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
@@ -590,7 +594,7 @@ class Engine:
             self._undo_append(start)
             raise
         self.valid_end = self.dat_end
-        if index.tail.n >= CHECKPOINT_TAIL_ROWS:
+        if index.tail.n >= max(CHECKPOINT_TAIL_ROWS, index.n_base):
             self.checkpoint()
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
 

@@ -131,6 +131,7 @@ class MemoryIndex:
         # delta's patches, then this process's changes) and the delta's patches, applied
         # to the mapped rows on their first use (a restart from the hot section never pays).
         self.file: _LoadedFile | None = None
+        self._mapped_fd = -1  # the loaded file's descriptor (kept open by file_closer)
         self.patched = np.zeros(0, dtype=np.uint32)
         self.dirty: set[int] = set()
         self._patches: tuple[np.ndarray, np.ndarray] | None = None
@@ -186,6 +187,7 @@ class MemoryIndex:
         _check_covers(path, dat, dat_end, state.covered, state.last_offset, state.last_crc)
         index = cls(h.dim, uuid)
         index.file_closer = closer
+        index._mapped_fd = fd
         index.n_base = h.rows
         index._base_spec = (mm, layout, h.dim)
         index._base_spec_path = path
@@ -337,7 +339,7 @@ class MemoryIndex:
                 del order
                 f.write(bytes(layout.vectors - f.tell()))
                 if self.base_vectors.shape[1] == self.dim:
-                    _write(f, self.base_vectors)
+                    self._write_base_vectors(f)
                 else:  # the base was written before the dimension was known
                     f.write(bytes(len(self.base_rows) * self.dim))
                 _write(f, self.tail.vectors[:tail_n])
@@ -353,6 +355,29 @@ class MemoryIndex:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+
+    def _write_base_vectors(self, f: Any) -> None:
+        """The base's int8 vectors (they never change), copied file to file by the kernel
+        when it can (copy_file_range): read through the map, every page of them would
+        count in this process's memory until the checkpoint ends (~400 MB at 1 M)."""
+        size = self.base_vectors.nbytes
+        if size and self._base_spec is not None and self._mapped_fd >= 0:
+            f.flush()
+            src, dst, start = self._base_spec[1].vectors, f.fileno(), f.tell()
+            try:
+                done = 0
+                while done < size:
+                    n = os.copy_file_range(self._mapped_fd, dst, size - done, src + done, start + done)
+                    if n <= 0:
+                        break
+                    done += n
+            except OSError:
+                done = -1  # not supported here (another file system...): through the map
+            if done == size:
+                f.seek(start + size)
+                return
+            f.seek(start)
+        _write(f, self.base_vectors)
 
     def _order(self) -> np.ndarray:
         """The time order of every row (rows are in id order), as ``<u4``: the base's own
