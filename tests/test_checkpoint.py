@@ -263,3 +263,22 @@ def test_a_version_1_index_is_read_then_replaced_by_version_2(tmp_path, fixture,
     with fastmem.open(path, readonly=True) as store:
         assert len(store) == 7 and store.verify().ok
         assert [m.text for m in store.recent(2)] == ["and another", "a new memory"]
+
+
+
+def test_damaged_changed_rows_rebuild_the_index(store_path, tmp_path):
+    ids = _build(store_path)
+    with fastmem.open(store_path, dim=DIM) as store:
+        store.forget(ids[3])
+    slot = _slot(store_path)
+    assert slot is not None
+    raw = bytearray(Path(store_path + ".idx").read_bytes())
+    h = fmt.unpack_delta_header(bytes(raw), slot.offset, "")
+    at = slot.offset + fmt.delta_layout(h, DIM).patch_rows
+    raw[at : at + 4] = struct.pack("<I", 10**6)  # a row past the index
+    Path(store_path + ".idx").write_bytes(bytes(raw))
+    with pytest.warns(fastmem.RecoveryWarning, match="changed rows are damaged"):
+        fastmem.open(store_path, readonly=True).close()
+    with pytest.warns(fastmem.RecoveryWarning):  # the writer rebuilds it
+        fastmem.open(store_path, dim=DIM).close()
+    assert _view(store_path) == _rebuilt_view(store_path, tmp_path)
