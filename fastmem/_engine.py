@@ -66,10 +66,8 @@ from .types import Memory
 __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
-# Checkpoint while writing once the rows added since the last one are this many and at
-# least as many as it holds: a bulk load writes its index at 256 k, 512 k, 1 M... rows
-# (twice the bytes of one write at the end, in all) and holds at most half its rows in
-# memory, instead of every row until close (issue 21: peak RSS).
+# Checkpoint while writing once the rows added since the last one are this many and as many
+# as it holds: a bulk load holds at most half its rows in memory (issue 21: peak RSS).
 CHECKPOINT_TAIL_ROWS = 1 << 18
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # A write waiting for the lock polls it (flock has no timeout), first often, since writes
