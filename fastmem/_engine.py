@@ -66,7 +66,9 @@ from .types import Memory
 __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
-CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
+# Checkpoint while writing once the rows added since the last one are this many and as many
+# as it holds: a bulk load holds at most half its rows in memory (issue 21: peak RSS).
+CHECKPOINT_TAIL_ROWS = 1 << 18
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # A write waiting for the lock polls it (flock has no timeout), first often, since writes
 # hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
@@ -590,7 +592,7 @@ class Engine:
             self._undo_append(start)
             raise
         self.valid_end = self.dat_end
-        if index.tail.n >= CHECKPOINT_TAIL_ROWS:
+        if index.tail.n >= max(CHECKPOINT_TAIL_ROWS, index.n_base):
             self.checkpoint()
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
 
@@ -811,7 +813,10 @@ class Engine:
             self.sync(self._fd)  # the index must never cover data that is not on disk
         with self.failures(self.idx_path):
             try:
-                self.index.save(self.idx_path, self.data(), sync=sync)
+                # A delta when the index file can take one (what changed since the full
+                # checkpoint, appended); else the whole index, written aside and renamed.
+                if not self.index.save_delta(self.idx_path, self.data(), sync=sync):
+                    self.index.save(self.idx_path, self.data(), sync=sync)
             except BaseException:
                 remove_quietly(self.idx_path + ".tmp")  # on a full disk it holds the space
                 raise

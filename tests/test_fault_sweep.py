@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 import fastmem
-from fastmem import ContextPolicy, FastmemError
+from fastmem import ContextPolicy, FastmemError, _index
 
 from faults import ERRNOS, Faults
 
@@ -80,6 +80,7 @@ def _template(root: Path) -> str:
 
 
 def _op(name: str, store: fastmem.MemoryStore, dest: str):
+    name = name.removesuffix("-delta")
     if name == "add":
         return store.add("a new memory", timestamp=T0 + 200, metadata={"new": 1})
     if name == "add_many":
@@ -104,6 +105,8 @@ def _op(name: str, store: fastmem.MemoryStore, dest: str):
 
 
 OPS = ["add", "add_many", "update", "forget", "evict", "checkpoint", "close", "compact", "repair", "backup"]
+# The incremental checkpoint (issue 21): a delta appended over the template's full one.
+OPS += ["checkpoint-delta", "close-delta"]
 # A failed call that the operation may survive (it returns): none so far.
 ALLOWED_TO_RETURN: dict[str, set[str]] = {}
 
@@ -151,9 +154,11 @@ def _fds() -> set[str]:
 
 
 @pytest.mark.parametrize("name", OPS)
-def test_fault_sweep(tmp_path, backend, name, request):
+def test_fault_sweep(tmp_path, backend, name, request, monkeypatch):
     if backend != "cython":
         pytest.skip("file I/O is the same under both kernel backends: swept once")
+    if name.endswith("-delta"):  # deltas over a full checkpoint of any size
+        monkeypatch.setattr(_index, "DELTA_MIN_BASE", 1)
     template = _template(tmp_path)
     shutil.copytree(os.path.dirname(template), tmp_path / "copy")
     before = _snapshot(str(tmp_path / "copy" / "s"))  # opening it would checkpoint it
@@ -161,6 +166,8 @@ def test_fault_sweep(tmp_path, backend, name, request):
     dry = Faults()
     error, base, dest = _run(template, tmp_path / "dry", name, dry)
     assert error is None, error
+    if name.endswith("-delta"):  # the delta path was taken: no rename, a slot written
+        assert ("replace" in {kind for kind, _ in dry.calls}) is False, dry.calls
     after = _snapshot(base)
     n = len(dry.calls)
     assert n > 0

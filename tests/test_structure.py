@@ -23,7 +23,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
-    ("_vectors", "_keyword"),
+    ("_vectors", "_keyword", "_replay"),
     ("_index",),
     ("_vsearch",),
     ("_items", "retrieval", "_files"),  # what add accepts; ranking; files around the store's two
