@@ -41,8 +41,10 @@ class Faults:
     (as a filling disk does), and the call after it fails instead."""
 
     def __init__(self, fail_at: int = 0, errno_: int = _errno.EIO, *, only: tuple[str, ...] | None = None,
-                 sticky: bool = False, short: bool = False) -> None:  # fmt: skip
+                 sticky: bool = False, short: bool = False, also: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.fail_at, self.errno, self.only, self.sticky = fail_at, errno_, only, sticky
+        # More modules to reach (the Hermes writer's spill files: "fastmem.integrations._writer").
+        self.modules = MODULES + tuple(importlib.import_module(name) for name in also)
         self.short = short
         self.errnos: dict[str, int] = {}  # another errno for some kinds
         self.calls: list[tuple[str, str]] = []
@@ -73,7 +75,7 @@ class Faults:
 
     def install(self) -> Faults:
         os_proxy, mmap_proxy = _OsProxy(self), _MmapModuleProxy(self)
-        for module in MODULES:
+        for module in self.modules:
             self._saved.append((module, "os", module.os))
             module.os = os_proxy  # type: ignore[attr-defined]
             if hasattr(module, "mmap"):
@@ -152,6 +154,9 @@ class _File:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
+
+    def __iter__(self) -> Any:  # reading lines (the Hermes writer's spill files)
+        return iter(self._file)
 
     def __enter__(self) -> _File:
         self._file.__enter__()
