@@ -44,6 +44,7 @@ from ._index import (
 )  # fmt: skip
 from ._io import ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc, torn
 from ._items import Prepared, f32, parse_id
+from ._threads import at_fork
 from .errors import (
     CorruptIndexError,
     CorruptionError,
@@ -80,6 +81,7 @@ _fork_generation = 0
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
 
 
+@at_fork
 def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
@@ -88,9 +90,6 @@ def _after_fork_in_child() -> None:
     # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
     for engine in list(_engines):
         engine.lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _State(NamedTuple):
@@ -858,6 +857,12 @@ class Engine:
             # Another process held the lock for the whole timeout. Nothing is lost: the
             # records are on disk, and the next open replays what the index file lacks.
             pass
+
+    def collected(self) -> None:
+        """The store was collected unclosed: let go of the files and lock (see abandon)."""
+        if not self.closed and self._generation == _fork_generation:
+            warnings.warn(f"the fastmem store {self.path} was not closed: released when collected", ResourceWarning, 2)
+            self.abandon()
 
     def abandon(self) -> None:
         """Close the handle without a checkpoint (its files are no longer the store, or can
