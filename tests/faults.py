@@ -74,25 +74,33 @@ class Faults:
             raise OSError(code, _real_os.strerror(code))
 
     def install(self) -> Faults:
-        os_proxy, mmap_proxy = _OsProxy(self), _MmapModuleProxy(self)
-        for module in self.modules:
-            self._saved.append((module, "os", module.os))
-            module.os = os_proxy  # type: ignore[attr-defined]
-            if hasattr(module, "mmap"):
-                self._saved.append((module, "mmap", module.mmap))
-                module.mmap = mmap_proxy  # type: ignore[attr-defined]
-        return self
+        return install(self, self.modules, {"os": _OsProxy(self), "mmap": _MmapModuleProxy(self)})
 
     def uninstall(self) -> None:
-        for module, name, value in reversed(self._saved):
-            setattr(module, name, value)
-        self._saved.clear()
+        uninstall(self)
 
     def __enter__(self) -> Faults:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:
         self.uninstall()
+
+
+def install(owner: Any, modules: tuple[Any, ...], proxies: dict[str, Any]) -> Any:
+    """Put ``proxies`` (module global name -> object) in place in each of ``modules`` that
+    has that global, keeping what was there in ``owner._saved``; returns ``owner``."""
+    for module in modules:
+        for name, proxy in proxies.items():
+            if hasattr(module, name):
+                owner._saved.append((module, name, getattr(module, name)))
+                setattr(module, name, proxy)
+    return owner
+
+
+def uninstall(owner: Any) -> None:
+    for module, name, value in reversed(owner._saved):
+        setattr(module, name, value)
+    owner._saved.clear()
 
 
 class _OsProxy:

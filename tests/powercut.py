@@ -39,6 +39,7 @@ from typing import Any
 import fastmem
 from fastmem import ContextPolicy
 
+import faults
 from faults import MODULES
 
 PAGE = 4096
@@ -83,16 +84,10 @@ class Recorder:
         self.add("mark", *label)
 
     def install(self) -> Recorder:
-        proxy = _RecOs(self)
-        for module in MODULES:
-            self._saved.append((module, "os", module.os))
-            module.os = proxy  # type: ignore[attr-defined]
-        return self
+        return faults.install(self, MODULES, {"os": _RecOs(self)})
 
     def uninstall(self) -> None:
-        for module, name, value in reversed(self._saved):
-            setattr(module, name, value)
-        self._saved.clear()
+        faults.uninstall(self)
 
     def __enter__(self) -> Recorder:
         return self.install()
