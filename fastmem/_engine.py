@@ -414,7 +414,7 @@ class Engine:
         if self.failed is None:
             self.failed = err
             self._failure_reported = False
-        return err
+        return DurabilityError(code, err.strerror, path)  # raised, it keeps frames that hold the store
 
     def sync(self, fd: int, path: str | None = None, what: str = "fdatasync") -> None:
         """``fdatasync(fd)``; a failure is sticky (see ``DurabilityError``)."""

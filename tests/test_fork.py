@@ -173,3 +173,25 @@ def test_a_handle_whose_failed_write_could_not_be_cut_lets_go_when_collected(sto
             again.add("after")
             assert [m.text for m in again] == ["acknowledged", "after"]
             assert again.verify().ok
+
+
+def test_a_closed_store_whose_sync_failed_is_freed(store_path):
+    """The engine kept the DurabilityError it raised, whose traceback holds the frames of
+    the failed add, and so the store: with the engine held by the store's finalizer, the
+    store could never be freed (nor the index's maps in those frames: `fastmem import`
+    in the fault sweep left two descriptors of a deleted index open)."""
+    import errno
+    import weakref
+
+    from faults import Faults
+
+    store = fastmem.open(store_path, embedder=None, durability="always", policy=QUIET)
+    store.add("acknowledged")
+    with Faults(fail_at=1, errno_=errno.EIO, only=("fdatasync",)), pytest.raises(fastmem.DurabilityError):
+        store.add("its sync fails")
+    with pytest.raises(fastmem.DurabilityError):
+        store.close()
+    gone = weakref.ref(store)
+    del store
+    gc.collect()
+    assert gone() is None
