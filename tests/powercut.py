@@ -36,11 +36,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-import fastmem
-from fastmem import ContextPolicy
-
 import faults
 from faults import MODULES
+
+import fastmem
+from fastmem import ContextPolicy
 
 PAGE = 4096
 QUIET = ContextPolicy(preload=0, recent=0)

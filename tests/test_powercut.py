@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import random
 
+import powercut
 import pytest
 
 import fastmem
-
-import powercut
 
 SEEDS = range(6)
 CUTS = 45
