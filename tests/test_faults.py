@@ -149,6 +149,13 @@ def test_the_seam_covers_every_module_that_does_file_io():
     package = Path(fastmem.__file__).parent
     doing_io = {p.stem for p in package.glob("*.py") if calls.search(p.read_text())}
     assert doing_io - {"cli", "export", "_demo"} <= set(faults.NAMES)  # the CLI's own files: not the store's
+    # Writes through a writable map would pass by the seam (and the power-cut recorder,
+    # tests/powercut.py): every map fastmem makes is read-only.
+    for path in package.glob("*.py"):
+        text = path.read_text()
+        assert not re.search(r"ACCESS_WRITE|ACCESS_DEFAULT|PROT_WRITE|memmap\(|mode=[\"']r\+|mode=[\"']w\+", text), path
+        for line in re.findall(r".*\bmmap\.mmap\(.*", text):  # read-only, or copy-on-write
+            assert "ACCESS_READ" in line or "ACCESS_COPY" in line, (path, line)
     ext = package.parent / "src_cython"
     for pyx in ext.glob("*.pyx"):  # the compiled kernels do no file I/O of their own
         assert not re.search(r"\b(fopen|fwrite|fsync|fdatasync|open\(|write\()", pyx.read_text()), pyx
