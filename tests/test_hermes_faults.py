@@ -296,3 +296,41 @@ def test_fault_sweep_under_a_real_provider(home, tmp_path, spill_fails):
             assert _spill_files(home) == [], where
             tried += 1
     print(f"\nprovider sweep ({'spill fails too' if spill_fails else 'spill works'}): {n} calls, {tried} combinations")
+
+
+# A process with a provider forks (a gateway's worker, a tool's subprocess via fork); the
+# child's provider must have a writer of its own: the parent's writer thread is not there.
+FORKING = """
+import json, os, sys, time
+from fastmem.integrations.hermes import FastmemProvider
+home = sys.argv[1]
+p = FastmemProvider(); p.initialize("parent", hermes_home=home, platform="cli")
+assert json.loads(p.handle_tool_call("fastmem_remember", {"text": "From the parent."}))["id"]
+pid = os.fork()
+if pid == 0:
+    q = FastmemProvider(); q.initialize("child", hermes_home=home, platform="cli")
+    reply = json.loads(q.handle_tool_call("fastmem_remember", {"text": "From the child."}))
+    q.shutdown()
+    os._exit(0 if reply.get("id") else 1)
+deadline = time.monotonic() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, 9); os.waitpid(pid, 0); print("the child hung"); os._exit(2)
+    time.sleep(0.05)
+p.shutdown()
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_forked_child_gets_a_writer_of_its_own(home):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HERMES_HOME=home, FASTMEM_EMBEDDER="none")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(fastmem.__file__)), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", FORKING, home], env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(_texts(home)) == ["From the child.", "From the parent."]

@@ -201,6 +201,19 @@ _registry: dict[str, _Shared] = {}
 _registry_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's writer and prefetch threads: the shared
+    entries it inherited would queue its writes forever (a tool call answered "queued"
+    after 10 s). The child starts afresh; the parent's entries are left alone (their
+    threads and handles are the parent's). (The edge keeps its own hook: fastmem's at-fork
+    registry is private to the package.)"""
+    global _registry, _registry_lock
+    _registry, _registry_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _acquire_shared(path: str) -> _Shared:
     with _registry_lock:
         shared = _registry.get(path)
