@@ -44,6 +44,7 @@ from ._index import (
 )  # fmt: skip
 from ._io import ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc, torn
 from ._items import Prepared, f32, parse_id
+from ._threads import at_fork
 from .errors import (
     CorruptIndexError,
     CorruptionError,
@@ -82,6 +83,7 @@ _fork_generation = 0
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
 
 
+@at_fork
 def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
@@ -90,9 +92,6 @@ def _after_fork_in_child() -> None:
     # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
     for engine in list(_engines):
         engine.lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _State(NamedTuple):
@@ -417,7 +416,7 @@ class Engine:
         if self.failed is None:
             self.failed = err
             self._failure_reported = False
-        return err
+        return DurabilityError(code, err.strerror, path)  # raised, it keeps frames that hold the store
 
     def sync(self, fd: int, path: str | None = None, what: str = "fdatasync") -> None:
         """``fdatasync(fd)``; a failure is sticky (see ``DurabilityError``)."""
@@ -863,6 +862,12 @@ class Engine:
             # Another process held the lock for the whole timeout. Nothing is lost: the
             # records are on disk, and the next open replays what the index file lacks.
             pass
+
+    def collected(self) -> None:
+        """The store was collected unclosed: let go of the files and lock (see abandon)."""
+        if not self.closed and self._generation == _fork_generation:
+            warnings.warn(f"the fastmem store {self.path} was not closed: released when collected", ResourceWarning, 2)
+            self.abandon()
 
     def abandon(self) -> None:
         """Close the handle without a checkpoint (its files are no longer the store, or can

@@ -545,8 +545,8 @@ class Preload:
                     for g in top[start : start + chunk]:
                         engine.cached_memory(g)
                 self.done = min(start + chunk, len(top))
-        except FastmemError:
-            pass  # a damaged record: the caller meets it when it reads that memory
+        except (FastmemError, OSError):
+            pass  # a damaged record, a failing disk: the caller meets it when it reads that memory
         finally:
             self.finished.set()
 

