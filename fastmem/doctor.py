@@ -58,18 +58,22 @@ def _kernels() -> dict[str, Any]:
             modules[name] = f"missing ({exc})"
     # The variant of the vector scan's dot product chosen for this processor at import
     # (FASTMEM_SIMD can lower it); only the compiled kernels have one.
-    level = "none (numpy fallback)"
+    # Whether the scans were compiled with OpenMP: source builds are when the compiler has it,
+    # the published wheels are not (README, "Install / build wheels").
+    level, openmp = "none (numpy fallback)", None
     if _kernels.BACKEND == "cython":
         try:
-            level = importlib.import_module("fastmem._ext.topk").simd()
+            topk = importlib.import_module("fastmem._ext.topk")
+            level, openmp = topk.simd(), bool(topk.OPENMP)
         except (ImportError, AttributeError):
             level = "unknown"
     package = Path(fastmem.__file__).resolve().parent
     checkout = (package.parent / "setup.py").is_file() and (package.parent / "src_cython").is_dir()
     return {"backend": _kernels.BACKEND, "requested": os.environ.get("FASTMEM_BACKEND", "auto"),
             "compiled": modules, "source_checkout": checkout, "simd": level, "cpu_simd": _simd(),
+            "openmp": openmp,
             "build": ("portable (-O3, no -march=native unless built with FASTMEM_NATIVE=1); "
-                      "the top-k and scoring loops use OpenMP when the compiler has it")}  # fmt: skip
+                      "the top-k and scoring loops use OpenMP when built with it")}  # fmt: skip
 
 
 def _embedder() -> dict[str, Any]:
@@ -158,7 +162,9 @@ def run(out: Any) -> int:
       + (" (a source checkout)" if k["source_checkout"] else ""))  # fmt: skip
     p(f"python     {report['python']} on {report['platform']}")
     backend = "[green]compiled[/green]" if k["backend"] == "cython" else "[red]numpy fallback[/red]"
-    p(f"kernels    {backend} (FASTMEM_BACKEND={k['requested']}), vector scan SIMD: {k['simd']}")
+    threads = {True: ", OpenMP", False: ", serial (built without OpenMP)"}.get(k["openmp"], "")
+    p(f"kernels    {backend} (FASTMEM_BACKEND={k['requested']}), vector scan SIMD: {k['simd']}"
+      f"{threads}")  # fmt: skip
     p(f"  CPU      {', '.join(k['cpu_simd']) or 'no SIMD features detected'}")
     if e["status"] == "ok":
         p(f"embedder   {escape(e['name'])} ({e['dim']} dims)")

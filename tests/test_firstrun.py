@@ -41,6 +41,7 @@ def test_doctor_reports_kernels_embedder_and_tokenizers():
     from fastmem._ext import topk
 
     assert report["kernels"]["simd"] == topk.simd() in topk.SIMD_LEVELS
+    assert report["kernels"]["openmp"] is topk.OPENMP  # the wheels are built without it
     assert set(report["kernels"]["compiled"]) == {"records", "scoring", "topk", "vectors", "keyword"}
     e = report["embedder"]
     assert e["status"] == "ok" and e["name"] == fastmem.embed.INT8_NAME
@@ -72,9 +73,12 @@ def test_the_demo_children_import_this_fastmem_not_the_working_directory(tmp_pat
     decoy = tmp_path / "checkout"
     (decoy / "fastmem").mkdir(parents=True)
     (decoy / "fastmem" / "__init__.py").write_text("raise ImportError('the decoy was imported')\n")
-    # -P: the parent itself does not import the decoy either (that is the user's Python's
-    # business); its children are the demo's.
-    proc = run(["-P", "-m", "fastmem", "demo", "--json"], cwd=str(decoy),
+    # The parent itself does not import the decoy either (that is the user's Python's
+    # business); its children are the demo's. `python -P -m fastmem` in a form 3.10 (which
+    # has no -P) runs too: drop the working directory from sys.path, then run the module.
+    parent = ("import runpy, sys; del sys.path[0]; "
+              "runpy.run_module('fastmem', run_name='__main__', alter_sys=True)")  # fmt: skip
+    proc = run(["-c", parent, "demo", "--json"], cwd=str(decoy),
                env_extra={"FASTMEM_EMBEDDER": "none"})  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert "decoy" not in proc.stderr
