@@ -64,8 +64,16 @@ from .errors import (
 )
 from .export import BYTES_TAG, EMBEDDING_FIELD, EXPORT_FIELDS, from_jsonable, memory_dict
 
-__all__ = ["main", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_DAMAGED",
-           "EXIT_NOT_FOUND", "EXIT_MISSING"]
+__all__ = [
+    "EXIT_DAMAGED",
+    "EXIT_LOCKED",
+    "EXIT_MISSING",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_PROBLEMS",
+    "EXIT_USAGE",
+    "main",
+]
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -257,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
             store=False).set_defaults(func=lambda args, out: importlib.import_module(
                 "fastmem.doctor").run(out))  # fmt: skip
 
+    sub.add_parser("ray", help="a Ray cluster's stores: status, fleet jobs (fastmem ray --help)", add_help=False)
     p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
     p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
@@ -297,9 +306,16 @@ class _Out:
                  bytes_: bool = False) -> Iterator[Callable[[float], None]]:  # fmt: skip
         """A progress bar on stderr; yields ``advance(n)``. ``total=None``: a spinner with
         the time elapsed, for work that reports no progress; ``bytes_``: sizes, not counts."""
-        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
-                                   SpinnerColumn, TextColumn, TimeElapsedColumn,
-                                   TimeRemainingColumn)  # fmt: skip
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            MofNCompleteColumn,
+            Progress,
+            SpinnerColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,  # fmt: skip
+        )
 
         columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
         if total is not None:
@@ -637,6 +653,7 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
 
 def _cmd_reembed(args: argparse.Namespace, out: _Out) -> int:
     import fastmem
+
     from .embed import default_embedder
 
     base = _require_store(args)
@@ -693,7 +710,7 @@ def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _open_output(path: str) -> TextIO:
-    return open(path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed by the caller
+    return open(path, "w", encoding="utf-8", newline="\n")
 
 
 def _read_import(path: str) -> list[dict[str, Any]]:
@@ -820,11 +837,24 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     return _demo.run(args.path, out)
 
 
+def _ray_main(argv: list[str]) -> int:
+    """`fastmem ray ...`: fastmem[ray]'s own commands, imported only when asked for."""
+    try:
+        ray_cli = importlib.import_module("fastmem.ray.cli")
+    except ImportError as exc:
+        sys.stderr.write(f"fastmem: error: fastmem.ray cannot be loaded ({exc}): pip install 'fastmem[ray]'\n")
+        return EXIT_MISSING
+    return int(ray_cli.main(argv))
+
+
 # --- entry point -----------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["ray"]:
+        return _ray_main(given[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

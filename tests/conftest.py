@@ -49,3 +49,12 @@ def backend(request: pytest.FixtureRequest):
 def store_path(tmp_path):
     """A path for a new store (its two files do not exist yet)."""
     return str(tmp_path / "agent_memory")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (-n), keep each xdist_group on one worker (the Ray cluster tests
+    share one cluster: two workers would start two); other tests spread as with --dist load."""
+    from xdist.scheduler import LoadGroupScheduling
+
+    return LoadGroupScheduling(config, log)

@@ -1,0 +1,230 @@
+"""fastmem on a real Ray cluster: a head and 3 worker nodes on this machine (each its own
+`ray start` on 127.0.0.2..5 with its own `fastmem-node` label), started once for this
+module and stopped by pid. Nodes are killed (SIGKILL), hung (SIGSTOP) and started again.
+
+The tests run in the order written and share the cluster: each one that takes a node
+down brings it back before it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+import fastmem
+
+ray = pytest.importorskip("ray", reason="fastmem[ray] is not installed: pip install 'fastmem[ray]'")
+
+from ray_cluster import LocalCluster
+
+import fastmem.ray as fray
+from fastmem.ray import _oplog, jobs
+
+pytestmark = pytest.mark.xdist_group("ray-cluster")  # one cluster per test run, not per worker
+T = 6.0  # the shards' lease (watchdog) seconds
+NAMES = [f"u{i:03d}" for i in range(300)]
+
+
+@pytest.fixture(autouse=True)
+def backend():
+    """Once, not once per kernel backend: the shards run in their own processes."""
+    yield "default"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    local = LocalCluster(workers=3)
+    saved = {k: os.environ.get(k) for k in local.auth}
+    os.environ.update(local.auth)
+    try:
+        ray.init(address=local.address, _node_ip_address=local.head_ip, namespace="fastmem",
+                 log_to_driver=False, logging_level="ERROR")  # fmt: skip
+        yield local
+    finally:
+        ray.shutdown()
+        local.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def settings(local, **more):
+    return {"root": os.path.join(local.dir, "shared"), "shards": 4, "name": "shared", "lease": T, **more}
+
+
+@pytest.fixture(scope="module")
+def shared(cluster):
+    c = fray.connect(cluster.address, **settings(cluster))
+    yield c
+    c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def stores(shared):
+    """300 stores written through the router, 3 memories each: namespace -> ids."""
+
+    def write(name):
+        return shared.open(name).add_many([{"text": f"{name} memory {j}", "session": name} for j in range(3)])
+
+    with ThreadPoolExecutor(16) as pool:
+        return dict(zip(NAMES, pool.map(write, NAMES)))
+
+
+def on_a_worker(c, cluster, avoid=()):
+    """A shard served from a worker node (never the head), and that node's label."""
+    for row in c.status():
+        if row.get("node") in cluster.nodes and row["node"] != "head" and row["node"] not in avoid:
+            return row["shard"], row["node"], row["pid"]
+    pytest.fail(f"no shard on a worker node: {c.status()}")
+
+
+def test_300_stores_written_through_the_router_read_back_by_another_client(cluster, stores):
+    script = f"""
+import json, fastmem.ray as fr
+c = fr.connect({cluster.address!r}, node_ip_address={cluster.head_ip!r}, **{settings(cluster)!r})
+print(json.dumps({{n: [[m.id, m.text] for m in c.open(n)] for n in {NAMES!r}}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, check=False,
+                         env={**cluster.env, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    read = json.loads(out.stdout.strip().splitlines()[-1])
+    assert read == {n: [[mid, f"{n} memory {j}"] for j, mid in enumerate(ids)] for n, ids in stores.items()}
+
+
+def test_a_write_retried_with_the_same_op_id_is_stored_once(shared):
+    store = shared.open("retried")
+    items = [{"text": "paid the invoice", "type": "fact"}, {"text": "booked the flight"}]
+    first = store.add_many(items, op_id="op-1")
+    assert store.add_many(items, op_id="op-1") == first  # the retry: same ids, nothing added
+    assert len(store) == 2
+    # The answer was lost and the router sent again while the first attempt still ran: three
+    # attempts in flight at once are one write.
+    actor = shared.actor(store.shard)
+    more = [{"text": "called the bank"}]
+    answers = ray.get([actor.call.remote("retried", "add_many", (more,), {}, "op-2") for _ in range(3)])
+    assert [a[0] for a in answers] == ["ok"] * 3 and len({tuple(a[1]) for a in answers}) == 1
+    assert len(store) == 3
+    # An attempt that arrives after the router gave up on it is refused, never applied late.
+    status, error = ray.get(actor.call.remote("retried", "add_many", (more,), {}, "op-3", time.time() - 1))
+    assert status == "err" and isinstance(error, fray.ShardUnavailableError)
+    assert len(store) == 3
+    # A store's own errors come back as themselves, and write nothing.
+    with pytest.raises(fastmem.InvalidInputError):
+        store.add_many([{"text": ""}], op_id="op-4")
+    with pytest.raises(fastmem.UnknownMemoryError):
+        store.get("m999")
+    assert len(store) == 3
+
+
+def test_a_fleet_compact_survives_a_worker_node_killed_mid_job(cluster, shared, stores, tmp_path):
+    with ThreadPoolExecutor(16) as pool:  # something to reclaim in every store
+        list(pool.map(lambda n: shared.open(n).forget(stores[n][0]), NAMES))
+    _, node, _ = on_a_worker(shared, cluster)
+    killed = threading.Event()
+
+    def progress(finished, total, failed):
+        if finished >= total // 4 and not killed.is_set():
+            killed.set()
+            cluster.nodes[node].kill()
+
+    ledger = tmp_path / "ledger.jsonl"
+    summary = jobs.run("compact", "all", cluster=shared, job="compact-kill", ledger=str(ledger),
+                       progress=progress, concurrency=8)  # fmt: skip
+    assert killed.is_set()
+    everything = sorted([*NAMES, "retried"])
+    assert summary.failed == {} and summary.done == len(everything) and summary.skipped == 0
+    done = [json.loads(line)["ns"] for line in ledger.read_text().splitlines()[1:]]
+    assert sorted(done) == everything  # each store once in the ledger
+    for name in everything:  # ... and once in its shard's memory of what it applied
+        path = Path(shared.deployment.store_path(shared.deployment.root, name), _oplog.FILE)
+        entries = [json.loads(line) for line in path.read_text().splitlines()]
+        assert sum(e["op"] == f"compact-kill:{name}" and "result" in e for e in entries) == 1, name
+    assert sum(r.get("dropped", 0) for r in summary.results.values()) == len(NAMES)
+    # Nothing lost: every store holds its two remaining memories.
+    with ThreadPoolExecutor(16) as pool:
+        kept = dict(zip(NAMES, pool.map(lambda n: [m.id for m in shared.open(n)], NAMES)))
+    assert kept == {n: ids[1:] for n, ids in stores.items()}
+    # Run again with the same job id: the ledger says every store is done.
+    again = jobs.run("compact", "all", cluster=shared, job="compact-kill", ledger=str(ledger))
+    assert again.skipped == len(everything) and again.done == 0
+    cluster.add_worker(node)
+
+
+def test_a_shared_storage_shard_serves_again_on_another_node_within_30s(cluster, shared, stores):
+    shard, node, _ = on_a_worker(shared, cluster)
+    name = next(n for n in NAMES if shared.deployment.shard_of(n) == shard)
+    store = shared.open(name)
+    before = [m.id for m in store]
+    started = time.monotonic()
+    cluster.nodes[node].kill()
+    mid = store.add("written after its node died")
+    elapsed = time.monotonic() - started
+    assert elapsed < 30, elapsed
+    assert shared.status()[shard]["node"] != node
+    assert [m.id for m in store] == [*before, mid]
+    print(f"shard {shard} served again {elapsed:.1f} s after node {node} was killed")
+    cluster.add_worker(node)
+
+
+def test_a_node_local_shard_is_unavailable_while_its_node_is_down(cluster):
+    local = fray.connect(cluster.address, root=os.path.join(cluster.dir, "local-{node}"), mode="local",
+                         nodes=["w1", "w2", "w3"], shards=4, name="local", lease=T)  # fmt: skip
+    try:
+        name = next(f"n{i}" for i in range(1000) if local.deployment.node_of(local.deployment.shard_of(f"n{i}")) == "w3")
+        store = local.open(name)
+        mid = store.add("kept on w3's own disk", type="fact")
+        assert (Path(local.deployment.store_path(os.path.join(cluster.dir, "local-w3"), name)) / "memory.dat").exists()
+        assert local.status()[store.shard]["node"] == "w3"
+        cluster.nodes["w3"].kill()
+        impatient = fray.Cluster(local.deployment, retry_for=4, attempt_timeout=1)
+        with pytest.raises(fray.ShardUnavailableError, match="did not answer"):
+            impatient.open(name).get(mid)
+        cluster.add_worker("w3")
+        assert store.get(mid).text == "kept on w3's own disk"  # the router retried until it was back
+        assert local.status()[store.shard]["node"] == "w3"
+    finally:
+        local.shutdown()
+
+
+def test_a_hung_node_is_fenced_by_the_watchdog(cluster, shared, stores):
+    """The node's Ray processes stop (SIGSTOP); its shard's process runs on, cut off from
+    the cluster. Its watchdog must close its stores and exit, and a new copy elsewhere serve."""
+    shard, node, old_pid = on_a_worker(shared, cluster)
+    name = next(n for n in NAMES if shared.deployment.shard_of(n) == shard)
+    store = shared.open(name)
+    before = [m.id for m in store]
+    started = time.monotonic()
+    os.killpg(cluster.nodes[node].pgid, signal.SIGSTOP)  # raylet and agents; not the actors
+    try:
+        deadline = started + T + 15
+        while Path(f"/proc/{old_pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not Path(f"/proc/{old_pid}").exists(), "the hung node's shard is still running"
+        fenced = time.monotonic() - started
+        mid = store.add("written after the old copy was fenced")
+        elapsed = time.monotonic() - started
+        assert elapsed < T + 20, elapsed
+        row = shared.status()[shard]
+        assert row["node"] != node and row["pid"] != old_pid
+        logs = "".join(p.read_text(errors="replace") for p in Path(cluster.dir).glob("session_*/logs/worker-*.out"))
+        assert f"fastmem shard {shard}: stopping: no contact with the cluster" in logs
+        assert [m.id for m in store] == [*before, mid]
+        assert store.verify().ok
+        print(f"shard {shard}: the hung copy exited after {fenced:.1f} s, a new one served after "
+              f"{elapsed:.1f} s (T = {T:g} s)")
+    finally:
+        os.killpg(cluster.nodes[node].pgid, signal.SIGCONT)
+        cluster.nodes[node].kill()
+    cluster.add_worker(node)
+
