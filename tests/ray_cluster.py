@@ -91,12 +91,14 @@ class Node:
         self.signal(signal.SIGCONT)  # a stopped node cannot act on SIGTERM
         self.signal(signal.SIGTERM)
         try:
-            self.proc.wait(15)
+            self.proc.wait(5)
         except subprocess.TimeoutExpired:
-            self.kill()
+            pass
         for pid in pids + self.pids():  # whatever outlived `ray start`
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
 
 
 class LocalCluster:

@@ -127,6 +127,92 @@ def test_a_write_retried_with_the_same_op_id_is_stored_once(shared):
     assert len(store) == 3
 
 
+def test_the_command_line_shows_the_shards_and_runs_a_job(cluster, shared, stores, tmp_path):
+    def fastmem_ray(*args):
+        command = [sys.executable, "-m", "fastmem", "ray", *args, "--address", cluster.address,
+                   "--node-ip-address", cluster.head_ip, "--root", shared.deployment.root,
+                   "--name", "shared", "--shards", "4", "--json"]  # fmt: skip
+        out = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
+                             env={**cluster.env, "FASTMEM_RAY_JOBS": str(tmp_path / "jobs")})  # fmt: skip
+        return out.returncode, json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else out.stderr
+
+    code, rows = fastmem_ray("status")
+    assert code == 0 and [r["shard"] for r in rows] == [0, 1, 2, 3] and all(r["serving"] for r in rows)
+    code, summary = fastmem_ray("jobs", "run", "verify", "--all")
+    assert code == 0 and summary["done"] == len(shared.namespaces()) and summary["failed"] == {}
+    assert Path(summary["ledger"]).parent == tmp_path / "jobs"
+    code, summary = fastmem_ray("jobs", "run", "export", "u000", "u001", "--dest", str(tmp_path / "out"))
+    assert code == 0 and summary["done"] == 2
+    lines = (tmp_path / "out" / "u001.jsonl").read_text().splitlines()
+    assert [json.loads(line)["text"] for line in lines] == [f"u001 memory {j}" for j in range(3)]
+    code, message = fastmem_ray("jobs", "run", "verify", "Not-A-Name")
+    assert code == 2 and "not valid" in message
+
+
+def test_idle_stores_freeze_to_object_storage_and_thaw_on_first_use(cluster, tmp_path):
+    pytest.importorskip("s3fs", reason="the cold tier needs s3fs: pip install 'fastmem[ray]'")
+    from ray_cluster import moto_s3
+
+    with moto_s3("127.0.0.7") as s3:
+        cold = fray.connect(cluster.address, root=os.path.join(cluster.dir, "cold"), shards=2, name="cold",
+                            lease=T, cold=s3["url"], cold_options=s3["options"], freeze_after=2.0,
+                            idle_close=1.0)  # fmt: skip
+        try:
+            names = [f"c{i}" for i in range(6)]
+            ids = {n: cold.open(n).add_many([{"text": f"{n} fact {j}", "type": "fact"} for j in range(4)])
+                   for n in names}  # fmt: skip
+            summary = jobs.run("freeze", names[:3], cluster=cold, ledger=str(tmp_path / "freeze.jsonl"))
+            assert summary.failed == {} and summary.done == 3
+            local = {n: Path(cold.deployment.store_path(cold.deployment.root, n), "memory.dat") for n in names}
+            assert not any(local[n].exists() for n in names[:3])
+            # The others freeze on their own once idle for freeze_after seconds.
+            deadline = time.monotonic() + 30
+            while any(local[n].exists() for n in names[3:]) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not any(local[n].exists() for n in names)
+            assert sorted(cold.namespaces()) == names  # frozen stores are still the deployment's
+            # First use thaws (sha256 checked); a thaw job thaws the rest.
+            assert [m.id for m in cold.open("c0")] == ids["c0"] and local["c0"].exists()
+            summary = jobs.run("thaw", names[1:3], cluster=cold, ledger=str(tmp_path / "thaw.jsonl"))
+            assert summary.failed == {} and all(local[n].exists() for n in names[1:3])
+            for n in names:
+                assert [m.text for m in cold.open(n)] == [f"{n} fact {j}" for j in range(4)]
+        finally:
+            cold.shutdown()
+
+
+def test_reembed_runs_one_model_per_node_not_per_shard(cluster, shared, stores, tmp_path):
+    class Letters:  # defined here: Ray sends it to the nodes by value
+        name, dim = "letters-v2", 26
+
+        def encode(self, texts):
+            import numpy as np
+
+            out = np.full((len(texts), 26), 0.01, dtype=np.float32)
+            for row, text in enumerate(texts):
+                for ch in text.lower():
+                    if "a" <= ch <= "z":
+                        out[row, ord(ch) - 97] += 1
+            return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    seen: set[str] = set()
+
+    def progress(finished, total, failed):
+        seen.update(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].startswith("fastmem-embed-reembed-test-"))  # fmt: skip
+
+    names = NAMES[:40]
+    summary = jobs.run("reembed", names, cluster=shared, job="reembed-test", ledger=str(tmp_path / "l.jsonl"),
+                       params={"embedder": Letters}, progress=progress)  # fmt: skip
+    assert summary.failed == {} and {r["embedder"] for r in summary.results.values()} == {"letters-v2"}
+    shard_nodes = {row["node"] for row in shared.status() if row["shard"] in {shared.deployment.shard_of(n) for n in names}}
+    assert 1 <= len(seen) <= len(shard_nodes)  # one model per node that served the job
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"] in seen]  # stopped after
+    store = shared.open(names[0])
+    assert store.vector(stores[names[0]][1]).shape == (26,)
+    assert [h.memory.text for h in store.search([1.0] * 26, k=1, mode="vector")]
+
+
 def test_a_fleet_compact_survives_a_worker_node_killed_mid_job(cluster, shared, stores, tmp_path):
     with ThreadPoolExecutor(16) as pool:  # something to reclaim in every store
         list(pool.map(lambda n: shared.open(n).forget(stores[n][0]), NAMES))

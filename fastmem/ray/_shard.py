@@ -34,6 +34,7 @@ from ..export import memory_dict
 from ..namespaces import list_namespaces
 from ._cold import ColdTier
 from ._config import LABEL, Deployment, slot_dir
+from ._embed import embedder_on_node
 from ._errors import ShardUnavailableError
 from ._lease import Lease, LeaseLost
 from ._oplog import OpLog
@@ -332,10 +333,10 @@ class Shard:
         if op == "wait":  # a latency-bound stand-in (benchmarks): the store waits on I/O
             time.sleep(float(params.get("seconds", 0.05)))
             return {"memories": len(store)}
-        if op == "reembed":
+        if op == "reembed":  # the model runs in the node's one embed actor (fastmem.ray._embed)
             factory = params.get("embedder")
-            embedder = factory() if callable(factory) else default_embedder()
-            return {"memories": store.reembed(embedder)}
+            embedder = embedder_on_node(str(params["job"]), self.node_id, factory if callable(factory) else None)
+            return {"memories": store.reembed(embedder), "embedder": embedder.name}
         return self._export(store, namespace, params)
 
     def _export(self, store: Any, namespace: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import InvalidInputError
 from ._config import check_names
+from ._embed import stop_services
 from ._router import Cluster, connect
 
 OPS = ("compact", "verify", "export", "reembed", "freeze", "thaw", "wait")
@@ -118,7 +119,7 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
 
     def one(namespace: str) -> Any:
         shard = cluster.deployment.shard_of(namespace)
-        return cluster.invoke(shard, "job", namespace, op, f"{job}:{namespace}", dict(params or {}),
+        return cluster.invoke(shard, "job", namespace, op, f"{job}:{namespace}", {**(params or {}), "job": job},
                               timeout=timeout, retry_for=retry_for)  # fmt: skip
 
     bar = _Bar(len(names), summary.skipped) if progress is True else None
@@ -148,6 +149,8 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
         os.close(fd)
         if bar is not None:
             bar.close()
+        if op == "reembed":
+            stop_services(job)
     summary.seconds = time.monotonic() - started
     return summary
 
