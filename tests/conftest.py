@@ -51,10 +51,13 @@ def store_path(tmp_path):
     return str(tmp_path / "agent_memory")
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """Under pytest-xdist (-n), keep each xdist_group on one worker (the Ray cluster tests
-    share one cluster: two workers would start two); other tests spread as with --dist load."""
-    from xdist.scheduler import LoadGroupScheduling
-
-    return LoadGroupScheduling(config, log)
+def pytest_configure(config):
+    """Under pytest-xdist's default `-n N` distribution, keep each `xdist_group` on one
+    worker, as `--dist loadgroup` does (other tests spread as with `load`): the Ray cluster
+    tests share one cluster, and two workers would start two. A worker's options come from
+    the command line, where `-n` alone says `--dist no`; it must mark the groups too."""
+    dist = getattr(config.option, "dist", None)
+    if os.environ.get("PYTEST_XDIST_WORKER") and dist in ("no", "load"):
+        config.option.loadgroup = True  # the worker adds "@group" to the grouped tests' ids
+    elif dist == "load":
+        config.option.dist = "loadgroup"  # the controller schedules by those ids

@@ -222,3 +222,15 @@ def test_a_damaged_frozen_file_is_refused_and_nothing_replaced(tmp_path, s3):
     assert sorted(os.listdir(tmp_path / "b" / "carol")) == []  # no half-thawed file
     assert cold.owner("carol") is None and cold.frozen("carol")  # the claim was given back
     assert json.loads(cold.fs.cat_file(cold._key("carol", "manifest.json")))["generation"] == generation
+
+
+@pytest.mark.parametrize("location, message", [
+    ("/a/path", "starts with"),
+    ("ray+gcs://10.0.0.1:6379/data", "namespace"),
+    ("ray+gcs://10.0.0.1:6379/data?namespace=alice&colour=red", "unknown setting"),
+    ("ray+gcs://10.0.0.1:6379/data?namespace=alice&shards=many", "must be a number"),
+    ("ray+gcs:///data?namespace=alice", "HOST:PORT"),
+])  # fmt: skip
+def test_a_bad_cluster_location_is_refused_before_connecting(location, message):
+    with pytest.raises(fastmem.InvalidInputError, match=message):
+        fastmem.ray.open_location(location)

@@ -23,7 +23,7 @@ from ._errors import (
            ShardUnavailableError,
            StoreOwnedElsewhereError,
 )
-from ._router import Cluster, RemoteStore, connect
+from ._router import Cluster, RemoteStore, connect, open_location
 
 __all__ = ["SLOTS", "Cluster", "ColdChecksumError", "Deployment", "RayUnavailableError", "RemoteStore",
-           "ShardUnavailableError", "StoreOwnedElsewhereError", "connect", "slot_of"]
+           "ShardUnavailableError", "StoreOwnedElsewhereError", "connect", "open_location", "slot_of"]

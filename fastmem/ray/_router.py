@@ -299,3 +299,50 @@ def split(namespaces: Sequence[str], deployment: Deployment) -> dict[int, list[s
     for name in namespaces:
         out.setdefault(deployment.shard_of(name), []).append(name)
     return out
+
+
+LOCATION_SCHEMES = ("ray://", "ray+gcs://")
+
+
+def open_location(location: str, namespace: str | None = None) -> RemoteStore:
+    """The store a location names, for integrations that take a store path.
+
+    ``ray://HOST:PORT/ROOT?...`` connects through Ray Client (from outside the cluster);
+    ``ray+gcs://HOST:PORT/ROOT?...`` joins as a driver on a node of the cluster. The query
+    gives the deployment: ``name``, ``shards``, ``mode``, ``nodes`` (comma-separated),
+    ``cold``, ``lease``, ``namespace``, and ``node_ip`` (this node's address in the
+    cluster). E.g. ``ray+gcs://10.0.0.1:6379/mnt/shared/fastmem?shards=64&namespace=alice``.
+
+    Raises:
+        InvalidInputError: not such a location, or no namespace.
+    """
+    from urllib.parse import parse_qs, urlsplit
+
+    if not isinstance(location, str) or not location.startswith(LOCATION_SCHEMES):
+        raise InvalidInputError(f"a cluster location starts with {' or '.join(LOCATION_SCHEMES)}")
+    parts = urlsplit(location)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    namespace = namespace or query.pop("namespace", None)
+    query.pop("namespace", None)
+    if not namespace:
+        raise InvalidInputError(f"{location}: name the store with ?namespace=NAME (or --namespace)")
+    if not parts.netloc or not parts.path:
+        raise InvalidInputError(f"{location}: give the cluster as HOST:PORT and the stores' root as the path")
+    address = f"ray://{parts.netloc}" if parts.scheme == "ray" else parts.netloc
+    fields: dict[str, Any] = {}
+    numbers: dict[str, type] = {"shards": int, "lease": float}
+    for key, value in query.items():
+        if key in ("name", "mode", "cold"):
+            fields[key] = value
+        elif key in numbers:
+            try:
+                fields[key] = numbers[key](value)
+            except ValueError:
+                raise InvalidInputError(f"{location}: {key} must be a number") from None
+        elif key == "nodes":
+            fields[key] = tuple(n for n in value.split(",") if n)
+        elif key != "node_ip":
+            raise InvalidInputError(f"{location}: unknown setting {key!r}")
+    store: RemoteStore = connect(address, parts.path, namespace=namespace, node_ip_address=query.get("node_ip"),
+                                 **fields)  # fmt: skip
+    return store
