@@ -109,6 +109,16 @@ def test_a_write_that_happened_before_its_result_was_logged_is_found_not_repeate
         log.close()
 
 
+def test_an_abandoned_intent_is_forgotten(tmp_path):
+    log = _oplog.OpLog(str(tmp_path))
+    log.intent("bad", _items(1))
+    log.abandon("bad")
+    log.close()
+    again = _oplog.OpLog(str(tmp_path))
+    assert again.intents == {} and "bad" not in again.done
+    again.close()
+
+
 def test_the_op_log_keeps_a_bounded_number_of_results(tmp_path, monkeypatch):
     monkeypatch.setattr(_oplog, "KEEP", 10)
     log = _oplog.OpLog(str(tmp_path))

@@ -54,6 +54,9 @@ class OpLog:
         except (ValueError, KeyError, TypeError):
             return  # a torn last line: its write never finished, so its op was not acknowledged
         self.lines += 1
+        if entry.get("abandon"):  # the write raised: nothing of it was applied
+            self.intents.pop(op, None)
+            return
         if "intent" in entry:
             self.intents[op] = entry
             return
@@ -78,6 +81,10 @@ class OpLog:
         if ids is not None:
             entry["ids"] = ids
         self._write(entry)
+
+    def abandon(self, op: str) -> None:
+        """The operation raised (a bad item, say): forget its intent."""
+        self._write({"op": op, "abandon": True})
 
     def recover(self, op: str, memories: Iterable[Any]) -> list[str] | None:
         """The ids of a batch whose intent has no result: its memories if the write

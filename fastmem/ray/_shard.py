@@ -287,16 +287,25 @@ class Shard:
             found = ops.recover(op, store) if op in ops.intents else None
             if found is None:
                 ops.intent(op, items)
-                found = store.add_many(items)
+                try:
+                    found = store.add_many(items)
+                except FastmemError:
+                    ops.abandon(op)  # checked before anything is written: nothing was
+                    raise
             ops.finish(op, found, ids=found)
             return found
+        retried = op in ops.intents  # an attempt died after its intent line
+        ops.intent(op, [])  # so a retry of a forget whose result line was never written knows
         try:
             result = getattr(store, method)(*args, **kwargs)
         except UnknownMemoryError:
-            if method == "forget" and op in ops.intents:
-                result = None  # forgotten by the attempt that died before its result was written
-            else:
+            if method != "forget" or not retried:
+                ops.abandon(op)
                 raise
+            result = None  # forgotten by the attempt that died before its result was written
+        except FastmemError:
+            ops.abandon(op)
+            raise
         ops.finish(op, _plain(result))
         return result
 
