@@ -8,6 +8,7 @@ down brings it back before it ends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -79,6 +80,20 @@ def stores(shared):
 
     with ThreadPoolExecutor(16) as pool:
         return dict(zip(NAMES, pool.map(write, NAMES)))
+
+
+@contextlib.contextmanager
+def fresh(cluster, name):
+    """A new shared-storage deployment of 4 shards (spread over the nodes as Ray starts
+    them; earlier tests' restarts may have gathered the first deployment's shards on the
+    head) with 12 stores of 2 memories."""
+    c = fray.connect(cluster.address, **settings(cluster, root=os.path.join(cluster.dir, name), name=name))
+    try:
+        for i in range(12):
+            c.open(f"{name}-{i}").add_many([{"text": f"{name} {i} memory {j}"} for j in range(2)])
+        yield c
+    finally:
+        c.shutdown()
 
 
 def on_a_worker(c, cluster, avoid=()):
@@ -250,9 +265,14 @@ def test_a_fleet_compact_survives_a_worker_node_killed_mid_job(cluster, shared, 
     cluster.add_worker(node)
 
 
-def test_a_shared_storage_shard_serves_again_on_another_node_within_30s(cluster, shared, stores):
+def test_a_shared_storage_shard_serves_again_on_another_node_within_30s(cluster):
+    with fresh(cluster, "failover") as shared:
+        _failover(cluster, shared)
+
+
+def _failover(cluster, shared):
     shard, node, _ = on_a_worker(shared, cluster)
-    name = next(n for n in NAMES if shared.deployment.shard_of(n) == shard)
+    name = next(f"failover-{i}" for i in range(12) if shared.deployment.shard_of(f"failover-{i}") == shard)
     store = shared.open(name)
     before = [m.id for m in store]
     started = time.monotonic()
@@ -286,11 +306,16 @@ def test_a_node_local_shard_is_unavailable_while_its_node_is_down(cluster):
         local.shutdown()
 
 
-def test_a_hung_node_is_fenced_by_the_watchdog(cluster, shared, stores):
+def test_a_hung_node_is_fenced_by_the_watchdog(cluster):
     """The node's Ray processes stop (SIGSTOP); its shard's process runs on, cut off from
     the cluster. Its watchdog must close its stores and exit, and a new copy elsewhere serve."""
+    with fresh(cluster, "hung") as shared:
+        _hung(cluster, shared)
+
+
+def _hung(cluster, shared):
     shard, node, old_pid = on_a_worker(shared, cluster)
-    name = next(n for n in NAMES if shared.deployment.shard_of(n) == shard)
+    name = next(f"hung-{i}" for i in range(12) if shared.deployment.shard_of(f"hung-{i}") == shard)
     store = shared.open(name)
     before = [m.id for m in store]
     started = time.monotonic()
@@ -319,12 +344,17 @@ def test_a_hung_node_is_fenced_by_the_watchdog(cluster, shared, stores):
 
 
 
-def test_a_wholly_stopped_node_is_replaced_and_its_copy_stands_down_when_it_wakes(cluster, shared, stores):
+def test_a_wholly_stopped_node_is_replaced_and_its_copy_stands_down_when_it_wakes(cluster):
     """Every process of the node stops, the shard's too (a VM paused): nothing of it can
     act. A new copy serves once the old lease has run out; when the old copy wakes, it
     finds its lease gone and exits without touching a store."""
+    with fresh(cluster, "paused") as shared:
+        _paused(cluster, shared)
+
+
+def _paused(cluster, shared):
     shard, node, old_pid = on_a_worker(shared, cluster)
-    name = next(n for n in NAMES if shared.deployment.shard_of(n) == shard)
+    name = next(f"paused-{i}" for i in range(12) if shared.deployment.shard_of(f"paused-{i}") == shard)
     store = shared.open(name)
     before = [m.id for m in store]
     started = time.monotonic()
