@@ -64,16 +64,8 @@ from .errors import (
 )
 from .export import BYTES_TAG, EMBEDDING_FIELD, EXPORT_FIELDS, from_jsonable, memory_dict
 
-__all__ = [
-    "EXIT_DAMAGED",
-    "EXIT_LOCKED",
-    "EXIT_MISSING",
-    "EXIT_NOT_FOUND",
-    "EXIT_OK",
-    "EXIT_PROBLEMS",
-    "EXIT_USAGE",
-    "main",
-]
+__all__ = ["main", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_USAGE", "EXIT_LOCKED", "EXIT_DAMAGED",
+           "EXIT_NOT_FOUND", "EXIT_MISSING"]
 
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
@@ -265,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
             store=False).set_defaults(func=lambda args, out: importlib.import_module(
                 "fastmem.doctor").run(out))  # fmt: skip
 
-    sub.add_parser("ray", help="a Ray cluster's stores: status, fleet jobs (fastmem ray --help)", add_help=False)
+    sub.add_parser("ray", add_help=False,  # parsed by fastmem.ray.cli (see main)
+                   help="a Ray cluster's stores: status, fleet jobs (fastmem ray --help)")  # fmt: skip
     p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
     p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
@@ -306,16 +299,9 @@ class _Out:
                  bytes_: bool = False) -> Iterator[Callable[[float], None]]:  # fmt: skip
         """A progress bar on stderr; yields ``advance(n)``. ``total=None``: a spinner with
         the time elapsed, for work that reports no progress; ``bytes_``: sizes, not counts."""
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            MofNCompleteColumn,
-            Progress,
-            SpinnerColumn,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,  # fmt: skip
-        )
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress,
+                                   SpinnerColumn, TextColumn, TimeElapsedColumn,
+                                   TimeRemainingColumn)  # fmt: skip
 
         columns: list[Any] = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn()]
         if total is not None:
@@ -653,7 +639,6 @@ def _cmd_compact(args: argparse.Namespace, out: _Out) -> int:
 
 def _cmd_reembed(args: argparse.Namespace, out: _Out) -> int:
     import fastmem
-
     from .embed import default_embedder
 
     base = _require_store(args)
@@ -710,7 +695,7 @@ def _cmd_export(args: argparse.Namespace, out: _Out) -> int:
 
 
 def _open_output(path: str) -> TextIO:
-    return open(path, "w", encoding="utf-8", newline="\n")
+    return open(path, "w", encoding="utf-8", newline="\n")  # noqa: SIM115 - closed by the caller
 
 
 def _read_import(path: str) -> list[dict[str, Any]]:
@@ -842,7 +827,8 @@ def _ray_main(argv: list[str]) -> int:
     try:
         ray_cli = importlib.import_module("fastmem.ray.cli")
     except ImportError as exc:
-        sys.stderr.write(f"fastmem: error: fastmem.ray cannot be loaded ({exc}): pip install 'fastmem[ray]'\n")
+        sys.stderr.write(f"fastmem: error: fastmem.ray cannot be loaded ({exc}): "
+                         f"pip install 'fastmem[ray]'\n")  # fmt: skip
         return EXIT_MISSING
     return int(ray_cli.main(argv))
 
