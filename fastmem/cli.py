@@ -259,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
             store=False).set_defaults(func=lambda args, out: importlib.import_module(
                 "fastmem.doctor").run(out))  # fmt: skip
 
+    sub.add_parser("ray", add_help=False,  # parsed by fastmem.ray.cli (see main)
+                   help="a Ray cluster's stores: status, fleet jobs (fastmem ray --help)")  # fmt: skip
     p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
     p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
@@ -829,11 +831,25 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     return _demo.run(args.path, out)
 
 
+def _ray_main(argv: list[str]) -> int:
+    """`fastmem ray ...`: fastmem[ray]'s own commands, imported only when asked for."""
+    try:
+        ray_cli = importlib.import_module("fastmem.ray.cli")
+    except ImportError as exc:
+        sys.stderr.write(f"fastmem: error: fastmem.ray cannot be loaded ({exc}): "
+                         f"pip install 'fastmem[ray]'\n")  # fmt: skip
+        return EXIT_MISSING
+    return int(ray_cli.main(argv))
+
+
 # --- entry point -----------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["ray"]:
+        return _ray_main(given[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
