@@ -46,21 +46,10 @@ from ._io import ContentCache, GroupCommit, lock_holder, mapped_errors, no_cycli
 from ._items import Prepared, f32, parse_id
 from ._threads import at_fork
 from .errors import (
-    CorruptIndexError,
-    CorruptionError,
-    CorruptRecordError,
-    DimensionMismatchError,
-    DurabilityError,
-    EmbedderMismatchError,
-    FormatVersionError,
-    ReadOnlyError,
-    RecoveryWarning,
-    StoreClosedError,
-    StoreForkedError,
-    StoreLockedError,
-    StoreNotFoundError,
-    UnknownMemoryError,
-)
+    CorruptIndexError, CorruptionError, CorruptRecordError, DimensionMismatchError,
+    DurabilityError, EmbedderMismatchError, FormatVersionError, ReadOnlyError, RecoveryWarning,
+    StoreClosedError, StoreForkedError, StoreLockedError, StoreNotFoundError, UnknownMemoryError,
+)  # fmt: skip
 from .namespaces import make_private_dirs
 from .types import Memory
 
