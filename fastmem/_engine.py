@@ -45,22 +45,12 @@ from ._index import (
 )  # fmt: skip
 from ._io import ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc, torn
 from ._items import Prepared, f32, parse_id
+from ._threads import at_fork
 from .errors import (
-    CorruptIndexError,
-    CorruptionError,
-    CorruptRecordError,
-    DimensionMismatchError,
-    DurabilityError,
-    EmbedderMismatchError,
-    FormatVersionError,
-    ReadOnlyError,
-    RecoveryWarning,
-    StoreClosedError,
-    StoreForkedError,
-    StoreLockedError,
-    StoreNotFoundError,
-    UnknownMemoryError,
-)
+    CorruptIndexError, CorruptionError, CorruptRecordError, DimensionMismatchError,
+    DurabilityError, EmbedderMismatchError, FormatVersionError, ReadOnlyError, RecoveryWarning,
+    StoreClosedError, StoreForkedError, StoreLockedError, StoreNotFoundError, UnknownMemoryError,
+)  # fmt: skip
 from .namespaces import make_private_dirs
 from .types import Memory
 
@@ -75,7 +65,9 @@ def _release_maps(exc: BaseException) -> None:
     traceback.clear_frames(exc.__traceback__)
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
-CHECKPOINT_TAIL_ROWS = 1 << 20  # checkpoint while writing once the tail is this long...
+# Checkpoint while writing once the rows added since the last one are this many and as many
+# as it holds: a bulk load holds at most half its rows in memory (issue 21: peak RSS).
+CHECKPOINT_TAIL_ROWS = 1 << 18
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # A write waiting for the lock polls it (flock has no timeout), first often, since writes
 # hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
@@ -89,6 +81,7 @@ _fork_generation = 0
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
 
 
+@at_fork
 def _after_fork_in_child() -> None:
     global _fork_generation
     _fork_generation += 1
@@ -97,9 +90,6 @@ def _after_fork_in_child() -> None:
     # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
     for engine in list(_engines):
         engine.lock = threading.RLock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class _State(NamedTuple):
@@ -429,7 +419,7 @@ class Engine:
         if self.failed is None:
             self.failed = err
             self._failure_reported = False
-        return err
+        return DurabilityError(code, err.strerror, path)  # raised, it keeps frames that hold the store
 
     def sync(self, fd: int, path: str | None = None, what: str = "fdatasync") -> None:
         """``fdatasync(fd)``; a failure is sticky (see ``DurabilityError``)."""
@@ -604,7 +594,7 @@ class Engine:
             self._undo_append(start)
             raise
         self.valid_end = self.dat_end
-        if index.tail.n >= CHECKPOINT_TAIL_ROWS:
+        if index.tail.n >= max(CHECKPOINT_TAIL_ROWS, index.n_base):
             self.checkpoint()
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
 
@@ -825,7 +815,10 @@ class Engine:
             self.sync(self._fd)  # the index must never cover data that is not on disk
         with self.failures(self.idx_path):
             try:
-                self.index.save(self.idx_path, self.data(), sync=sync)
+                # A delta when the index file can take one (what changed since the full
+                # checkpoint, appended); else the whole index, written aside and renamed.
+                if not self.index.save_delta(self.idx_path, self.data(), sync=sync):
+                    self.index.save(self.idx_path, self.data(), sync=sync)
             except BaseException:
                 remove_quietly(self.idx_path + ".tmp")  # on a full disk it holds the space
                 raise
@@ -872,6 +865,12 @@ class Engine:
             # Another process held the lock for the whole timeout. Nothing is lost: the
             # records are on disk, and the next open replays what the index file lacks.
             pass
+
+    def collected(self) -> None:
+        """The store was collected unclosed: let go of the files and lock (see abandon)."""
+        if not self.closed and self._generation == _fork_generation:
+            warnings.warn(f"the fastmem store {self.path} was not closed: released when collected", ResourceWarning, 2)
+            self.abandon()
 
     def abandon(self) -> None:
         """Close the handle without a checkpoint (its files are no longer the store, or can

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _format as fmt
 from ._index import MemoryIndex
-from ._threads import Background
+from ._threads import Background, at_fork
 from .errors import CorruptionError
 from .types import Problem
 
@@ -121,6 +121,12 @@ class Retired:
 
 _releaser: tuple[int, queue.SimpleQueue[Any]] | None = None
 _releaser_lock = threading.Lock()
+
+
+@at_fork
+def _after_fork_in_child() -> None:
+    global _releaser, _releaser_lock
+    _releaser, _releaser_lock = None, threading.Lock()  # the parent's thread, maybe its lock
 
 
 def releaser() -> queue.SimpleQueue[Any]:

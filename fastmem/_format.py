@@ -10,8 +10,10 @@ A store is two files (``docs/FORMAT.md`` describes them for people):
 ``<name>.idx``
     A 4096-byte header, then sections: the rows (``INDEX_DTYPE``), the time order of
     the rows, the int8 embedding matrix, the table of user-defined type names, the hot
-    section and the keyword section (BM25 postings). It is written whole to a temporary
-    name and renamed over the old one (a checkpoint).
+    section and the keyword section (BM25 postings), then two commit slots. A full
+    checkpoint writes it whole to a temporary name and renames it over the old one; an
+    incremental one appends a *delta* (what changed since the full one) and commits it by
+    writing the older slot (``docs/FORMAT.md``).
 
 Every integer and float is little-endian. No other module packs or parses these bytes.
 """
@@ -30,7 +32,11 @@ import numpy as np
 
 from .errors import CorruptIndexError, CorruptionError, CorruptRecordError, FormatVersionError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the data file and its records
+# The index file's version: 2 added the commit slots and deltas (incremental checkpoints);
+# version 1 files (no slots) are read, and replaced by version 2 at the next checkpoint.
+IDX_VERSION = 2
+IDX_VERSIONS = (1, 2)
 
 # --- data file -------------------------------------------------------------------------
 
@@ -338,6 +344,7 @@ class IdxHeader(NamedTuple):
     keyword_terms: int = 0
     keyword_postings: int = 0
     keyword_live_tokens: int = 0  # sum of the live rows' token counts (BM25's average length)
+    version: int = IDX_VERSION  # of the file read (pack_idx_header writes IDX_VERSION)
 
 
 def _align(n: int) -> int:
@@ -442,7 +449,7 @@ def write_keyword_section(f: Any, layout: IdxLayout, section: KeywordSection) ->
 
 def pack_idx_header(h: IdxHeader) -> bytes:
     fixed = IDX_HEADER.pack(
-        IDX_MAGIC, FORMAT_VERSION, IDX_HEADER_SIZE, h.uuid, h.rows, h.live, h.dim,
+        IDX_MAGIC, IDX_VERSION, IDX_HEADER_SIZE, h.uuid, h.rows, h.live, h.dim,
         INDEX_DTYPE.itemsize, h.covered, h.last_offset, h.last_crc, h.types_len, h.next_id,
         h.hot_len, h.checkpoint_time, h.keyword_version, h.keyword_terms, h.keyword_postings,
         h.keyword_live_tokens,
@@ -461,9 +468,9 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
     (crc,) = struct.unpack_from("<I", buf, IDX_HEADER_CRC_AT)
     if crc != crc32(memoryview(buf)[:IDX_HEADER_CRC_AT]):  # damage first: a flipped version is damage
         raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
-    if version != FORMAT_VERSION:
+    if version not in IDX_VERSIONS:
         raise FormatVersionError(
-            f"{path} has index format version {version}; this fastmem reads {FORMAT_VERSION}"
+            f"{path} has index format version {version}; this fastmem reads {IDX_VERSIONS}"
         )
     if (
         size != IDX_HEADER_SIZE
@@ -479,8 +486,138 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
         raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
     return IdxHeader(
         uuid, rows, live, dim, covered, last_offset, last_crc, types_len, next_id, when, hot_len,
-        kw_version, kw_terms, kw_postings, kw_tokens,
+        kw_version, kw_terms, kw_postings, kw_tokens, version,
     )
+
+
+# --- commit slots and deltas (index version 2) ----------------------------------------
+#
+# After the sections of a full checkpoint come two commit slots, each on its own page,
+# then deltas appended back to back. A delta holds everything that differs from the full
+# checkpoint (the rows added since, with their vectors, token counts and postings; the
+# changed rows of the full checkpoint; the type table and hot section), so the newest
+# valid slot names the one delta a reader needs. Bytes a slot names are never written
+# again: a reader that mapped them keeps reading what it read, and a slot torn by a crash
+# fails its CRC, leaving the other slot (an older delta, still whole) or none.
+
+SLOT_PAGE = 4096
+SLOT_MAGIC = b"FMEMSLOT"
+SLOT = struct.Struct("<8sQQQ")  # magic, generation, delta offset, delta length; then a crc
+DELTA_MAGIC = b"FMEMDLTA"
+# magic, rows added since the full checkpoint, live rows, covered .dat offset, the record
+# ending there and its crc, next id, checkpoint time, type table bytes, hot section bytes,
+# changed rows of the full checkpoint, keyword postings of the added rows, live tokens;
+# then a crc of these bytes
+DELTA_HEADER = struct.Struct("<8sQQQQIQdIIQQQ")
+DELTA_HEADER_SIZE = 128  # the header, its crc and zeros: the arrays start aligned
+
+
+class Slot(NamedTuple):
+    generation: int
+    offset: int
+    length: int
+
+
+class DeltaHeader(NamedTuple):
+    rows: int
+    live: int
+    covered: int
+    last_offset: int
+    last_crc: int
+    next_id: int
+    checkpoint_time: float
+    types_len: int
+    hot_len: int
+    patches: int
+    postings: int
+    live_tokens: int
+
+
+class DeltaLayout(NamedTuple):
+    """Byte offsets of a delta's arrays, from the delta's start (see ``docs/FORMAT.md``)."""
+
+    rows: int  # rows x INDEX_DTYPE: the rows added since the full checkpoint
+    vectors: int  # rows x dim int8
+    doc_len: int  # rows x u32: their keyword token counts (DOC_DEAD when forgotten)
+    patch_rows: int  # patches x u32: changed rows of the full checkpoint, ascending
+    patch_data: int  # patches x INDEX_DTYPE: their current values
+    terms: int  # postings x u64: term hash of each posting, ascending
+    posting_rows: int  # postings x u32: global row (ascending within a term)
+    tf: int  # postings x u16
+    types: int
+    hot: int
+    size: int
+
+
+def slots_at(layout: IdxLayout) -> int:
+    """Where the two commit slots of a version-2 file start: the page after the sections."""
+    return (layout.size + SLOT_PAGE - 1) // SLOT_PAGE * SLOT_PAGE
+
+
+def deltas_at(layout: IdxLayout) -> int:
+    return slots_at(layout) + 2 * SLOT_PAGE
+
+
+def pack_slot(slot: Slot) -> bytes:
+    body = SLOT.pack(SLOT_MAGIC, *slot)
+    return body + struct.pack("<I", crc32(body))
+
+
+def unpack_slot(buf: Any, at: int) -> Slot | None:
+    """The slot at ``at`` of ``buf``; ``None`` when empty or damaged (a torn write)."""
+    if len(buf) < at + SLOT.size + 4:
+        return None
+    magic, generation, offset, length = SLOT.unpack_from(buf, at)
+    (crc,) = struct.unpack_from("<I", buf, at + SLOT.size)
+    if magic != SLOT_MAGIC or crc != crc32(memoryview(buf)[at : at + SLOT.size]):
+        return None
+    return Slot(generation, offset, length)
+
+
+def current_slot(buf: Any, at: int) -> tuple[int, Slot | None]:
+    """Of the two slots at ``at`` of ``buf``: (which one to write next, 0 or 1; the newest
+    valid one, or ``None``)."""
+    slots = [unpack_slot(buf, at + i * SLOT_PAGE) for i in (0, 1)]
+    valid = [(s.generation, i) for i, s in enumerate(slots) if s is not None]
+    if not valid:
+        return 0, None
+    _, newest = max(valid)
+    return 1 - newest, slots[newest]
+
+
+def delta_layout(h: DeltaHeader, dim: int) -> DeltaLayout:
+    at_rows = DELTA_HEADER_SIZE
+    at_vectors = _align(at_rows + h.rows * INDEX_DTYPE.itemsize)
+    at_doc_len = _align(at_vectors + h.rows * dim)
+    at_patch_rows = _align(at_doc_len + 4 * h.rows)
+    at_patch_data = _align(at_patch_rows + 4 * h.patches)
+    at_terms = _align(at_patch_data + h.patches * INDEX_DTYPE.itemsize)
+    at_posting_rows = _align(at_terms + 8 * h.postings)
+    at_tf = _align(at_posting_rows + 4 * h.postings)
+    at_types = _align(at_tf + 2 * h.postings)
+    at_hot = _align(at_types + h.types_len)
+    return DeltaLayout(at_rows, at_vectors, at_doc_len, at_patch_rows, at_patch_data, at_terms,
+                       at_posting_rows, at_tf, at_types, at_hot, at_hot + h.hot_len)  # fmt: skip
+
+
+def pack_delta_header(h: DeltaHeader) -> bytes:
+    body = DELTA_HEADER.pack(DELTA_MAGIC, *h)
+    body += struct.pack("<I", crc32(body))
+    return body + bytes(DELTA_HEADER_SIZE - len(body))
+
+
+def unpack_delta_header(buf: Any, at: int, path: str) -> DeltaHeader:
+    """Parse and check the header of the delta at ``at`` (``CorruptIndexError``)."""
+    end = at + DELTA_HEADER.size
+    if len(buf) < end + 4 or bytes(buf[at : at + 8]) != DELTA_MAGIC:
+        raise CorruptIndexError(f"{path}: no delta where the commit slot points", path=path)
+    (crc,) = struct.unpack_from("<I", buf, end)
+    if crc != crc32(memoryview(buf)[at:end]):
+        raise CorruptIndexError(f"{path}: the delta's header is damaged", path=path)
+    h = DeltaHeader(*DELTA_HEADER.unpack_from(buf, at)[1:])
+    if h.live > MAX_ID or h.rows >= 1 << 32 or h.patches >= 1 << 32 or h.postings >= 1 << 48:
+        raise CorruptIndexError(f"{path}: the delta's header is damaged", path=path)
+    return h
 
 
 class HotSection(NamedTuple):

@@ -11,54 +11,27 @@ already records in ``.dat``, so a crash before the next checkpoint loses nothing
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import time
 import atexit  # noqa: F401 - now: weakref.finalize imports it at its first use, which
 import weakref  # would wait for the import lock a background loader holds (_threads.py)
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from . import _format as fmt
 from . import _kernels
 from ._keyword import KeywordIndex
+from ._replay import (  # noqa: F401 - F_* and the helpers are imported from here too
+    F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META, F_OFFSET, F_RESERVED,
+    F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE, Replayer,
+    check_memory_fields, default_importance, session_hash, update_changes,
+)
 from ._vectors import quantize
 from .errors import CorruptIndexError, CorruptRecordError
 from .types import Problem
-
-# Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
-(F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
- F_ACCESS, F_TEXT_TOKENS, F_SUMMARY_TOKENS, F_TYPE, F_FLAGS, F_RESERVED) = range(15)  # fmt: skip
-assert fmt.INDEX_DTYPE.names is not None and fmt.INDEX_DTYPE.names[F_FLAGS] == "flags"
-
-
-def session_hash(session: str | None) -> int:
-    """64-bit hash of a session name (0 = no session); collisions are checked on read."""
-    if session is None:
-        return 0
-    h = int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little")
-    return h or 1
-
-
-def default_importance(type_name: str) -> float:
-    return fmt.DEFAULT_IMPORTANCE.get(type_name, fmt.DEFAULT_USER_TYPE_IMPORTANCE)
-
-
-def update_changes(flags: int, payload: dict[str, Any], offset: int) -> dict[int, Any]:
-    """The row fields (``F_*``) that the update record at ``offset`` sets: one rule for the
-    writer applying its own update and for a replay reading it back."""
-    changes: dict[int, Any] = {}
-    if "p" in payload:
-        changes[F_IMPORTANCE] = float(payload["p"])
-    if "m" in payload:
-        changes[F_META] = offset
-    if "n" in payload:
-        changes[F_FLAGS] = (flags | fmt.FLAG_PINNED) if payload["n"] else (flags & ~fmt.FLAG_PINNED)
-    return changes
-
 
 def _write(f: Any, arr: np.ndarray) -> None:
     if arr.size:
@@ -66,6 +39,22 @@ def _write(f: Any, arr: np.ndarray) -> None:
 
 
 _NO_ROWS = np.zeros(0, dtype=fmt.INDEX_DTYPE)
+# An incremental checkpoint (a delta) is written when the full checkpoint holds at least
+# DELTA_MIN_BASE rows (below that, writing it whole costs milliseconds), while the rows
+# added and the rows changed since it are each at most an eighth of it, and the deltas
+# appended so far (each holds every change since the full one) an eighth of its bytes.
+# Otherwise the checkpoint is a full one. A delta costs what changed since the full
+# checkpoint; a full one costs the whole index.
+DELTA_MIN_BASE = 1 << 14
+DELTA_SHARE = 8
+DELTA_MIN_BYTES = 1 << 20  # deltas may always take this much
+
+
+def _pwrite(fd: int, data: Any, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        done = os.pwrite(fd, view, offset)
+        view, offset = view[done:], offset + done
 _BUILTIN_CODES = {name: code for code, name in enumerate(fmt.BUILTIN_TYPES)}
 
 
@@ -74,6 +63,7 @@ class _Tail:
 
     def __init__(self, dim: int) -> None:
         self.n = 0
+        self.saved = 0  # the first rows, read from the index file's delta (views of its map)
         self.rows = _NO_ROWS  # allocated by the first append: an open needs none
         self.vectors = np.zeros((0, dim), dtype=np.int8)
 
@@ -136,6 +126,15 @@ class MemoryIndex:
         self.id_floor = 0
         self.damaged: list[tuple[int, int]] = []  # (start, end) of the damaged regions replayed
         self.file_closer: weakref.finalize | None = None  # closes the mapped file's descriptor
+        # Incremental checkpoints: the file this index was loaded from (None: a full
+        # checkpoint is due), the base rows changed since it was written (the loaded
+        # delta's patches, then this process's changes) and the delta's patches, applied
+        # to the mapped rows on their first use (a restart from the hot section never pays).
+        self.file: _LoadedFile | None = None
+        self._mapped_fd = -1  # the loaded file's descriptor (kept open by file_closer)
+        self.patched = np.zeros(0, dtype=np.uint32)
+        self.dirty: set[int] = set()
+        self._patches: tuple[np.ndarray, np.ndarray] | None = None
 
     def set_compaction(self, header: fmt.DatHeader) -> None:
         """Take the data file header's compaction fields (see ``replay``)."""
@@ -166,33 +165,43 @@ class MemoryIndex:
         closer = weakref.finalize(mm, os.close, fd)
         h = fmt.unpack_idx_header(mm, path)
         layout = fmt.header_layout(h)
-        if layout.size != size:
+        # Version 2 files end with the commit slots and deltas (see docs/FORMAT.md); a file
+        # written without them (or by version 1) ends where its sections do.
+        with_slots = h.version >= 2 and size >= fmt.deltas_at(layout)
+        if layout.size != size and not with_slots:
             raise CorruptIndexError(f"{path} has {size} bytes, its header says {layout.size}")
         if h.uuid != uuid:
             raise CorruptIndexError(f"{path} belongs to another data file", path=path)
         if dat_dim and h.dim not in (0, dat_dim):
             raise CorruptIndexError(f"{path} disagrees with its data file on the dimension")
-        if not fmt.DAT_HEADER_SIZE <= h.covered <= dat_end:
-            raise CorruptIndexError(f"{path} covers more than its data file holds (stale)")
-        if h.covered > fmt.DAT_HEADER_SIZE:
-            try:
-                last = fmt.parse_record_header(dat, h.last_offset, dat_end, path)
-            except CorruptRecordError:
-                last = None
-            if last is None or h.last_offset + last.length != h.covered or last.crc != h.last_crc:
-                raise CorruptIndexError(f"{path} does not match its data file (stale)")
+        slot = fmt.current_slot(mm, fmt.slots_at(layout))[1] if with_slots else None
+        delta = dl = None
+        if slot is not None:
+            if not fmt.deltas_at(layout) <= slot.offset <= size - slot.length:
+                raise CorruptIndexError(f"{path}: the commit slot points outside the file", path=path)
+            delta = fmt.unpack_delta_header(mm, slot.offset, path)
+            dl = fmt.delta_layout(delta, h.dim)
+            if dl.size != slot.length or delta.live > h.rows + delta.rows:
+                raise CorruptIndexError(f"{path}: the delta's header is damaged", path=path)
+        state = h if delta is None else delta
+        _check_covers(path, dat, dat_end, state.covered, state.last_offset, state.last_crc)
         index = cls(h.dim, uuid)
         index.file_closer = closer
+        index._mapped_fd = fd
         index.n_base = h.rows
         index._base_spec = (mm, layout, h.dim)
         index._base_spec_path = path
-        for name in fmt.unpack_types(mm[layout.types : layout.types + h.types_len], path):
+        types, hot = (layout.types, h.types_len), (layout.hot, h.hot_len)
+        if delta is not None and dl is not None and slot is not None:
+            types, hot = (slot.offset + dl.types, delta.types_len), (slot.offset + dl.hot, delta.hot_len)
+        for name in fmt.unpack_types(mm[types[0] : types[0] + types[1]], path):
             index._add_type(name)
-        index.hot = fmt.unpack_hot(memoryview(mm)[layout.hot : layout.hot + h.hot_len], path)
+        index.hot = fmt.unpack_hot(memoryview(mm)[hot[0] : hot[0] + hot[1]], path)
         index._base_bytes = memoryview(mm)[layout.rows : layout.rows + h.rows * fmt.INDEX_DTYPE.itemsize]
+        next_id = h.next_id if delta is None else delta.next_id
         if h.rows:
             index._base_last_id = fmt.INDEX_ROW.unpack_from(index._base_bytes, (h.rows - 1) * fmt.INDEX_DTYPE.itemsize)[F_ID]
-            if index._base_last_id >= h.next_id:
+            if index._base_last_id >= next_id:
                 raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
         if h.keyword_version:
             index.keyword = KeywordIndex.from_section(
@@ -202,13 +211,63 @@ class MemoryIndex:
             index.keyword = KeywordIndex.build_in_background(
                 np.frombuffer(mm, fmt.INDEX_DTYPE, h.rows, layout.rows), dat, path
             )
-        index.live, index.next_id = h.live, h.next_id
-        index.covered = index.applied = h.covered
-        index.last_offset, index.last_crc = h.last_offset, h.last_crc
+        index.live, index.next_id = state.live, next_id
+        index.covered = index.applied = state.covered
+        index.last_offset, index.last_crc = state.last_offset, state.last_crc
+        if delta is not None and dl is not None and slot is not None:
+            if not h.keyword_version:
+                raise CorruptIndexError(f"{path}: a delta on an index without postings", path=path)
+            index._load_delta(mm, slot.offset, delta, dl, path)
+        if with_slots:
+            st = os.fstat(fd)
+            index.file = _LoadedFile(st.st_dev, st.st_ino, layout, slot, size)
         return index
+
+    def _load_delta(self, mm: Any, at: int, h: fmt.DeltaHeader, dl: fmt.DeltaLayout, path: str) -> None:
+        """Take the delta at ``at``: its rows become the tail (views of the map, copied
+        when the tail first grows), its postings the keyword tail; its patches wait for
+        the first use of the base rows."""
+        t, d = h.rows, self.dim
+        tail = self.tail
+        tail.rows = np.frombuffer(mm, fmt.INDEX_DTYPE, t, at + dl.rows)
+        tail.vectors = np.frombuffer(mm, np.int8, t * d, at + dl.vectors).reshape(t, d)
+        tail.n = tail.saved = t
+        if t:
+            ids = tail.rows["id"]
+            if int(ids[0]) <= self._base_last_id or (t > 1 and not (ids[1:] > ids[:-1]).all()):
+                raise CorruptIndexError(f"{path}: the delta's rows are out of order", path=path)
+            if int(ids[-1]) >= self.next_id:
+                raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
+        self.keyword.load_tail(
+            np.frombuffer(mm, "<u4", t, at + dl.doc_len),
+            (np.frombuffer(mm, "<u8", h.postings, at + dl.terms),
+             np.frombuffer(mm, "<u4", h.postings, at + dl.posting_rows),
+             np.frombuffer(mm, "<u2", h.postings, at + dl.tf)),
+            h.live_tokens,
+        )  # fmt: skip
+        if h.patches:
+            rows = np.frombuffer(mm, "<u4", h.patches, at + dl.patch_rows)
+            if int(rows.max()) >= self.n_base or (h.patches > 1 and not (rows[1:] > rows[:-1]).all()):
+                raise CorruptIndexError(f"{path}: the delta's changed rows are damaged", path=path)
+            data = np.frombuffer(mm, fmt.INDEX_DTYPE, h.patches, at + dl.patch_data)
+            self.patched = rows
+            self._patches = (rows, data)
+
+    def _apply_patches(self) -> None:
+        """Write the delta's changed rows over the mapped base rows (copy-on-write: the
+        file is not changed) and mark the forgotten ones in the keyword token counts."""
+        patches, self._patches = self._patches, None
+        if patches is None or self._base_spec is None:
+            return
+        rows, data = patches
+        mm, layout, _ = self._base_spec
+        np.frombuffer(mm, fmt.INDEX_DTYPE, self.n_base, layout.rows)[rows] = data
+        dead = rows[(data["flags"] & fmt.FLAG_FORGOTTEN) != 0]
+        self.keyword.mark_dead(dead)
 
     def _views(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         if self._base is None:
+            self._apply_patches()
             n = self.n_base
             if self._base_spec is None:
                 rows = np.zeros(0, dtype=fmt.INDEX_DTYPE)
@@ -236,15 +295,12 @@ class MemoryIndex:
 
     def hot_rows(self) -> tuple[fmt.HotSection, int] | None:
         """The hot section and how many memories it holds, if it is still current."""
-        if self.hot is None or self.applied != self.covered or self.tail.n:
+        if self.hot is None or self.applied != self.covered or self.tail.n != self.tail.saved:
             return None
         return self.hot, len(self.hot.starts)
 
-    def save(self, path: str, dat: Any, *, sync: bool) -> None:
-        """Write the whole index to ``path`` + ``.tmp``, then rename it over ``path``."""
-        n = len(self)
-        tail_n = self.tail.n
-        types = fmt.pack_types(self.user_types)
+    def _hot(self, dat: Any) -> bytes:
+        """The hot section: the newest live memories' rows and records."""
         hot_rows, hot_records = [], []
         for g in self.by_time(newest_first=True):
             row = self.row(g)
@@ -252,11 +308,19 @@ class MemoryIndex:
             hot_records.append(bytes(dat[row[F_OFFSET] : row[F_OFFSET] + row[F_LENGTH]]))
             if len(hot_rows) == fmt.HOT_MEMORIES:
                 break
-        hot = fmt.pack_hot(hot_rows, hot_records)
+        return fmt.pack_hot(hot_rows, hot_records)
+
+    def save(self, path: str, dat: Any, *, sync: bool) -> None:
+        """Write the whole index to ``path`` + ``.tmp``, then rename it over ``path`` (a
+        full checkpoint; its commit slots are empty)."""
+        self._views()  # the delta's changed rows, applied
+        n = len(self)
+        tail_n = self.tail.n
+        types = fmt.pack_types(self.user_types)
+        hot = self._hot(dat)
         keyword = self.keyword.section()
         layout = fmt.idx_layout(n, self.dim, len(types), len(hot), (len(keyword.terms), len(keyword.rows)))
-        ts = self.column("timestamp")
-        order = np.argsort(ts, kind="stable").astype("<u4")  # rows are in id order
+        order = self._order()
         header = fmt.pack_idx_header(
             fmt.IdxHeader(self.uuid, n, self.live, self.dim, self.applied, self.last_offset,
                           self.last_crc, len(types), self.next_id, time.time(), len(hot),
@@ -272,9 +336,10 @@ class MemoryIndex:
                 _write(f, self.tail.rows[:tail_n])
                 f.write(bytes(layout.order - f.tell()))
                 _write(f, order)
+                del order
                 f.write(bytes(layout.vectors - f.tell()))
                 if self.base_vectors.shape[1] == self.dim:
-                    _write(f, self.base_vectors)
+                    self._write_base_vectors(f)
                 else:  # the base was written before the dimension was known
                     f.write(bytes(len(self.base_rows) * self.dim))
                 _write(f, self.tail.vectors[:tail_n])
@@ -283,11 +348,121 @@ class MemoryIndex:
                 f.write(bytes(layout.hot - f.tell()))
                 f.write(hot)
                 fmt.write_keyword_section(f, layout, keyword)
+                del keyword
+                f.write(bytes(fmt.deltas_at(layout) - f.tell()))  # two empty commit slots
             if sync:
                 os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
+
+    def _write_base_vectors(self, f: Any) -> None:
+        """The base's int8 vectors (they never change), copied file to file by the kernel
+        when it can (copy_file_range): read through the map, every page of them would
+        count in this process's memory until the checkpoint ends (~400 MB at 1 M)."""
+        size = self.base_vectors.nbytes
+        if size and self._base_spec is not None and self._mapped_fd >= 0:
+            f.flush()
+            src, dst, start = self._base_spec[1].vectors, f.fileno(), f.tell()
+            try:
+                done = 0
+                while done < size:
+                    n = os.copy_file_range(self._mapped_fd, dst, size - done, src + done, start + done)
+                    if n <= 0:
+                        break
+                    done += n
+            except OSError:
+                done = -1  # not supported here (another file system...): through the map
+            if done == size:
+                f.seek(start + size)
+                return
+            f.seek(start)
+        _write(f, self.base_vectors)
+
+    def _order(self) -> np.ndarray:
+        """The time order of every row (rows are in id order), as ``<u4``: the base's own
+        order and the tail's merged when the tail's rows are all newer (the usual case),
+        without sorting the base again."""
+        nb = self.n_base
+        tail_ts = self.tail.rows["timestamp"][: self.tail.n]
+        if nb and len(tail_ts):
+            base_ts, base_order = self.base_rows["timestamp"], self.base_order
+            if tail_ts.min() >= base_ts[int(base_order[-1])]:
+                out = np.empty(nb + len(tail_ts), dtype="<u4")
+                out[:nb] = base_order
+                out[nb:] = self._tail_sorted() + nb
+                return out
+        ts = self.column("timestamp")
+        return np.argsort(ts, kind="stable").astype("<u4")
+
+    def save_delta(self, path: str, dat: Any, *, sync: bool) -> bool:
+        """Append what changed since the full checkpoint to the index file this index was
+        loaded from, and commit it by writing the older of its two slots. Returns False,
+        having written nothing, when a full checkpoint is due instead: no such file (or
+        another under the name), a new dimension, or a delta too large for its base."""
+        loaded = self.file
+        if loaded is None or self._base_spec is None or self._base_spec[2] != self.dim:
+            return False
+        if not self.keyword.delta_ready():
+            return False
+        if self.n_base < DELTA_MIN_BASE:
+            return False
+        limit = self.n_base // DELTA_SHARE
+        self._views()  # the loaded delta's changed rows, applied to the base
+        # Sorted and unique without np.union1d/np.unique: they import numpy.ma (~0.1 s) on
+        # their first call in a process, which would be the close of a restarted agent.
+        patched = np.sort(np.concatenate([self.patched, np.fromiter(self.dirty, np.uint32, len(self.dirty))]))
+        patched = patched[np.concatenate(([True], patched[1:] != patched[:-1]))] if len(patched) else patched
+        if self.tail.n > limit or len(patched) > limit:
+            return False
+        t = self.tail.n
+        terms, post_rows, tf = self.keyword.tail_postings()
+        types = fmt.pack_types(self.user_types)
+        hot = self._hot(dat)
+        h = fmt.DeltaHeader(t, self.live, self.applied, self.last_offset, self.last_crc,
+                            self.next_id, time.time(), len(types), len(hot), len(patched),
+                            len(terms), self.keyword.live_tokens)  # fmt: skip
+        dl = fmt.delta_layout(h, self.dim)
+        start = fmt.deltas_at(loaded.layout)
+        fd = os.open(path, os.O_RDWR)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (loaded.dev, loaded.ino):
+                return False  # another process wrote a full checkpoint since
+            at = max(start, -(-st.st_size // fmt.SECTION_ALIGN) * fmt.SECTION_ALIGN)
+            if at - start + dl.size > max(DELTA_MIN_BYTES, fmt.slots_at(loaded.layout) // DELTA_SHARE):
+                return False  # the deltas appended so far would outweigh the base
+            slots = os.pread(fd, 2 * fmt.SLOT_PAGE, fmt.slots_at(loaded.layout))
+            which, newest = fmt.current_slot(slots, 0)
+            parts = [
+                (dl.rows, self.tail.rows[:t]), (dl.vectors, self.tail.vectors[:t]),
+                (dl.doc_len, self.keyword.tail_len[: self.keyword.tail_n]),
+                (dl.patch_rows, patched.astype("<u4")),
+                (dl.patch_data, self.base_rows[patched] if len(patched) else _NO_ROWS),
+                (dl.terms, terms), (dl.posting_rows, post_rows), (dl.tf, tf),
+                (dl.types, np.frombuffer(types, np.uint8)), (dl.hot, np.frombuffer(hot, np.uint8)),
+            ]
+            try:
+                _pwrite(fd, fmt.pack_delta_header(h), at)
+                for offset, arr in parts:
+                    if arr.size:
+                        _pwrite(fd, np.ascontiguousarray(arr).data.cast("B"), at + offset)
+                if sync:
+                    os.fdatasync(fd)  # the delta is on disk before a slot names it
+                generation = 1 if newest is None else newest.generation + 1
+                slot = fmt.pack_slot(fmt.Slot(generation, at, dl.size))
+                _pwrite(fd, slot, fmt.slots_at(loaded.layout) + which * fmt.SLOT_PAGE)
+                if sync:
+                    os.fdatasync(fd)
+            except BaseException:
+                try:  # the space it took (a full disk); nothing names those bytes
+                    os.ftruncate(fd, st.st_size)
+                except OSError:
+                    pass
+                raise
+        finally:
+            os.close(fd)
+        return True
 
     # --- rows ------------------------------------------------------------------------
 
@@ -334,6 +509,8 @@ class MemoryIndex:
         """Row ``g`` as a tuple in ``INDEX_DTYPE`` order (``F_*`` name the positions)."""
         nb = self.n_base
         if g < nb:
+            if self._patches is not None:
+                self._apply_patches()
             return fmt.INDEX_ROW.unpack_from(self._base_bytes, g * fmt.INDEX_DTYPE.itemsize)
         return self.tail.rows[g - nb].item()
 
@@ -341,6 +518,8 @@ class MemoryIndex:
         rows, i = self._locate(g)
         rows[name][i] = value
         self.pinned = None
+        if g < self.n_base:
+            self.dirty.add(g)
 
     def change(self, g: int, changes: dict[int, Any]) -> None:
         """Set row ``g``'s fields given by position (``F_*``), as ``update_changes`` makes."""
@@ -384,6 +563,8 @@ class MemoryIndex:
             seg, i = (self.base_rows, g) if g < nb else (self.tail.rows, g - nb)
             seg["access_count"][i] = min(int(seg["access_count"][i]) + 1, 0xFFFFFFFF)
             seg["last_access"][i] = now
+            if g < nb:
+                self.dirty.add(g)
         if rows:
             self.stats_changed = True
 
@@ -542,12 +723,34 @@ class MemoryIndex:
             Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
         ]
         self.damaged += [(int(s), int(e)) for s, e in zip(bad_starts, bad_ends)]
-        _Replayer(self, dat, path, problems, sort).run(offsets, lengths, kinds, dims)
+        Replayer(self, dat, path, problems, sort).run(offsets, lengths, kinds, dims)
         valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
         return max(valid_end, start), len(offsets)
 
 
-_FLUSH_ROWS = 65536  # rows a replay turns into arrays at once
+
+class _LoadedFile(NamedTuple):
+    """The version-2 index file an index was loaded from: a delta may be added to it
+    while it is still the file under the index's name (the same device and inode)."""
+
+    dev: int
+    ino: int
+    layout: fmt.IdxLayout  # of its full checkpoint
+    slot: fmt.Slot | None  # the slot loaded
+    size: int
+
+
+def _check_covers(path: str, dat: Any, dat_end: int, covered: int, last_offset: int, last_crc: int) -> None:
+    """Refuse an index (or delta) that covers data the data file does not hold (stale)."""
+    if not fmt.DAT_HEADER_SIZE <= covered <= dat_end:
+        raise CorruptIndexError(f"{path} covers more than its data file holds (stale)")
+    if covered > fmt.DAT_HEADER_SIZE:
+        try:
+            last = fmt.parse_record_header(dat, last_offset, dat_end, path)
+        except CorruptRecordError:
+            last = None
+        if last is None or last_offset + last.length != covered or last.crc != last_crc:
+            raise CorruptIndexError(f"{path} does not match its data file (stale)")
 
 
 def _check_base(rows: np.ndarray, order: np.ndarray, path: str) -> None:
@@ -565,207 +768,3 @@ def _check_base(rows: np.ndarray, order: np.ndarray, path: str) -> None:
             f"{path}: the time order points past the rows; delete the .idx file to rebuild it",
             path=path,
         )
-
-
-def check_memory_fields(p: dict[str, Any]) -> None:
-    """Check a decoded memory payload's fields against the limits ``add`` enforces.
-
-    Written for replay's speed (about 0.5 us a record): exact type tests, each optional
-    field looked up once.
-
-    Raises:
-        ValueError: a field has the wrong type or is out of range (a damaged record).
-    """
-    get = p.get
-    text, ts, tokens = p["x"], p["t"], get("k")
-    if type(text) is not str:
-        raise ValueError("the text is not a string")
-    if not (type(ts) is float and 0.0 <= ts <= fmt.MAX_TIMESTAMP):
-        _check_number(ts, 0.0, fmt.MAX_TIMESTAMP, "timestamp")  # ints pass; the rest raises
-    if tokens is not None:
-        if type(tokens) is not list or len(tokens) != 2:
-            raise ValueError("the token counts are not two 32-bit counts")
-        a, b = tokens
-        if type(a) is not int or type(b) is not int or not (0 <= a <= _U32 and 0 <= b <= _U32):
-            raise ValueError("the token counts are not two 32-bit counts")
-    type_name, session, summary = get("y"), get("s"), get("u")
-    if type_name is not None and (type(type_name) is not str or not 0 < len(type_name) <= _MAX_TYPE):
-        raise ValueError("the type is not a name of 1 to MAX_TYPE_CHARS characters")
-    if session is not None and (type(session) is not str or not 0 < len(session) <= _MAX_SESSION):
-        raise ValueError("the session is not a name of 1 to MAX_SESSION_CHARS characters")
-    if summary is not None and type(summary) is not str:
-        raise ValueError("the summary is not a string")
-    known = 3 + (tokens is not None) + (type_name is not None) + (session is not None) + (summary is not None)
-    if len(p) > known:  # rarer fields too: importance, pin, metadata
-        _check_change_fields(p)
-
-
-_U32, _MAX_TYPE, _MAX_SESSION = fmt.UNKNOWN_TOKENS, fmt.MAX_TYPE_CHARS, fmt.MAX_SESSION_CHARS
-
-
-def _check_change_fields(p: dict[str, Any]) -> None:
-    """The fields an update may change: importance, pin and metadata."""
-    if not 0 <= p["i"] <= fmt.MAX_ID:
-        raise ValueError("the id is out of range")
-    if "p" in p:
-        _check_number(p["p"], 0.0, 1.0, "importance")
-    if "n" in p and not isinstance(p["n"], bool):
-        raise ValueError("the pin is not a bool")
-    if "m" in p and p["m"] is not None and not isinstance(p["m"], dict):
-        raise ValueError("the metadata is not a map")
-
-
-def _check_number(x: Any, lo: float, hi: float, name: str) -> None:
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi:  # NaN fails
-        raise ValueError(f"the {name} is not a number from {lo} to {hi}")
-
-
-class _Replayer:
-    """Turns checked records into index rows, batching new rows for ``append``."""
-
-    def __init__(
-        self, index: MemoryIndex, dat: Any, path: str, problems: list[Problem], sort: bool = False
-    ) -> None:
-        self.index, self.dat, self.path, self.problems = index, dat, path, problems
-        self.sort = sort  # records come in any id order: sort the rows once, at the end
-        self.rows: list[list[Any]] = []
-        self.pending: dict[int, int] = {}  # id -> position in self.rows
-        self.vec_rows: list[int] = []
-        self.texts: list[str] = []  # of the rows in self.rows
-        self.sessions: dict[str | None, int] = {None: 0}  # names repeat: hash each once
-
-    def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
-        apply = {
-            fmt.KIND_MEMORY: self._memory,
-            fmt.KIND_UPDATE: self._update,
-            fmt.KIND_FORGET: self._forget,
-        }
-        dat, raw_len_at = self.dat, fmt.RECORD_RAW_LEN_AT
-        for off, length, kind, dim in zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist()):
-            try:
-                # The scan has checked lengths and CRC; only decoding is left.
-                start = fmt.payload_start(off, dim)
-                raw_len = int.from_bytes(dat[off + raw_len_at : off + raw_len_at + 4], "little")
-                payload = fmt.decode_payload(dat[start : off + length], off + length - start, raw_len, off, self.path)
-                apply[kind](off, length, dim, payload)
-            except CorruptRecordError as exc:
-                self.problems.append(Problem("dat", off, str(exc)))
-            except (TypeError, ValueError, OverflowError, KeyError) as exc:
-                self.problems.append(Problem("dat", off, f"record fields are invalid ({exc!r})"))
-            crc = int.from_bytes(self.dat[off + fmt.RECORD_CRC_AT : off + fmt.RECORD_CRC_AT + 4], "little")
-            self.index.note_applied(off, length, crc)
-            if len(self.rows) >= _FLUSH_ROWS and not self.sort:
-                self._flush()
-        self._flush()
-
-    def _flush(self) -> None:
-        if not self.rows:
-            return
-        if self.sort:
-            # Sorted by id here, appended below in blocks: no single numpy call holds the
-            # GIL for the whole prefix (a compaction's other threads keep running).
-            ids = np.fromiter((r[F_ID] for r in self.rows), dtype=np.int64, count=len(self.rows))
-            order = np.argsort(ids, kind="stable").tolist()
-            position = np.empty(len(order), dtype=np.int64)
-            position[order] = np.arange(len(order))
-            self.rows = [self.rows[i] for i in order]
-            self.texts = [self.texts[i] for i in order]
-            self.vec_rows = np.sort(position[self.vec_rows]).tolist() if self.vec_rows else []
-        block = _FLUSH_ROWS
-        vec_at = 0
-        for lo in range(0, len(self.rows), block):
-            hi = min(lo + block, len(self.rows))
-            vec_end = vec_at
-            while vec_end < len(self.vec_rows) and self.vec_rows[vec_end] < hi:
-                vec_end += 1
-            self._append(lo, hi, self.vec_rows[vec_at:vec_end])
-            vec_at = vec_end
-        self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
-
-    def _append(self, lo: int, hi: int, vec_rows: list[int]) -> None:
-        """Append ``self.rows[lo:hi]`` (``vec_rows``: those of them with a vector)."""
-        index = self.index
-        rows = np.array([tuple(r) for r in self.rows[lo:hi]], dtype=fmt.INDEX_DTYPE)
-        vectors = None
-        if index.dim and vec_rows:
-            width = 2 * index.dim
-            raw = bytearray(len(rows) * width)  # zeros for the rows without a vector
-            dat = self.dat
-            for pos in vec_rows:
-                start = fmt.vector_start(self.rows[pos][F_OFFSET])
-                at = (pos - lo) * width
-                raw[at : at + width] = dat[start : start + width]
-            vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)
-            bad = ~np.isfinite(vectors).all(axis=1)
-            if bad.any():  # only a damaged record (its CRC made to fit) holds inf or NaN
-                vectors[bad] = 0
-                rows["flags"][bad] &= ~np.uint16(fmt.FLAG_HAS_VECTOR)
-                self.problems.extend(
-                    Problem("dat", int(off), "the vector is not finite: the memory is kept without it")
-                    for off in rows["offset"][bad].tolist()
-                )
-        index.append(rows, vectors, self.texts[lo:hi])
-
-    def _memory(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
-        index = self.index
-        mid = p["i"]
-        if mid < index.next_id or mid > fmt.MAX_ID or mid in self.pending or (
-            not self.sort and self.rows and mid <= self.rows[-1][F_ID]
-        ):
-            raise ValueError(f"memory id {mid} is not above the ids before it")
-        check_memory_fields(p)
-        ts = float(p["t"])
-        text = p["x"]
-        type_name = p.get("y", "conversation")
-        session = p.get("s")
-        importance = float(p.get("p", default_importance(type_name)))
-        flags = fmt.FLAG_PINNED if p.get("n") else 0
-        if dim:
-            if index.dim == 0:
-                index.set_dim(dim)
-            if dim != index.dim:
-                raise ValueError(f"vector length {dim} differs from the store's {index.dim}")
-            flags |= fmt.FLAG_HAS_VECTOR
-            self.vec_rows.append(len(self.rows))
-        tokens = p.get("k") or (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
-        code = index.type_code(type_name, create=True)
-        self.pending[mid] = len(self.rows)
-        self.texts.append(text)
-        hashed = self.sessions.get(session)
-        if hashed is None:
-            hashed = self.sessions[session] = session_hash(session)
-        self.rows.append(
-            [mid, ts, hashed, off, 0, 0.0, length, importance, 0.0, 0,
-             int(tokens[0]), int(tokens[1]), code, flags, 0]
-        )  # fmt: skip
-
-    def _target(self, mid: int) -> tuple[list[Any] | None, int]:
-        pos = self.pending.get(mid)
-        if pos is not None:
-            return self.rows[pos], -1
-        g = self.index.find(mid)
-        if g < 0:
-            raise ValueError(f"the record changes memory {mid}, which does not exist")
-        return None, g
-
-    def _update(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
-        _check_change_fields(p)
-        row, g = self._target(p["i"])
-        flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
-        changes = update_changes(flags, p, off)
-        if row is None:
-            self.index.change(g, changes)
-        else:
-            for field, value in changes.items():
-                row[field] = value
-
-    def _forget(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
-        _check_change_fields(p)
-        row, g = self._target(p["i"])
-        flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
-        if flags & fmt.FLAG_FORGOTTEN:
-            raise ValueError(f"memory {p['i']} is forgotten twice")
-        if row is None:
-            self.index.forget(g, flags)
-        else:
-            row[F_FLAGS] = flags | fmt.FLAG_FORGOTTEN

@@ -99,7 +99,8 @@ class GroupCommit:
     def stop(self) -> None:
         self._stopping = True
         self._pending.set()
-        self._thread.join()
+        if threading.current_thread() is not self._thread:  # (a collected store, freed here)
+            self._thread.join()
 
 
 def lock_holder(fd: int) -> int | None:

@@ -19,7 +19,7 @@ from ._index import default_importance
 from ._vectors import to_float16
 from .embed import Embedder
 from .errors import InvalidInputError, InvalidTypeError, UnknownMemoryError
-from .summarize import Summarizer
+from .summarize import KeySentences, Summarizer
 from .tokens import TokenCounter
 from .types import ContextPolicy
 
@@ -201,9 +201,17 @@ def prepare(i: int, item: Any, now: float) -> Prepared:
 
 def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer | None,
                         tokens: TokenCounter) -> None:
-    """Give each payload its summary (unless it has one) and its token counts, once."""
+    """Give each payload its summary (unless it has one) and its token counts, once.
+
+    Every text is encoded once, in one batch. The default summarizer (:class:`KeySentences`
+    counting with ``tokens``) returns no summary for a text of at most its ``max_tokens``
+    tokens: such texts are not passed to it, so they are not encoded a second time."""
+    text_counts = tokens.count_many([p["x"] for p in payloads])
     if summarizer is not None:
         todo = [p for p in payloads if "u" not in p]
+        if isinstance(summarizer, KeySentences) and summarizer.count == tokens.count:
+            short = {id(p) for p, n in zip(payloads, text_counts) if n <= summarizer.max_tokens}
+            todo = [p for p in todo if id(p) not in short]
         made = summarizer.summarize([p["x"] for p in todo]) if todo else []
         if not isinstance(made, list) or len(made) != len(todo):
             raise InvalidInputError("the summarizer must return a list: one summary or None per text")
@@ -216,10 +224,13 @@ def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer |
             if summary and summary != payload["x"]:
                 check_utf8(summary, "the summary")
                 payload["u"] = summary
-    count = tokens.count
-    for payload in payloads:
-        summary = payload.get("u")
-        payload["k"] = [count(payload["x"]), 0 if summary is None else count(summary)]
+    summaries = [(j, p["u"]) for j, p in enumerate(payloads) if "u" in p]
+    summary_counts = [0] * len(payloads)
+    for (j, _), n in zip(summaries, tokens.count_many([u for _, u in summaries])):
+        summary_counts[j] = n
+    for payload, n_text, n_summary in zip(payloads, text_counts, summary_counts):
+        payload["k"] = [n_text, n_summary]
+
 
 def vectors_for(prepared: list[Prepared], embedder: Embedder | None, dim: int) -> np.ndarray | None:
     """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere):

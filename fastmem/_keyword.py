@@ -103,6 +103,20 @@ class KeywordIndex:
         kw.live_tokens = live_tokens
         return kw
 
+    def load_tail(
+        self, doc_len: np.ndarray, run: tuple[np.ndarray, np.ndarray, np.ndarray], live_tokens: int
+    ) -> None:
+        """Take the rows after the base as an index file's delta holds them: their token
+        counts and their postings (one run sorted by term), as views of its map."""
+        self.tail_len, self.tail_n = doc_len, len(doc_len)
+        self._runs = [run] if len(run[0]) else []
+        self.live_tokens = live_tokens
+
+    def mark_dead(self, rows: np.ndarray) -> None:
+        """Base ``rows`` are forgotten (a delta's changed rows, applied to the base)."""
+        if len(rows) and self.base is not None:
+            self.base.doc_len[rows] |= np.uint32(fmt.DOC_DEAD)
+
     @classmethod
     def build_in_background(
         cls, base_rows: np.ndarray, dat: Any, path: str
@@ -167,6 +181,11 @@ class KeywordIndex:
                 f"delete the .idx file to rebuild the index"
             )
         return self.base
+
+    def delta_ready(self) -> bool:
+        """Whether the base postings are a mapped section (a delta can be written over
+        them): not built in the background."""
+        return self._builder is None and self.base is not None
 
     @property
     def built_unsaved(self) -> bool:

@@ -1,4 +1,5 @@
-"""Background threads that do not hold up the call that started them."""
+"""Background threads that do not hold up the call that started them, and the one at-fork
+registry (:func:`at_fork`) that resets fastmem's process-wide state in a forked child."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 # How long a background thread waits before it starts. Importing an extension (``dlopen``)
 # and the Rust parsers of ``tokenizers`` and ``tiktoken`` hold the GIL for tens of
@@ -65,6 +67,82 @@ class Background:
 
 _starter_queue: tuple[int, queue.SimpleQueue[Background]] | None = None
 _starter_lock = threading.Lock()
+
+# --- fork -------------------------------------------------------------------------------
+# A child made by fork() has one thread, the one that forked; every other thread of the
+# parent is gone, yet the child's memory holds the parent's locks as they were (held, if a
+# thread held them), its loads as they were (never to finish there), and the state of any
+# library a thread was inside (a half-run import, tiktoken's registry lock). So:
+# - work that must not be cut in half by a fork (the loads of the encoding and the model)
+#   runs under a ForkGate, which a fork waits for (up to FORK_WAIT seconds);
+# - each module with process-wide state (loaders, background threads, locks, caches
+#   holding locks) registers a reset with at_fork; they run in the child, in the order
+#   registered, before fork() returns there.
+FORK_WAIT = 10.0  # seconds a fork waits for a load under way (they take ~0.1-0.5 s)
+_fork_hooks: list[tuple[Callable[[], None] | None, Callable[[], None] | None, Callable[[], None] | None]] = []
+
+
+def at_fork(
+    child: Callable[[], None] | None = None, *, before: Callable[[], None] | None = None,
+    parent: Callable[[], None] | None = None,
+) -> Any:  # fmt: skip
+    """Run ``child()`` in every child made by ``fork()`` (before ``fork()`` returns there;
+    it must replace state, never wait for a thread); ``before()`` in the forking thread
+    before the fork, ``parent()`` in the parent after it. Usable as a decorator."""
+    _fork_hooks.append((before, parent, child))
+    return child
+
+
+class ForkGate:
+    """A lock that ``fork()`` waits for: what runs under it is never cut in half by a fork
+    (a child never inherits a half-loaded encoding or model, a half-run import, or a lock
+    some library took inside). Re-entrant. Waits at most FORK_WAIT, then forks anyway."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._held = False
+        at_fork(self._reset, before=self._before, parent=self._after_in_parent)
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+    def _before(self) -> None:
+        self._held = self._lock.acquire(timeout=FORK_WAIT)
+
+    def _after_in_parent(self) -> None:
+        if self._held:
+            self._held = False
+            self._lock.release()
+
+    def _reset(self) -> None:
+        self._lock, self._held = threading.RLock(), False
+
+
+def _before_fork() -> None:
+    for before, _, _ in reversed(_fork_hooks):
+        if before is not None:
+            before()
+
+
+def _after_fork_in_parent() -> None:
+    for _, parent, _ in _fork_hooks:
+        if parent is not None:
+            parent()
+
+
+def _after_fork_in_child() -> None:
+    global _starter_lock, _starter_queue
+    _starter_lock, _starter_queue = threading.Lock(), None  # the parent's starter thread is gone
+    for _, _, child in _fork_hooks:
+        if child is not None:
+            child()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)  # fmt: skip
 
 
 def _starter() -> queue.SimpleQueue[Background]:

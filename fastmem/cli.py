@@ -52,12 +52,14 @@ from typing import Any, NoReturn, TextIO
 from .errors import (
     CorruptionError,
     DependencyUnavailableError,
+    DurabilityError,
     EmbedderMismatchError,
     EmbedderUnavailableError,
     FastmemError,
     FormatVersionError,
     InvalidInputError,
     RecoveryWarning,
+    StoreFullError,
     StoreLockedError,
     StoreNotFoundError,
     UnknownMemoryError,
@@ -257,6 +259,8 @@ def build_parser() -> argparse.ArgumentParser:
             store=False).set_defaults(func=lambda args, out: importlib.import_module(
                 "fastmem.doctor").run(out))  # fmt: skip
 
+    sub.add_parser("ray", add_help=False,  # parsed by fastmem.ray.cli (see main)
+                   help="a Ray cluster's stores: status, fleet jobs (fastmem ray --help)")  # fmt: skip
     p = sub.add_parser("mcp", help="run an MCP server over stdio for one store")
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
     p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
@@ -750,22 +754,29 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
         make_private_dirs(os.path.dirname(base))
     embedder = _query_embedder(out, "memories imported without vectors (keyword search only)")
     # summarizer=None: a summary comes back as exported, and a memory exported without one
-    # does not get one made up on the way in.
+    # does not get one made up on the way in. durability="always": each chunk is on disk
+    # when add_many returns, or cut off when its write or sync fails, so that a failed
+    # import says exactly how many memories it imported (one fdatasync per chunk).
     ids: list[str] = []
-    with fastmem.open(base, embedder=embedder, summarizer=None, timeout=args.timeout,
-                      policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
-        _check_items(store, items, args.file)  # a bad line imports nothing, not half a file
-        embedding = embedder is not None and any("embedding" not in i for i in items)
-        with out.progress("importing" + (" and embedding" if embedding else ""), len(items)) as advance:
-            for start in range(0, len(items), IMPORT_CHUNK):
-                chunk = [{k: v for k, v in i.items() if k != "_line"}
-                         for i in items[start : start + IMPORT_CHUNK]]  # fmt: skip
-                try:
+    try:
+        with fastmem.open(base, embedder=embedder, summarizer=None, timeout=args.timeout, durability="always",
+                          policy=fastmem.ContextPolicy(preload=0, recent=0)) as store:  # fmt: skip
+            _check_items(store, items, args.file)  # a bad line imports nothing, not half a file
+            embedding = embedder is not None and any("embedding" not in i for i in items)
+            with out.progress("importing" + (" and embedding" if embedding else ""), len(items)) as advance:
+                for start in range(0, len(items), IMPORT_CHUNK):
+                    chunk = [{k: v for k, v in i.items() if k != "_line"}
+                             for i in items[start : start + IMPORT_CHUNK]]  # fmt: skip
                     ids += store.add_many(chunk)
-                except (InvalidInputError, EmbedderUnavailableError) as exc:
-                    done = f"{len(ids)} memories before it were imported" if ids else "nothing was imported"
-                    raise CliError(f"{args.file}: {_one_line(exc)} ({done})", exit_code(exc)) from None
-                advance(len(chunk))
+                    advance(len(chunk))
+    except (InvalidInputError, EmbedderUnavailableError, OSError) as exc:  # OSError: a full disk, an I/O error
+        if not isinstance(exc, (InvalidInputError, EmbedderUnavailableError, StoreFullError, DurabilityError)):
+            raise
+        if len(ids) == len(items):
+            done = f"all {len(ids)} memories were imported, on disk; closing the store failed"
+        else:
+            done = f"{len(ids)} memories before it were imported" if ids else "nothing was imported"
+        raise CliError(f"{args.file}: {_one_line(exc)} ({done})", exit_code(exc)) from None
     result = {"imported": len(ids), "path": base, "first_id": ids[0] if ids else None,
               "last_id": ids[-1] if ids else None}  # fmt: skip
     if out.json:
@@ -820,11 +831,25 @@ def _cmd_demo(args: argparse.Namespace, out: _Out) -> int:
     return _demo.run(args.path, out)
 
 
+def _ray_main(argv: list[str]) -> int:
+    """`fastmem ray ...`: fastmem[ray]'s own commands, imported only when asked for."""
+    try:
+        ray_cli = importlib.import_module("fastmem.ray.cli")
+    except ImportError as exc:
+        sys.stderr.write(f"fastmem: error: fastmem.ray cannot be loaded ({exc}): "
+                         f"pip install 'fastmem[ray]'\n")  # fmt: skip
+        return EXIT_MISSING
+    return int(ray_cli.main(argv))
+
+
 # --- entry point -----------------------------------------------------------------------
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (the console script exits with it)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["ray"]:
+        return _ray_main(given[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -383,15 +383,38 @@ def build(
         scores[hit.row] = hit.relevance
         if hit.row not in levels and hit.row not in exclude:
             levels[hit.row] = (Level.FOUND, hit.relevance)
+    focus = named_speakers(engine, ranked[:SPEAKER_ROWS], query) if policy.other_speaker < 1 else None
     candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget,
-                             query_stems(query))  # fmt: skip
+                             query_stems(query), focus)  # fmt: skip
     return pack(candidates, budget, counter.count)
+
+
+# The best matches whose speakers may be the query's subject.
+SPEAKER_ROWS = 16
+
+
+def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozenset[str] | None:
+    """The speaker prefixes (``"Melanie: "``) of ``ranked`` whose name the query holds as a
+    word, written the same way and capitalised (a person, not a role like ``user``);
+    ``None`` when there is none.
+
+    In a conversation between people, a question about one of them ("What does Melanie do
+    to relax?") is answered by that person's own turns, while search alone also ranks the
+    other speaker's replies next to them (they share the words) and the turns around them.
+    """
+    words = set(_WORD.findall(query))
+    named = set()
+    for hit in ranked:
+        m = _SPEAKER.match(engine.cached_memory(hit.row).text)
+        if m and m.group(0)[:1].isupper() and m.group(0)[:-2] in words:
+            named.add(m.group(0))
+    return frozenset(named) or None
 
 
 def _candidates(
     engine: Engine, policy: ContextPolicy, levels: dict[int, tuple[Level, float]],
     scores: dict[int, float], counter: TokenCounter, stored_counts: bool, budget: int,
-    terms: frozenset[str] = frozenset(),
+    terms: frozenset[str] = frozenset(), focus: frozenset[str] | None = None,
 ) -> list[Candidate]:  # fmt: skip
     """Context candidates for rows, best first, near-duplicates left out (the better one
     stays). Reading stops once the candidates whose priority is at least the next row's
@@ -400,7 +423,8 @@ def _candidates(
 
     A found memory longer than ``item_share`` of the budget (unless it is the only one)
     becomes its excerpt for ``terms`` (or its summary); found memories' priorities are
-    their value per token (see :class:`ContextPolicy`)."""
+    their value per token, and ``other_speaker`` times that for a turn of a speaker not in
+    ``focus`` (:func:`named_speakers`; see :class:`ContextPolicy`)."""
     index = engine.index
     order = sorted(levels, key=lambda g: -levels[g][1])
     vectors, has_vector = index.unit_vectors(np.array(order, dtype=np.int64))
@@ -453,6 +477,10 @@ def _candidates(
         long = level == Level.FOUND and text_tokens > cap and found > 1
         if long:  # its passage (computed by the packer if it gets that far), at most ``cap``
             text_tokens = min(text_tokens, cap)
+        if focus and level == Level.FOUND:
+            speaker = _SPEAKER.match(memory.text)
+            if speaker and speaker.group(0) not in focus:
+                priority *= policy.other_speaker
         if level == Level.FOUND and policy.length_penalty and text_tokens > DENSITY_TOKENS:
             priority *= (DENSITY_TOKENS / text_tokens) ** policy.length_penalty
         if long:
@@ -517,8 +545,8 @@ class Preload:
                     for g in top[start : start + chunk]:
                         engine.cached_memory(g)
                 self.done = min(start + chunk, len(top))
-        except FastmemError:
-            pass  # a damaged record: the caller meets it when it reads that memory
+        except (FastmemError, OSError):
+            pass  # a damaged record, a failing disk: the caller meets it when it reads that memory
         finally:
             self.finished.set()
 

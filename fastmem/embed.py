@@ -26,6 +26,7 @@ import os
 import struct
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -34,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._threads import Background
+from ._threads import Background, ForkGate, at_fork
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
 __all__ = [
@@ -180,6 +181,8 @@ def ready_within(embedder: Any, timeout: float) -> bool:
 # A load that has not begun by then is not begun at all; in a forked child, whose copy of a
 # loading model has no thread, nothing is waited for.
 _loading: set[Any] = set()
+_models: weakref.WeakSet[Any] = weakref.WeakSet()  # every model of the process (for a fork)
+_load_gate = ForkGate()
 _exiting = False
 EXIT_WAIT = 10.0  # seconds: a load takes ~0.1-0.5 s; a hung one must not hold the exit forever
 
@@ -193,6 +196,18 @@ def _finish_loads() -> None:
 
 
 atexit.register(_finish_loads)
+
+
+@at_fork
+def _after_fork_in_child() -> None:
+    """A fork while a model loaded (~0.1-0.5 s in a thread the child does not have) left
+    the child's copy loading forever: its first encode (an add) hung. A fork now waits
+    for a load under way (``_load_gate``); a load not begun yet is begun in the child, and
+    each model's lock and pool of threads (the parent's) are made anew."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    for model in list(_models):
+        model._after_fork()
 
 
 def _check_texts(texts: Any) -> list[str]:
@@ -234,7 +249,6 @@ class _BackgroundModel:
     def _start(self, query_cache: int) -> None:
         if isinstance(query_cache, bool) or not isinstance(query_cache, int) or query_cache < 0:
             raise InvalidInputError(f"query_cache must be an int >= 0, not {query_cache!r}")
-        self._loaded = threading.Event()
         self._error: BaseException | None = None
         self._tokenizer: Any = None
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
@@ -242,10 +256,22 @@ class _BackgroundModel:
         self._lock = threading.Lock()
         self.load_seconds: float | None = None  # from construction to ready
         self._t0 = time.perf_counter()
+        self._begin_load()
+        _models.add(self)
+
+    def _begin_load(self) -> None:
+        self._loaded = threading.Event()
         self._started = threading.Event()
         self._pid = os.getpid()
         _loading.add(self)
         self._loader = Background(self._load, "fastmem-embedder")
+
+    def _after_fork(self) -> None:
+        """In a forked child (see ``_after_fork_in_child``)."""
+        self._lock = threading.Lock()
+        if not self._loaded.is_set():
+            self._error = None
+            self._begin_load()
 
     @property
     def ready(self) -> bool:
@@ -310,7 +336,8 @@ class _BackgroundModel:
         try:
             if _exiting:  # not begun before the exit: not begun at all
                 raise EmbedderUnavailableError("the interpreter is exiting")
-            self._load_model()
+            with _load_gate:  # a fork waits for it: no child inherits a half-run load
+                self._load_model()
             self.load_seconds = time.perf_counter() - self._t0
         except BaseException as exc:  # reported by wait(), on the caller's thread
             self._error = exc
@@ -455,6 +482,10 @@ class MiniLM(_BackgroundModel):
         for share, result in zip(shares, [mine] + [job.result() for job in jobs]):
             out[share] = result
         return _unit(out)
+
+    def _after_fork(self) -> None:
+        super()._after_fork()
+        self._pool = None  # its threads are the parent's
 
     def _executor(self) -> Any:
         with self._lock:

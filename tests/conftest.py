@@ -49,3 +49,15 @@ def backend(request: pytest.FixtureRequest):
 def store_path(tmp_path):
     """A path for a new store (its two files do not exist yet)."""
     return str(tmp_path / "agent_memory")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist's default `-n N` distribution, keep each `xdist_group` on one
+    worker, as `--dist loadgroup` does (other tests spread as with `load`): the Ray cluster
+    tests share one cluster, and two workers would start two. A worker's options come from
+    the command line, where `-n` alone says `--dist no`; it must mark the groups too."""
+    dist = getattr(config.option, "dist", None)
+    if os.environ.get("PYTEST_XDIST_WORKER") and dist in ("no", "load"):
+        config.option.loadgroup = True  # the worker adds "@group" to the grouped tests' ids
+    elif dist == "load":
+        config.option.dist = "loadgroup"  # the controller schedules by those ids

@@ -41,8 +41,10 @@ class Faults:
     (as a filling disk does), and the call after it fails instead."""
 
     def __init__(self, fail_at: int = 0, errno_: int = _errno.EIO, *, only: tuple[str, ...] | None = None,
-                 sticky: bool = False, short: bool = False) -> None:  # fmt: skip
+                 sticky: bool = False, short: bool = False, also: tuple[str, ...] = ()) -> None:  # fmt: skip
         self.fail_at, self.errno, self.only, self.sticky = fail_at, errno_, only, sticky
+        # More modules to reach (the Hermes writer's spill files: "fastmem.integrations._writer").
+        self.modules = MODULES + tuple(importlib.import_module(name) for name in also)
         self.short = short
         self.errnos: dict[str, int] = {}  # another errno for some kinds
         self.calls: list[tuple[str, str]] = []
@@ -72,25 +74,33 @@ class Faults:
             raise OSError(code, _real_os.strerror(code))
 
     def install(self) -> Faults:
-        os_proxy, mmap_proxy = _OsProxy(self), _MmapModuleProxy(self)
-        for module in MODULES:
-            self._saved.append((module, "os", module.os))
-            module.os = os_proxy  # type: ignore[attr-defined]
-            if hasattr(module, "mmap"):
-                self._saved.append((module, "mmap", module.mmap))
-                module.mmap = mmap_proxy  # type: ignore[attr-defined]
-        return self
+        return install(self, self.modules, {"os": _OsProxy(self), "mmap": _MmapModuleProxy(self)})
 
     def uninstall(self) -> None:
-        for module, name, value in reversed(self._saved):
-            setattr(module, name, value)
-        self._saved.clear()
+        uninstall(self)
 
     def __enter__(self) -> Faults:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:
         self.uninstall()
+
+
+def install(owner: Any, modules: tuple[Any, ...], proxies: dict[str, Any]) -> Any:
+    """Put ``proxies`` (module global name -> object) in place in each of ``modules`` that
+    has that global, keeping what was there in ``owner._saved``; returns ``owner``."""
+    for module in modules:
+        for name, proxy in proxies.items():
+            if hasattr(module, name):
+                owner._saved.append((module, name, getattr(module, name)))
+                setattr(module, name, proxy)
+    return owner
+
+
+def uninstall(owner: Any) -> None:
+    for module, name, value in reversed(owner._saved):
+        setattr(module, name, value)
+    owner._saved.clear()
 
 
 class _OsProxy:
@@ -152,6 +162,9 @@ class _File:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
+
+    def __iter__(self) -> Any:  # reading lines (the Hermes writer's spill files)
+        return iter(self._file)
 
     def __enter__(self) -> _File:
         self._file.__enter__()

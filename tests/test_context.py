@@ -553,3 +553,34 @@ def test_passages_are_cut_only_for_long_memories_the_packer_reaches(store_path, 
     cut = [i for i in ctx.items if i.excerpt]
     assert cut and ctx.tokens <= 600
     assert len(calls) <= len(cut) + 1  # twelve long candidates, but only those that go in
+
+
+def test_a_question_naming_a_speaker_gets_their_own_turns_first(store_path):
+    # Each of Bob's turns about hiking is answered by Ann with the same words: search ranks
+    # them alike, and the budget holds only half. A question about Bob gets Bob's turns
+    # (``other_speaker=0``: the others' go in only after every one of his).
+    t0 = 1_700_000_000.0
+    turns = []
+    for place in ["Alps", "Tatras", "Dolomites", "Pyrenees", "Rockies", "Andes"]:
+        turns += [f"Bob: I went hiking in the {place} last week.",
+                  f"Ann: Hiking in the {place} last week sounds great!"]  # fmt: skip
+    budget = sum(count(t) + 1 for t in turns) // 2 + 8
+    for other_speaker, roles in ((1.0, False), (0.0, False), (0.0, True)):
+        policy = ContextPolicy(recent=0, other_speaker=other_speaker)
+        path = f"{store_path}-{other_speaker}-{roles}"
+        with fastmem.open(path, embedder=WordHashEmbedder(), summarizer=None, policy=policy) as store:
+            for i, text in enumerate(turns):
+                if roles:  # a role is not a subject: "the user" names no one
+                    text = text.replace("Bob:", "user:").replace("Ann:", "assistant:")
+                store.add(text, session="s1", timestamp=t0 + 60 * i)
+            for i in range(10):  # relevance is relative: the least relevant candidate gets 0
+                store.add(f"Unrelated note {i} on groceries.", session="s2", timestamp=t0 + 9000 + i)
+            query = "Where did the user go hiking last week?" if roles else "Where did Bob go hiking last week?"
+            ctx = store.context(query, budget=budget)
+            firsts = [i.text.split(":")[0] for i in ctx.items]
+            assert ctx.tokens <= budget
+            if other_speaker == 1.0 or roles:
+                assert 0 < firsts.count(firsts[0]) < 6  # search alone: both speakers
+                assert len(set(firsts)) == 2
+            else:
+                assert firsts.count("Bob") == 6  # every place Bob went

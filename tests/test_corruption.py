@@ -246,6 +246,9 @@ def _idx_harmless(idx: bytes) -> set[int]:
              (kw.offsets + 8 * (t + 1), kw.rows), (kw.rows + 4 * p, kw.tf), (kw.tf + 2 * p, kw.doc_len)]  # fmt: skip
     for end, next_start in ends:
         harmless.update(range(end, next_start))
+    # After the sections: padding, then the two commit slots, empty after a full checkpoint
+    # (a flipped byte leaves an invalid slot, which names nothing, as an empty one).
+    harmless.update(range(kw.doc_len + 4 * n, fmt.deltas_at(lay)))
     return harmless
 
 

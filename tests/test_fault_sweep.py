@@ -39,7 +39,7 @@ from pathlib import Path
 import pytest
 
 import fastmem
-from fastmem import ContextPolicy, FastmemError
+from fastmem import ContextPolicy, FastmemError, _index
 
 from faults import ERRNOS, Faults
 
@@ -80,6 +80,7 @@ def _template(root: Path) -> str:
 
 
 def _op(name: str, store: fastmem.MemoryStore, dest: str):
+    name = name.removesuffix("-delta")
     if name == "add":
         return store.add("a new memory", timestamp=T0 + 200, metadata={"new": 1})
     if name == "add_many":
@@ -100,10 +101,48 @@ def _op(name: str, store: fastmem.MemoryStore, dest: str):
         return store.repair()
     if name == "backup":
         return store.backup(dest)
+    if name == "import":  # `fastmem import`: the command line, in this process (one chunk: one commit)
+        return _import(store.path, dest)
     raise AssertionError(name)
 
 
-OPS = ["add", "add_many", "update", "forget", "evict", "checkpoint", "close", "compact", "repair", "backup"]
+def _imported(before: dict, after: dict, message: str) -> dict:
+    import re
+
+    found = re.search(r"(\d+) memories", message)
+    n = int(found.group(1)) if found else 0
+    new = sorted(set(after) - set(before), key=lambda mid: int(mid[1:]))[:n]
+    return {**before, **{mid: after[mid] for mid in new}}
+
+
+class ImportFailed(FastmemError):
+    """``fastmem import`` exited non-zero (its code and what it printed)."""
+
+
+def _import(base: str, scratch: str) -> None:
+    import contextlib
+    import io
+    import json
+
+    from fastmem import cli
+
+    lines = scratch + ".jsonl"
+    with open(lines, "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps({"text": f"imported {i}", "timestamp": T0 + 400 + i, "metadata": {"i": i}}) + "\n"
+                        for i in range(20)))  # fmt: skip
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(["import", base, lines, "--json"])
+    finally:
+        os.remove(lines)
+    if code != 0:
+        raise ImportFailed(f"exit {code}: {err.getvalue().strip()}")
+
+
+OPS = ["add", "add_many", "update", "forget", "evict", "checkpoint", "close", "compact", "repair", "backup", "import"]
+# The incremental checkpoint (issue 21): a delta appended over the template's full one.
+OPS += ["checkpoint-delta", "close-delta"]
 # A failed call that the operation may survive (it returns): none so far.
 ALLOWED_TO_RETURN: dict[str, set[str]] = {}
 
@@ -151,9 +190,11 @@ def _fds() -> set[str]:
 
 
 @pytest.mark.parametrize("name", OPS)
-def test_fault_sweep(tmp_path, backend, name, request):
+def test_fault_sweep(tmp_path, backend, name, request, monkeypatch):
     if backend != "cython":
         pytest.skip("file I/O is the same under both kernel backends: swept once")
+    if name.endswith("-delta"):  # deltas over a full checkpoint of any size
+        monkeypatch.setattr(_index, "DELTA_MIN_BASE", 1)
     template = _template(tmp_path)
     shutil.copytree(os.path.dirname(template), tmp_path / "copy")
     before = _snapshot(str(tmp_path / "copy" / "s"))  # opening it would checkpoint it
@@ -161,6 +202,8 @@ def test_fault_sweep(tmp_path, backend, name, request):
     dry = Faults()
     error, base, dest = _run(template, tmp_path / "dry", name, dry)
     assert error is None, error
+    if name.endswith("-delta"):  # the delta path was taken: no rename, a slot written
+        assert ("replace" in {kind for kind, _ in dry.calls}) is False, dry.calls
     after = _snapshot(base)
     n = len(dry.calls)
     assert n > 0
@@ -186,9 +229,13 @@ def test_fault_sweep(tmp_path, backend, name, request):
             outcomes["returned"] += 1
         else:
             assert isinstance(error, FastmemError), f"{where}: raised {error!r}"
+            if isinstance(error, ImportFailed):  # the command says what failed, and exits 4 or 5
+                assert any(cause in str(error) for cause in ("No space left", "Disk quota", "Input/output")), error
             assert not getattr(error, "leaked", None), f"{where}: descriptors left open: {error.leaked}"
             outcomes[type(error).__name__] += 1
         expected = after if error is None else before
+        if isinstance(error, ImportFailed):  # it says how many it imported: exactly those are there
+            expected = _imported(before, after, str(error))
         got = _snapshot(base)
         assert got == expected, f"{where}: the memories differ ({set(got) ^ set(expected)} or their fields)"
         left = sorted(p.name for p in Path(base).parent.glob("s.*") if p.suffix not in (".dat", ".idx"))

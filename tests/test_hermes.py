@@ -928,7 +928,7 @@ def test_end_to_end_a_restarted_agent_remembers_and_users_stay_apart(home):
     # The system prompt carries the provider's block.
     system = [m for m in model.requests[-1]["messages"] if m["role"] == "system"][0]["content"]
     assert "fastmem_remember" in system
-    assert elapsed < 60
+    assert elapsed < 300  # a hang guard (a write waiting forever), not a speed target: 20-70 s here
 
 
 def test_the_entry_point_for_later_hermes_versions_registers_the_provider():

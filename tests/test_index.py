@@ -293,7 +293,7 @@ def test_checkpoint_equals_replay_of_the_data_file(store_path):
     assert problems == [] and records == 10 and replayed.live == 7
     header = fmt.unpack_dat_header(dat, "dat")
     loaded = MemoryIndex.load(store_path + ".idx", header.uuid, 4, dat, len(dat))
-    assert loaded.n_base == 8 and loaded.user_types == replayed.user_types == ["note"]
+    assert len(loaded) == 8 and loaded.user_types == replayed.user_types == ["note"]
     assert snapshot(loaded) == snapshot(replayed)
     with pytest.raises(fastmem.CorruptIndexError):  # the data file lost its last record
         MemoryIndex.load(store_path + ".idx", header.uuid, 4, dat, loaded.covered - 1)

@@ -123,9 +123,15 @@ def test_writers_killed_at_random_lose_nothing_acknowledged(
     Path(acks).touch()
     rng = random.Random(7)
     seconds = min(SECONDS, 8.0)
-    deadline = time.monotonic() + seconds
     seeds = iter(range(1000))
     workers = [start(path, acks, next(seeds), 60, *(["--compact"] if i == 0 else [])) for i in range(4)]
+    # The kills start once a write is acknowledged: on a loaded machine a worker's imports
+    # alone can outlast the time between kills, and then nothing would ever be written.
+    waited = time.monotonic() + 120
+    while not any(a["op"] == "add" for a in read_acks(acks)):
+        assert time.monotonic() < waited and all(w.poll() is None for w in workers)
+        time.sleep(0.05)
+    deadline = time.monotonic() + seconds
     kills = 0
     while time.monotonic() < deadline:
         time.sleep(rng.uniform(0.05, 0.4))

@@ -581,3 +581,31 @@ def test_a_failure_after_the_append_leaves_nothing_behind(tmp_path, monkeypatch)
             with fastmem.open(path, embedder=None) as store:
                 assert [m.text for m in store] == ["acknowledged before", "acknowledged after"]
                 assert store.verify().ok
+
+
+def test_batched_counts_and_summaries_equal_one_text_at_a_time():
+    """The write path counts a batch's texts once, in threads, and skips the default
+    summarizer for texts within its budget (issue 21): the same summaries and counts as
+    counting and summarizing each text alone."""
+    from fastmem._items import SUMMARY_TOKENS, summarize_and_count
+    from fastmem.summarize import KeySentences
+    from fastmem.tokens import TokenCounter
+
+    tokens = TokenCounter()
+    rng = np.random.default_rng(3)
+    words = ["alpha", "beta.", "gamma!", "delta\n", "ünïcode", "🌱", "x" * 40, "the", "of"]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(1, 120)))) for _ in range(3000)]
+    texts += ["word " * 64, "word " * 63 + "wordy", "a" * 300]  # around the budget
+    payloads = [{"x": t} for t in texts]
+    payloads[5]["u"] = "given summary"
+    summarizer = KeySentences(SUMMARY_TOKENS, tokens.count)
+    summarize_and_count(payloads, summarizer, tokens)
+    for i, (text, payload) in enumerate(zip(texts, payloads)):
+        summary = "given summary" if i == 5 else summarizer.summarize([text])[0]
+        if summary is not None and i != 5:
+            summary = tokens.truncate(summary.strip(), SUMMARY_TOKENS)
+            summary = summary if summary and summary != text else None
+        assert payload.get("u") == summary, i
+        count = len(tokens.encode(text))
+        assert payload["k"] == [count, 0 if summary is None else len(tokens.encode(summary))], i
+    assert sum("u" in p for p in payloads) > 100  # long texts were summarized

@@ -35,6 +35,7 @@ applies it again: twice rather than never (the adds of one file go in one commit
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import json
@@ -51,7 +52,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import fastmem
-from fastmem.errors import EmbedderUnavailableError, FastmemError, StoreLockedError
+from fastmem.errors import (
+    DurabilityError,
+    EmbedderUnavailableError,
+    FastmemError,
+    StoreClosedError,
+    StoreFullError,
+    StoreLockedError,
+)  # fmt: skip
 
 __all__ = ["PENDING", "Handler"]
 
@@ -108,44 +116,67 @@ class _Writer:
         self._deadline: float | None = None  # set by stop(): what is not written by then is kept
         self._spilled: set[str] = set()  # this writer's spill files not yet seen imported
         self._warned = False
+        self._open_error: BaseException | None = None  # why the store could not be opened
+        self._stopped = False
+        self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="fastmem-writer", daemon=True)
         self._thread.start()
 
     def submit(self, kind: str, args: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        self._queue.put(_Op(kind, args, future))
+        with self._submit_lock:
+            if self._stopped:  # behind the stop sentinel it would never be written
+                future.set_exception(StoreClosedError(f"the writer of {self.path} has stopped; not saved"))
+            else:
+                self._queue.put(_Op(kind, args, future))
         return future
 
     def stop(self, timeout: float) -> None:
         """Write what is queued (to a spill file past ``timeout``), then close."""
         self._deadline = time.monotonic() + timeout
-        self._queue.put(None)
+        with self._submit_lock:
+            self._stopped = True
+            self._queue.put(None)
         self._thread.join(timeout + 1.0)
 
     def _run(self) -> None:
         while True:
+            batch: list[_Op] = []
+            stopping = False
             try:
-                op = self._queue.get(timeout=IDLE_TICK)
-            except queue.Empty:
-                self._idle()
-                continue
-            stopping = op is None
-            batch = [] if op is None else [op]
-            while len(batch) < MAX_BATCH:  # what else is queued joins this batch (one fsync)
                 try:
-                    more = self._queue.get_nowait()
+                    op = self._queue.get(timeout=IDLE_TICK)
                 except queue.Empty:
-                    break
-                if more is None:
+                    self._idle()
+                    continue
+                stopping = op is None
+                batch = [] if op is None else [op]
+                while len(batch) < MAX_BATCH:  # what else is queued joins this batch (one fsync)
+                    try:
+                        more = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if more is None:
+                        stopping = True
+                    else:
+                        batch.append(more)
+                if batch and self._past_deadline():
+                    # Out of time (embedding a backlog, say): keep the rest for the next writer.
+                    self._spill(batch + self._drain(), "was not written before the shutdown deadline")
                     stopping = True
-                else:
-                    batch.append(more)
-            if batch and self._past_deadline():
-                # Out of time (embedding a backlog, say): keep the rest for the next writer.
-                self._spill(batch + self._drain(), "was not written before the shutdown deadline")
-                stopping = True
-            elif batch:
-                self._write(batch)
+                elif batch:
+                    self._write(batch)
+            except BaseException as exc:
+                # The thread outlives any error: a dead writer would leave every later
+                # write queued forever, and its callers told "pending" for nothing. What
+                # this batch had not settled is reported as not saved.
+                logger.exception("fastmem: the writer of %s failed", self.path)
+                self._drop_store()
+                for op in batch:
+                    if not op.future.done():
+                        op.future.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    raise
             if stopping:
                 self._close()
                 return
@@ -189,70 +220,75 @@ class _Writer:
     def _write(self, batch: list[_Op]) -> None:
         store = self._acquire()
         if store is None:
-            self._spill(batch, "could not be opened for writing")
+            self._spill(batch, "could not be opened for writing", self._open_error)
             return
         if self._spilled and not self._import_spilled(store):
             # This writer's earlier writes still wait in a file: what follows waits behind them.
-            self._spill(batch, "waits behind earlier writes the store was locked against")
+            self._spill(batch, "waits behind earlier writes the store could not take yet")
             return
         results: list[tuple[_Op, Any, BaseException | None]] = []
+        stopped: BaseException | None = None  # the lock or a fault: this op and the rest are kept
         i = 0
-        while i < len(batch):
+        while i < len(batch) and stopped is None:
             if batch[i].kind == "add":  # a run of adds: one add_many, one commit
                 j = i
                 while j < len(batch) and batch[j].kind == "add":
                     j += 1
-                results.extend(self._add_run(store, batch[i:j]))
-                i = j
+                done, stopped = self._add_run(store, batch[i:j])
+                results.extend(done)
+                i += len(done)
             else:
                 op = batch[i]
                 try:
                     results.append((op, self._locked_retry(self._apply, store, op.kind, op.args), None))
-                except Exception as exc:  # a user error (unknown id...) goes to its caller
-                    results.append((op, None, exc))
+                except Exception as exc:
+                    if _kept_for(exc):
+                        stopped = exc
+                        break
+                    results.append((op, None, exc))  # a user error (unknown id...) goes to its caller
                 i += 1
-            if results and isinstance(results[-1][2], StoreLockedError):
-                break
-        locked = [n for n, (_, _, error) in enumerate(results) if isinstance(error, StoreLockedError)]
-        rest: list[_Op] = []
-        lock_error: BaseException | None = None
-        if locked:  # the lock stayed taken past WRITE_WAIT: this op and the rest are kept
-            lock_error = results[locked[0]][2]
-            rest = [op for op, _, _ in results[locked[0]:]] + batch[len(results):]
-            results = results[: locked[0]]
+        rest = batch[len(results) :]
         if results:
             try:
                 store.flush()  # acknowledged = on disk
             except Exception as exc:
-                logger.warning("fastmem: flush of %s failed: %s", self.path, exc)
+                # Not on disk, or not known to be: nothing of this batch is acknowledged.
+                # (Not kept for a retry either: its records may be in the file already.)
+                logger.error("fastmem: the sync of %s failed; %d writes not saved: %s", self.path, len(results), exc)
+                failed = _not_saved(exc, "its sync failed, so it may not be on disk")
+                results = [(op, None, error or failed) for op, _, error in results]
+                stopped = stopped or exc
+        if stopped is not None and not isinstance(stopped, StoreLockedError):
+            self._drop_store()  # a failed sync is sticky on the handle: the next write reopens
         for op, value, error in results:
             if error is None:
                 op.future.set_result(value)
             else:
                 op.future.set_exception(error)
         if rest:
-            self._spill(rest, f"met the writer lock held for over {WRITE_WAIT:g} s (last try: {lock_error})")
+            why = (f"met the writer lock held for over {WRITE_WAIT:g} s" if isinstance(stopped, StoreLockedError)
+                   else "could not be written")  # fmt: skip
+            self._spill(rest, f"{why} (last try: {stopped})", stopped)
 
-    def _add_run(self, store: fastmem.MemoryStore, ops: list[_Op]) -> list[tuple[_Op, Any, Any]]:
-        """Adds as one commit; one bad item refuses the commit, so then one by one. A
-        StoreLockedError ends the run: the caller keeps that op and the rest."""
+    def _add_run(self, store: fastmem.MemoryStore, ops: list[_Op]) -> tuple[list[tuple[_Op, Any, Any]], BaseException | None]:
+        """Adds as one commit; one bad item refuses the commit, so then one by one. The
+        lock held too long or a fault of the disk ends the run (returned with what was
+        done): the caller keeps that op and the rest."""
         try:
             ids = self._locked_retry(store.add_many, [op.args for op in ops])
-            return [(op, mid, None) for op, mid in zip(ops, ids)]
-        except StoreLockedError as exc:
-            return [(ops[0], None, exc)]
-        except FastmemError:
-            pass
+            return [(op, mid, None) for op, mid in zip(ops, ids)], None
+        except Exception as exc:
+            if _kept_for(exc):
+                return [], exc
         out: list[tuple[_Op, Any, Any]] = []
         for op in ops:
             try:
                 out.append((op, self._locked_retry(store.add, **op.args), None))
-            except StoreLockedError as exc:
-                out.append((op, None, exc))
-                break
             except Exception as exc:
+                if _kept_for(exc):
+                    return out, exc
                 out.append((op, None, exc))
-        return out
+        return out, None
 
     def _apply(self, store: fastmem.MemoryStore, kind: str, args: Any) -> Any:
         if kind in _NO_OPS:
@@ -268,15 +304,30 @@ class _Writer:
         if self._store is not None:
             return self._store
         try:
-            self._store = self._locked_retry(_open_store, self.path, timeout=LOCK_SLICE)
-        except Exception as exc:  # locked for long, or damaged: the writes are kept in a file
-            if not self._warned:
-                logger.warning("fastmem: cannot open %s for writing: %s", self.path, exc)
-                self._warned = True
+            store = self._locked_retry(_open_store, self.path, timeout=LOCK_SLICE)
+        except Exception as exc:  # locked for long, damaged, a failing disk: writes are kept in a file
+            self._open_error = exc
+            self._warn("cannot open %s for writing: %s", self.path, exc)
             return None
-        self._warned = False
-        self._import_spilled(self._store)
+        self._store, self._open_error = store, None
+        self._import_spilled(store)
         return self._store
+
+    def _warn(self, message: str, *args: Any) -> None:
+        """Log a failure once until a write succeeds again (a retry every idle tick)."""
+        if not self._warned:
+            logger.warning("fastmem: " + message, *args)
+            self._warned = True
+
+    def _drop_store(self) -> None:
+        """Close the handle after a fault: the next write opens the store again (a failed
+        sync is sticky on a handle; a new one reads what actually reached the file)."""
+        store, self._store = self._store, None
+        if store is not None:
+            try:
+                store.close()
+            except Exception as exc:  # the fault again: the handle is closed all the same
+                logger.debug("fastmem: closing %s after a fault: %s", self.path, exc)
 
     def _close(self) -> None:
         store, self._store = self._store, None
@@ -288,20 +339,28 @@ class _Writer:
 
     # --- spill files: writes that could not be made to the store, as JSON lines ----------
 
-    def _spill(self, ops: list[_Op], why: str) -> None:
-        lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind not in _NO_OPS]
-        if lines:
-            directory = os.path.dirname(self.path)
-            # The time first: importers take files oldest first, so the store gets them in order.
-            unique = f"{time.time():.6f}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-            name = os.path.join(directory, f"pending-{unique}.jsonl")
-            try:
+    def _spill(self, ops: list[_Op], why: str, cause: BaseException | None = None) -> None:
+        """Keep ``ops`` durably in a spill file (their futures say PENDING); when even that
+        fails, they are not saved, and their futures say so (never PENDING)."""
+        try:
+            lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind not in _NO_OPS]
+            if lines:
+                directory = os.path.dirname(self.path)
+                # The time first: importers take files oldest first, so the store gets them in order.
+                unique = f"{time.time():.6f}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                name = os.path.join(directory, f"pending-{unique}.jsonl")
                 _write_durably(name, lines)
                 self._spilled.add(name)
                 logger.warning("fastmem: %s %s; %d writes kept in %s (imported by the next writer)",
                                self.path, why, len(lines), name)  # fmt: skip
-            except Exception as exc:
-                logger.error("fastmem: could not keep %d writes for %s: %s", len(lines), self.path, exc)
+        except Exception as exc:
+            n = sum(op.kind not in _NO_OPS for op in ops)
+            logger.error("fastmem: %d writes to %s not saved: they %s, and could not be kept in a spill file "
+                         "either: %s", n, self.path, why, exc)  # fmt: skip
+            error = _not_saved(cause or exc, f"it could not be written, nor kept in a spill file ({exc})")
+            for op in ops:
+                op.future.set_exception(error)
+            return
         for op in ops:
             op.future.set_result(PENDING)
 
@@ -310,16 +369,20 @@ class _Writer:
         writer's own is left (they must reach the store before its later writes)."""
         for name in sorted(glob.glob(os.path.join(os.path.dirname(self.path), SPILL_GLOB))):
             if not self._import_file(store, name, wait=name in self._spilled):
-                break  # the lock is taken for long: the rest later, in order
+                break  # the lock is taken for long, or the disk fails: the rest later, in order
         self._spilled = {name for name in self._spilled if os.path.exists(name)}
         return not self._spilled
 
     def _import_file(self, store: fastmem.MemoryStore, name: str, *, wait: bool) -> bool:
-        """Import one spill file once (see the module docstring); False when the store's
-        lock stayed taken (what is left of the file is kept, for the next try)."""
+        """Import one spill file once (see the module docstring); False when the store
+        could not take it (its lock stayed taken, or a fault of the disk): what is left of
+        the file is kept, for the next try."""
         try:
             fd = os.open(name, os.O_RDONLY)
         except FileNotFoundError:  # imported meanwhile
+            return True
+        except OSError as exc:
+            logger.warning("fastmem: cannot import %s: %s", name, exc)
             return True
         try:
             if not _claim(fd, WRITE_WAIT if wait else 0.0):
@@ -328,11 +391,19 @@ class _Writer:
                 return True
             with os.fdopen(os.dup(fd), encoding="utf-8", errors="replace") as f:
                 entries, damaged = _entries(f, name)
-            done = self._apply_entries(store, entries, name)
+        except OSError as exc:
+            os.close(fd)
+            logger.warning("fastmem: cannot import %s: %s", name, exc)
+            return True
+        try:
+            done, stopped = self._apply_entries(store, entries, name)
             if done < len(entries):
                 # Keep what is left under the same name (old first: the order holds); an
                 # importer waiting on the old file finds it deleted.
                 _write_durably(name, [json.dumps(e) for e in entries[done:]])
+                if not isinstance(stopped, StoreLockedError):
+                    self._warn("kept writes in %s wait: %s", name, stopped)
+                    self._drop_store()
                 return False
             store.flush()
             if damaged:  # lines no writer wrote (damage): kept for a person, out of the glob
@@ -342,16 +413,23 @@ class _Writer:
             else:
                 os.unlink(name)  # before the flock goes: nobody imports it again
             logger.info("fastmem: imported %d kept writes from %s", len(entries), name)
+            self._warned = False
             return True
-        except OSError as exc:
-            logger.warning("fastmem: cannot import %s: %s", name, exc)
-            return True
+        except Exception as exc:
+            # A fault while importing: the file stays (a sync that failed may have lost what
+            # was applied; applied again, it is there twice rather than never).
+            self._warn("cannot import %s now: %s", name, exc)
+            self._drop_store()
+            return False
         finally:
             os.close(fd)  # lets go of the flock
 
-    def _apply_entries(self, store: fastmem.MemoryStore, entries: list[dict[str, Any]], name: str) -> int:
+    def _apply_entries(
+        self, store: fastmem.MemoryStore, entries: list[dict[str, Any]], name: str
+    ) -> tuple[int, BaseException | None]:
         """Apply entries in order (runs of adds as one commit each); the number applied
-        before the store's lock stayed taken (all of them otherwise)."""
+        before the store's lock stayed taken or the disk failed (all of them otherwise),
+        and that error."""
         i = 0
         while i < len(entries):
             j = i + 1
@@ -363,24 +441,39 @@ class _Writer:
                 if run[0].get("kind") == "add":
                     try:
                         self._locked_retry(store.add_many, [e["args"] for e in run])
-                    except (FastmemError, KeyError, TypeError) as exc:
-                        if isinstance(exc, StoreLockedError):
+                    except Exception as exc:
+                        if _kept_for(exc):
                             raise
                         for k, e in enumerate(run):  # a bad entry: the others one by one
                             try:
                                 self._locked_retry(store.add, **e["args"])
-                            except StoreLockedError:
-                                return i + k
-                            except (FastmemError, KeyError, TypeError) as exc2:
+                            except Exception as exc2:
+                                if _kept_for(exc2):
+                                    return i + k, exc2
                                 logger.warning("fastmem: a kept write in %s failed: %s", name, exc2)
                 else:
                     self._locked_retry(self._apply, store, run[0]["kind"], run[0]["args"])
-            except StoreLockedError:
-                return i
-            except (FastmemError, KeyError, TypeError, ValueError) as exc:
+            except Exception as exc:
+                if _kept_for(exc):
+                    return i, exc
                 logger.warning("fastmem: a kept write in %s failed: %s", name, exc)
             i = j
-        return i
+        return i, None
+
+
+def _kept_for(exc: BaseException) -> bool:
+    """Whether a write that raised ``exc`` is kept to be tried again: the store's lock held
+    too long, or a fault of the disk or file system (a full disk, an I/O error, a read-only
+    remount: any ``OSError``), or a handle closed under it; not the caller's mistake (an
+    unknown id, bad input), which is reported to the caller."""
+    return isinstance(exc, (StoreLockedError, OSError, StoreClosedError))
+
+
+def _not_saved(exc: BaseException, why: str) -> FastmemError:
+    """The error a caller gets for a write that was not made: it says "not saved"."""
+    kind = StoreFullError if isinstance(exc, StoreFullError) else DurabilityError
+    code = getattr(exc, "errno", None) or errno.EIO
+    return kind(code, f"not saved: {why}: {exc}", getattr(exc, "filename", None))
 
 
 def _claim(fd: int, wait: float) -> bool:

@@ -43,12 +43,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
 import fastmem
-from fastmem.errors import FastmemError, StoreNotFoundError, UnknownMemoryError
+from fastmem.errors import FastmemError, InvalidInputError, StoreNotFoundError, UnknownMemoryError
 from fastmem.namespaces import namespace_path
 from fastmem.types import Level
 
 from ._hermes_install import InstallResult, install
-from ._writer import PENDING, SPILL_GLOB, Handler, _open_store, _Writer
+from ._writer import PENDING, SPILL_GLOB, Handler, _not_saved, _open_store, _Writer
 
 if TYPE_CHECKING:
     _Base = object
@@ -199,6 +199,19 @@ class _Shared:
 
 _registry: dict[str, _Shared] = {}
 _registry_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's writer and prefetch threads: the shared
+    entries it inherited would queue its writes forever (a tool call answered "queued"
+    after 10 s). The child starts afresh; the parent's entries are left alone (their
+    threads and handles are the parent's). (The edge keeps its own hook: fastmem's at-fork
+    registry is private to the package.)"""
+    global _registry, _registry_lock
+    _registry, _registry_lock = {}, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _acquire_shared(path: str) -> _Shared:
@@ -375,6 +388,11 @@ class FastmemProvider(_Base):
         self._written: set[str] = set()
         self._prompt_ids: set[str] = set()
         self._cache: dict[str, tuple[float, Future[tuple[str, set[str]]]]] = {}
+        # Writes that were not saved (a failing disk, and no spill file could keep them)
+        # since the model was last told: the next recall says so.
+        self._unsaved = 0
+        self._unsaved_reason = ""
+        self._warn_user: Any = None  # Hermes's warning_callback (the CLI shows it)
 
     # -- identity ----------------------------------------------------------------------
 
@@ -407,6 +425,8 @@ class FastmemProvider(_Base):
         # Cron runs, subagents and flushes must not write into the user's memory.
         self._writes = (kwargs.get("agent_context") or "primary") == "primary"
         self._session_id = str(session_id or "")
+        callback = kwargs.get("warning_callback")
+        self._warn_user = callback if callable(callback) else None
         self._reset_session()
         self._shared = _acquire_shared(path)
 
@@ -419,13 +439,17 @@ class FastmemProvider(_Base):
 
     def flush(self, timeout: float = TOOL_WAIT) -> bool:
         """Wait until every write queued so far is on disk (in the store, or in a spill
-        file when another process held the store's lock too long); False on timeout."""
+        file when the store could not take it: its lock held too long by another process, a
+        failing disk); False on timeout, or when writes of the last batch were not saved."""
         if self._shared is None:
             return True
         try:
             self._shared.writer.submit("barrier", None).result(timeout)
             return True
         except FutureTimeout:
+            return False
+        except Exception as exc:  # writes before it were not saved (and could not be kept)
+            logger.warning("fastmem: flush: %s", exc)
             return False
 
     # -- what the model sees ------------------------------------------------------------
@@ -510,13 +534,46 @@ class FastmemProvider(_Base):
             logger.warning("fastmem: recall failed: %s", exc)
             return ""
         text, ids = result
+        notice = self._unsaved_notice()
         with self._lock:
             fresh = ids - self._injected - self._written - self._prompt_ids
             if ids and not fresh:  # all shown meanwhile (a queued result raced a turn)
-                return ""
+                return notice
             self._injected |= ids
         self._note_used(ids)
-        return text
+        return notice + "\n\n" + text if notice and text else notice or text
+
+    def _unsaved_notice(self) -> str:
+        """A line for the model about writes that were not saved since it was last told."""
+        with self._lock:
+            count, reason = self._unsaved, self._unsaved_reason
+            self._unsaved = 0
+        if not count:
+            return ""
+        return (f"[fastmem: {count} memory write{'s were' if count != 1 else ' was'} NOT saved to "
+                f"long-term memory ({reason}). Tell the user if it matters; ask them to save it "
+                f"again once the problem is fixed.]")  # fmt: skip
+
+    def _track(self, future: Future[Any]) -> None:
+        """Count a write that was not saved (not a caller's mistake): the model is told in
+        the next recall, the user at once (Hermes's warning line, in the CLI)."""
+        future.add_done_callback(self._note_unsaved)
+
+    def _note_unsaved(self, future: Future[Any]) -> None:
+        exc = future.exception()
+        if exc is None or isinstance(exc, (InvalidInputError, UnknownMemoryError)):
+            return
+        reason = " ".join(str(exc).split())[:200]
+        with self._lock:
+            first = self._unsaved == 0
+            self._unsaved += 1
+            self._unsaved_reason = reason
+        logger.error("fastmem: a memory write was not saved: %s", exc)
+        if first and self._warn_user is not None:
+            try:
+                self._warn_user(f"fastmem: a memory write was not saved: {reason}")
+            except Exception:  # the host's callback must not break the writer
+                logger.debug("fastmem: warning_callback failed", exc_info=True)
 
     def _note_used(self, ids: set[str]) -> None:
         """Count the memories given to the model as accessed (queued: no wait)."""
@@ -525,11 +582,15 @@ class FastmemProvider(_Base):
 
     # -- writes ------------------------------------------------------------------------
 
-    def _submit_add(self, item: dict[str, Any]) -> Future[Any] | None:
+    def _submit_add(self, item: dict[str, Any], *, track: bool = True) -> Future[Any] | None:
+        """Queue an add; ``track``: a failure is told in the next recall (a tool call's
+        own reply says it instead)."""
         if self._shared is None or not self._writes:
             return None
         future = self._shared.writer.submit("add", item)
         future.add_done_callback(self._note_written)
+        if track:
+            self._track(future)
         return future
 
     def _note_written(self, future: Future[Any]) -> None:
@@ -563,6 +624,7 @@ class FastmemProvider(_Base):
                 "timestamp": time.time()}  # fmt: skip
         future = self._shared.writer.submit("mirror", args)
         future.add_done_callback(self._note_written)
+        self._track(future)
 
     def _consolidate(self, messages: Any, *, summary: bool) -> list[str]:
         """Store the user's first-person statements as facts (and a session summary)."""
@@ -577,13 +639,14 @@ class FastmemProvider(_Base):
                 "metadata": {"source": "hermes-consolidation"},
             })  # fmt: skip
             future.add_done_callback(self._note_written)
+            self._track(future)
         text = summarize_session(messages, self._session_id) if summary else None
         if text:
-            self._shared.writer.submit("add_unique", {
+            self._track(self._shared.writer.submit("add_unique", {
                 "text": text, "type": "session_summary", "session": session, "importance": 0.5,
                 "timestamp": time.time(),
                 "metadata": {"source": "hermes-consolidation"},
-            })  # fmt: skip
+            }))  # fmt: skip
         return facts
 
     def on_session_end(self, messages: list[dict[str, Any]], **kwargs: Any) -> None:
@@ -653,18 +716,26 @@ class FastmemProvider(_Base):
             return _error(str(exc))
 
     def _wait(self, future: Future[Any]) -> Any:
-        """The write's result, or PENDING if it is still queued or was kept in a spill file
-        (another process held the store's writer lock too long): it reaches the store later."""
+        """The write's result; PENDING when it was kept in a spill file (the store could
+        not take it now: it reaches the store later), _QUEUED when it is still queued.
+        Raises a fastmem error when it was not saved."""
         try:
             return future.result(TOOL_WAIT)
         except FutureTimeout:
-            return PENDING
+            return _QUEUED
+        except FastmemError:
+            raise
+        except Exception as exc:  # an error the writer did not expect: still "not saved"
+            raise _not_saved(exc, "the write failed") from exc
 
-    @staticmethod
-    def _pending_reply() -> str:
+    def _pending_reply(self, done: Any) -> str:
+        if done is _QUEUED:
+            return _json({"ok": True, "pending": True,
+                          "note": "queued, not on disk yet (the memory store is busy); it is "
+                                  "written shortly, unless the agent stops first"})  # fmt: skip
         return _json({"ok": True, "pending": True,
-                      "note": "saved to a side file: another process held the memory store's "
-                              "lock too long; it is stored with the next write or start"})  # fmt: skip
+                      "note": "kept in a side file beside the memory store, which could not "
+                              "take it now; it is stored with the next write or start"})  # fmt: skip
 
     def _tool_remember(self, args: dict[str, Any]) -> str:
         text = _arg_str(args, "text", TOOL_TEXT_MAX_CHARS)
@@ -674,10 +745,10 @@ class FastmemProvider(_Base):
             return _error("memory is read-only in this agent context")
         future = self._submit_add({"text": text, "type": kind, "pinned": pin, "timestamp": time.time(),
                                    "session": self._session(),
-                                   "metadata": {"source": "hermes-tool"}})  # fmt: skip
+                                   "metadata": {"source": "hermes-tool"}}, track=False)  # fmt: skip
         assert future is not None
         mid = self._wait(future)
-        return self._pending_reply() if mid is PENDING else _json({"ok": True, "id": mid, "pinned": pin})
+        return self._pending_reply(mid) if mid in (PENDING, _QUEUED) else _json({"ok": True, "id": mid, "pinned": pin})
 
     def _tool_search(self, args: dict[str, Any]) -> str:
         query = _arg_str(args, "query", QUERY_MAX_CHARS)
@@ -702,7 +773,7 @@ class FastmemProvider(_Base):
             done = self._wait(self._shared.writer.submit("forget", mid))
         except UnknownMemoryError as exc:
             return _error(str(exc))
-        return self._pending_reply() if done is PENDING else _json({"ok": True, "forgotten": mid})
+        return self._pending_reply(done) if done in (PENDING, _QUEUED) else _json({"ok": True, "forgotten": mid})
 
     def _tool_pin(self, args: dict[str, Any]) -> str:
         mid = _arg_str(args, "id", 32)
@@ -714,13 +785,16 @@ class FastmemProvider(_Base):
             done = self._wait(self._shared.writer.submit("pin", (mid, pinned)))
         except UnknownMemoryError as exc:
             return _error(str(exc))
-        if done is PENDING:
-            return self._pending_reply()
+        if done in (PENDING, _QUEUED):
+            return self._pending_reply(done)
         return _json({"ok": True, "id": mid, "pinned": pinned})
 
 
 class _BadArgs(ValueError):
     pass
+
+
+_QUEUED = object()  # a tool call's write still queued when its wait ran out
 
 
 def _arg_str(args: dict[str, Any], key: str, max_chars: int, default: str | None = None) -> str:

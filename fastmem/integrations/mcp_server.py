@@ -150,6 +150,11 @@ def serve(
     import sys
 
     _sdk()  # fail before opening (and perhaps creating) the store
+    if isinstance(path, str) and path.startswith(("ray://", "ray+gcs://")):
+        # A store served by a Ray cluster (fastmem[ray]; imported by name: only when asked for).
+        remote = importlib.import_module("fastmem.ray").open_location(path, namespace=namespace)
+        build_server(remote).run("stdio")
+        return
     waits: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     try:
         store = fastmem.open(path, namespace=namespace, **waits)

@@ -1,0 +1,252 @@
+"""Replaying records into index rows: the row layout's field positions, the checks a
+decoded record passes before it becomes a row, and :class:`Replayer`, which turns the
+records a scan found into rows for ``MemoryIndex.append`` (``MemoryIndex.replay`` runs it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from . import _format as fmt
+from .errors import CorruptRecordError
+from .types import Problem
+
+_FLUSH_ROWS = 65536  # rows a replay turns into arrays at once
+
+# Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
+(F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
+ F_ACCESS, F_TEXT_TOKENS, F_SUMMARY_TOKENS, F_TYPE, F_FLAGS, F_RESERVED) = range(15)  # fmt: skip
+assert fmt.INDEX_DTYPE.names is not None and fmt.INDEX_DTYPE.names[F_FLAGS] == "flags"
+
+
+def session_hash(session: str | None) -> int:
+    """64-bit hash of a session name (0 = no session); collisions are checked on read."""
+    if session is None:
+        return 0
+    h = int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little")
+    return h or 1
+
+
+def default_importance(type_name: str) -> float:
+    return fmt.DEFAULT_IMPORTANCE.get(type_name, fmt.DEFAULT_USER_TYPE_IMPORTANCE)
+
+
+def update_changes(flags: int, payload: dict[str, Any], offset: int) -> dict[int, Any]:
+    """The row fields (``F_*``) that the update record at ``offset`` sets: one rule for the
+    writer applying its own update and for a replay reading it back."""
+    changes: dict[int, Any] = {}
+    if "p" in payload:
+        changes[F_IMPORTANCE] = float(payload["p"])
+    if "m" in payload:
+        changes[F_META] = offset
+    if "n" in payload:
+        changes[F_FLAGS] = (flags | fmt.FLAG_PINNED) if payload["n"] else (flags & ~fmt.FLAG_PINNED)
+    return changes
+
+
+
+def check_memory_fields(p: dict[str, Any]) -> None:
+    """Check a decoded memory payload's fields against the limits ``add`` enforces.
+
+    Written for replay's speed (about 0.5 us a record): exact type tests, each optional
+    field looked up once.
+
+    Raises:
+        ValueError: a field has the wrong type or is out of range (a damaged record).
+    """
+    get = p.get
+    text, ts, tokens = p["x"], p["t"], get("k")
+    if type(text) is not str:
+        raise ValueError("the text is not a string")
+    if not (type(ts) is float and 0.0 <= ts <= fmt.MAX_TIMESTAMP):
+        _check_number(ts, 0.0, fmt.MAX_TIMESTAMP, "timestamp")  # ints pass; the rest raises
+    if tokens is not None:
+        if type(tokens) is not list or len(tokens) != 2:
+            raise ValueError("the token counts are not two 32-bit counts")
+        a, b = tokens
+        if type(a) is not int or type(b) is not int or not (0 <= a <= _U32 and 0 <= b <= _U32):
+            raise ValueError("the token counts are not two 32-bit counts")
+    type_name, session, summary = get("y"), get("s"), get("u")
+    if type_name is not None and (type(type_name) is not str or not 0 < len(type_name) <= _MAX_TYPE):
+        raise ValueError("the type is not a name of 1 to MAX_TYPE_CHARS characters")
+    if session is not None and (type(session) is not str or not 0 < len(session) <= _MAX_SESSION):
+        raise ValueError("the session is not a name of 1 to MAX_SESSION_CHARS characters")
+    if summary is not None and type(summary) is not str:
+        raise ValueError("the summary is not a string")
+    known = 3 + (tokens is not None) + (type_name is not None) + (session is not None) + (summary is not None)
+    if len(p) > known:  # rarer fields too: importance, pin, metadata
+        _check_change_fields(p)
+
+
+_U32, _MAX_TYPE, _MAX_SESSION = fmt.UNKNOWN_TOKENS, fmt.MAX_TYPE_CHARS, fmt.MAX_SESSION_CHARS
+
+
+def _check_change_fields(p: dict[str, Any]) -> None:
+    """The fields an update may change: importance, pin and metadata."""
+    if not 0 <= p["i"] <= fmt.MAX_ID:
+        raise ValueError("the id is out of range")
+    if "p" in p:
+        _check_number(p["p"], 0.0, 1.0, "importance")
+    if "n" in p and not isinstance(p["n"], bool):
+        raise ValueError("the pin is not a bool")
+    if "m" in p and p["m"] is not None and not isinstance(p["m"], dict):
+        raise ValueError("the metadata is not a map")
+
+
+def _check_number(x: Any, lo: float, hi: float, name: str) -> None:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi:  # NaN fails
+        raise ValueError(f"the {name} is not a number from {lo} to {hi}")
+
+
+class Replayer:
+    """Turns checked records into index rows, batching new rows for ``append``."""
+
+    def __init__(
+        self, index: Any, dat: Any, path: str, problems: list[Problem], sort: bool = False
+    ) -> None:
+        self.index, self.dat, self.path, self.problems = index, dat, path, problems
+        self.sort = sort  # records come in any id order: sort the rows once, at the end
+        self.rows: list[list[Any]] = []
+        self.pending: dict[int, int] = {}  # id -> position in self.rows
+        self.vec_rows: list[int] = []
+        self.texts: list[str] = []  # of the rows in self.rows
+        self.sessions: dict[str | None, int] = {None: 0}  # names repeat: hash each once
+
+    def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
+        apply = {
+            fmt.KIND_MEMORY: self._memory,
+            fmt.KIND_UPDATE: self._update,
+            fmt.KIND_FORGET: self._forget,
+        }
+        dat, raw_len_at = self.dat, fmt.RECORD_RAW_LEN_AT
+        for off, length, kind, dim in zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist()):
+            try:
+                # The scan has checked lengths and CRC; only decoding is left.
+                start = fmt.payload_start(off, dim)
+                raw_len = int.from_bytes(dat[off + raw_len_at : off + raw_len_at + 4], "little")
+                payload = fmt.decode_payload(dat[start : off + length], off + length - start, raw_len, off, self.path)
+                apply[kind](off, length, dim, payload)
+            except CorruptRecordError as exc:
+                self.problems.append(Problem("dat", off, str(exc)))
+            except (TypeError, ValueError, OverflowError, KeyError) as exc:
+                self.problems.append(Problem("dat", off, f"record fields are invalid ({exc!r})"))
+            crc = int.from_bytes(self.dat[off + fmt.RECORD_CRC_AT : off + fmt.RECORD_CRC_AT + 4], "little")
+            self.index.note_applied(off, length, crc)
+            if len(self.rows) >= _FLUSH_ROWS and not self.sort:
+                self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        if not self.rows:
+            return
+        if self.sort:
+            # Sorted by id here, appended below in blocks: no single numpy call holds the
+            # GIL for the whole prefix (a compaction's other threads keep running).
+            ids = np.fromiter((r[F_ID] for r in self.rows), dtype=np.int64, count=len(self.rows))
+            order = np.argsort(ids, kind="stable").tolist()
+            position = np.empty(len(order), dtype=np.int64)
+            position[order] = np.arange(len(order))
+            self.rows = [self.rows[i] for i in order]
+            self.texts = [self.texts[i] for i in order]
+            self.vec_rows = np.sort(position[self.vec_rows]).tolist() if self.vec_rows else []
+        block = _FLUSH_ROWS
+        vec_at = 0
+        for lo in range(0, len(self.rows), block):
+            hi = min(lo + block, len(self.rows))
+            vec_end = vec_at
+            while vec_end < len(self.vec_rows) and self.vec_rows[vec_end] < hi:
+                vec_end += 1
+            self._append(lo, hi, self.vec_rows[vec_at:vec_end])
+            vec_at = vec_end
+        self.rows, self.pending, self.vec_rows, self.texts = [], {}, [], []
+
+    def _append(self, lo: int, hi: int, vec_rows: list[int]) -> None:
+        """Append ``self.rows[lo:hi]`` (``vec_rows``: those of them with a vector)."""
+        index = self.index
+        rows = np.array([tuple(r) for r in self.rows[lo:hi]], dtype=fmt.INDEX_DTYPE)
+        vectors = None
+        if index.dim and vec_rows:
+            width = 2 * index.dim
+            raw = bytearray(len(rows) * width)  # zeros for the rows without a vector
+            dat = self.dat
+            for pos in vec_rows:
+                start = fmt.vector_start(self.rows[pos][F_OFFSET])
+                at = (pos - lo) * width
+                raw[at : at + width] = dat[start : start + width]
+            vectors = np.frombuffer(raw, dtype="<f2").reshape(len(rows), index.dim)
+            bad = ~np.isfinite(vectors).all(axis=1)
+            if bad.any():  # only a damaged record (its CRC made to fit) holds inf or NaN
+                vectors[bad] = 0
+                rows["flags"][bad] &= ~np.uint16(fmt.FLAG_HAS_VECTOR)
+                self.problems.extend(
+                    Problem("dat", int(off), "the vector is not finite: the memory is kept without it")
+                    for off in rows["offset"][bad].tolist()
+                )
+        index.append(rows, vectors, self.texts[lo:hi])
+
+    def _memory(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        index = self.index
+        mid = p["i"]
+        if mid < index.next_id or mid > fmt.MAX_ID or mid in self.pending or (
+            not self.sort and self.rows and mid <= self.rows[-1][F_ID]
+        ):
+            raise ValueError(f"memory id {mid} is not above the ids before it")
+        check_memory_fields(p)
+        ts = float(p["t"])
+        text = p["x"]
+        type_name = p.get("y", "conversation")
+        session = p.get("s")
+        importance = float(p.get("p", default_importance(type_name)))
+        flags = fmt.FLAG_PINNED if p.get("n") else 0
+        if dim:
+            if index.dim == 0:
+                index.set_dim(dim)
+            if dim != index.dim:
+                raise ValueError(f"vector length {dim} differs from the store's {index.dim}")
+            flags |= fmt.FLAG_HAS_VECTOR
+            self.vec_rows.append(len(self.rows))
+        tokens = p.get("k") or (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
+        code = index.type_code(type_name, create=True)
+        self.pending[mid] = len(self.rows)
+        self.texts.append(text)
+        hashed = self.sessions.get(session)
+        if hashed is None:
+            hashed = self.sessions[session] = session_hash(session)
+        self.rows.append(
+            [mid, ts, hashed, off, 0, 0.0, length, importance, 0.0, 0,
+             int(tokens[0]), int(tokens[1]), code, flags, 0]
+        )  # fmt: skip
+
+    def _target(self, mid: int) -> tuple[list[Any] | None, int]:
+        pos = self.pending.get(mid)
+        if pos is not None:
+            return self.rows[pos], -1
+        g = self.index.find(mid)
+        if g < 0:
+            raise ValueError(f"the record changes memory {mid}, which does not exist")
+        return None, g
+
+    def _update(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        _check_change_fields(p)
+        row, g = self._target(p["i"])
+        flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
+        changes = update_changes(flags, p, off)
+        if row is None:
+            self.index.change(g, changes)
+        else:
+            for field, value in changes.items():
+                row[field] = value
+
+    def _forget(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
+        _check_change_fields(p)
+        row, g = self._target(p["i"])
+        flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
+        if flags & fmt.FLAG_FORGOTTEN:
+            raise ValueError(f"memory {p['i']} is forgotten twice")
+        if row is None:
+            self.index.forget(g, flags)
+        else:
+            row[F_FLAGS] = flags | fmt.FLAG_FORGOTTEN

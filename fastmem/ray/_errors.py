@@ -1,0 +1,25 @@
+"""The errors of fastmem's Ray deployment (all ``fastmem.FastmemError``)."""
+
+from __future__ import annotations
+
+from ..errors import DependencyUnavailableError, FastmemError
+
+
+class ShardUnavailableError(FastmemError):
+    """A shard did not answer within the router's ``retry_for`` seconds: its node is down
+    (a ``"local"`` shard waits for its node), it is restarting, or another copy still holds
+    its lease. Nothing of the call was applied; retrying later is safe."""
+
+
+class StoreOwnedElsewhereError(FastmemError):
+    """The cold tier says another node owns this store (it thawed it and has not frozen it
+    back): a store is never served from two nodes."""
+
+
+class ColdChecksumError(FastmemError):
+    """A file thawed from the cold tier does not match the SHA-256 of its manifest: nothing
+    was replaced on the node, the frozen copy is left as it is."""
+
+
+class RayUnavailableError(DependencyUnavailableError):
+    """Ray (or fsspec for the cold tier) is not installed: ``pip install 'fastmem[ray]'``."""

@@ -1,0 +1,246 @@
+"""fastmem.ray's parts that need no cluster: the slot map, the operation log, the lease,
+the cold tier against a real S3 emulator (moto's server on loopback), and that core fastmem
+never imports Ray. The cluster itself: tests/test_ray_cluster.py."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import fastmem
+import fastmem.ray
+from fastmem.ray import _lease, _oplog
+from fastmem.ray._config import SLOTS, Deployment, slot_of
+
+
+@pytest.fixture(autouse=True)
+def backend():
+    """Once, not once per kernel backend: the kernels are not what these test."""
+    yield "default"
+
+
+def test_importing_fastmem_does_not_import_ray_or_fsspec():
+    code = "import sys, fastmem, fastmem.cli; print(sorted(m for m in sys.modules if m.split('.')[0] in ('ray', 's3fs', 'fsspec') or m.startswith('fastmem.ray')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).parents[1])  # fmt: skip
+    assert out.stdout.strip() == "[]"
+
+
+def test_a_namespace_maps_to_the_same_slot_forever():
+    # The first byte of SHA-256: pinned values, so a release that changed the map fails here.
+    assert [slot_of(n) for n in ("alice", "bob", "u000", "u299")] == [
+        hashlib.sha256(n.encode()).digest()[0] for n in ("alice", "bob", "u000", "u299")
+    ]
+    assert slot_of("alice") == 0x2b
+    counts = [0] * SLOTS
+    for i in range(25600):
+        counts[slot_of(f"user-{i}")] += 1
+    assert min(counts) > 50 and max(counts) < 160  # spread evenly
+
+
+def test_a_slot_belongs_to_exactly_one_shard():
+    d = Deployment(root="/x", shards=8)
+    owners = [next(s for s in range(8) if slot in d.slots_of(s)) for slot in range(SLOTS)]
+    assert owners == [slot % 8 for slot in range(SLOTS)]
+    assert d.shard_of("alice") == slot_of("alice") % 8
+
+
+@pytest.mark.parametrize("bad", [{"shards": 3}, {"shards": 0}, {"mode": "nfs"}, {"mode": "local"},
+                                 {"root": ""}, {"name": "Bad Name"}, {"lease": 0}, {"embedder": 3}])  # fmt: skip
+def test_a_bad_deployment_is_refused(bad):
+    with pytest.raises(fastmem.InvalidInputError):
+        Deployment(**{"root": "/x", **bad})
+
+
+def test_local_mode_pins_each_shard_to_a_node():
+    d = Deployment(root="/data/{node}/fastmem", mode="local", shards=4, nodes=["a", "b", "c"])
+    assert [d.node_of(s) for s in range(4)] == ["a", "b", "c", "a"]
+    assert d.root_on("b") == "/data/b/fastmem"
+
+
+# --- the operation log: exactly-once retries ----------------------------------------------
+
+
+def _items(n, tag="x"):
+    return [{"text": f"memory {tag} {i}", "type": "fact"} for i in range(n)]
+
+
+def test_the_op_log_remembers_results_across_reopen(tmp_path):
+    log = _oplog.OpLog(str(tmp_path))
+    log.intent("op1", _items(2))
+    log.finish("op1", ["m0", "m1"], ids=["m0", "m1"])
+    log.finish("op2", {"ok": True})
+    log.close()
+    with open(tmp_path / _oplog.FILE, "ab") as f:
+        f.write(b'{"op": "torn", "res')  # a write cut by a kill: skipped
+    again = _oplog.OpLog(str(tmp_path))
+    assert again.done == {"op1": ["m0", "m1"], "op2": {"ok": True}}
+    assert again.intents == {} and again.max_id == 1
+    again.close()
+
+
+def test_a_write_that_happened_before_its_result_was_logged_is_found_not_repeated(tmp_path):
+    """The shard died between the store's write and the log's result line: the retry
+    finds the batch by its fingerprints among the memories written after the intent."""
+    with fastmem.open(tmp_path, namespace="alice", embedder=None) as store:
+        log = _oplog.OpLog(str(tmp_path / "alice"))
+        first = store.add_many(_items(3, "a"))
+        log.finish("op-a", first, ids=first)
+        log.intent("op-b", _items(2, "b"))
+        written = store.add_many(_items(2, "b"))  # ... and the process dies here
+        log.close()
+        log = _oplog.OpLog(str(tmp_path / "alice"))
+        assert "op-b" in log.intents
+        assert log.recover("op-b", store) == written
+        # An intent whose write never happened: nothing found, so the shard writes it.
+        log.intent("op-c", _items(2, "c"))
+        assert log.recover("op-c", store) is None
+        # The same texts written earlier than the intent are not taken for this batch.
+        log.intent("op-d", _items(3, "a"))
+        assert log.recover("op-d", store) is None
+        log.close()
+
+
+def test_an_abandoned_intent_is_forgotten(tmp_path):
+    log = _oplog.OpLog(str(tmp_path))
+    log.intent("bad", _items(1))
+    log.abandon("bad")
+    log.close()
+    again = _oplog.OpLog(str(tmp_path))
+    assert again.intents == {} and "bad" not in again.done
+    again.close()
+
+
+def test_the_op_log_keeps_a_bounded_number_of_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(_oplog, "KEEP", 10)
+    log = _oplog.OpLog(str(tmp_path))
+    for i in range(35):
+        log.finish(f"op{i}", i, ids=[f"m{i}"])
+    log.close()
+    again = _oplog.OpLog(str(tmp_path))
+    assert "op34" in again.done and "op0" not in again.done and again.max_id == 34
+    assert len((tmp_path / _oplog.FILE).read_text().splitlines()) <= 2 * 10 + 1
+    again.close()
+
+
+# --- the lease ----------------------------------------------------------------------------
+
+
+def test_one_copy_holds_the_lease_and_a_stopped_copy_loses_it(tmp_path):
+    a = _lease.Lease(str(tmp_path), 7, "copy-a", seconds=0.6)
+    b = _lease.Lease(str(tmp_path), 7, "copy-b", seconds=0.6)
+    assert a.acquire() and a.valid()
+    assert b.acquire() is False and not b.valid()
+    time.sleep(0.7)  # a stops renewing (its process is stopped)
+    assert not a.valid()
+    assert b.acquire() and b.valid()
+    with pytest.raises(_lease.LeaseLost):
+        a.acquire()  # a wakes up: it must stop, not serve
+    b.release()
+    assert b.holder() is None
+
+
+# --- the cold tier against a real S3 emulator ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on 127.0.0.6 with a bucket; stopped by its pid."""
+    pytest.importorskip("s3fs", reason="the cold tier's S3 tests need s3fs: pip install 'fastmem[ray]'")
+    if not Path(sys.executable).with_name("moto_server").exists():
+        pytest.skip("moto_server is not installed: pip install 'moto[server]'")
+    from ray_cluster import moto_s3
+
+    with moto_s3() as s3:
+        yield s3
+
+
+def _cold(s3):
+    from fastmem.ray._cold import ColdTier
+
+    return ColdTier(s3["url"], {**s3["options"], "skip_instance_cache": True})
+
+
+def test_freeze_then_thaw_brings_back_the_same_files(tmp_path, s3):
+    with fastmem.open(tmp_path / "a", namespace="alice", embedder=None) as store:
+        ids = store.add_many(_items(20))
+    directory = str(tmp_path / "a" / "alice")
+    before = {n: Path(directory, n).read_bytes() for n in ("memory.dat", "memory.idx")}
+    cold = _cold(s3)
+    result = cold.freeze("alice", directory, "node-a")
+    assert result["bytes"] > 0 and not Path(directory, "memory.dat").exists()
+    manifest = cold.manifest("alice")
+    assert manifest["files"]["memory.dat"]["sha256"] == hashlib.sha256(before["memory.dat"]).hexdigest()
+    assert cold.frozen("alice")
+    cold.thaw("alice", str(tmp_path / "b" / "alice"), "node-b")
+    assert Path(tmp_path / "b" / "alice" / "memory.dat").read_bytes() == before["memory.dat"]
+    with fastmem.open(tmp_path / "b", namespace="alice", embedder=None) as store:
+        assert [store.get(i).text for i in ids] == [f"memory x {i}" for i in range(20)]
+        assert store.verify().ok
+    assert cold.owner("alice") == "node-b" and not cold.frozen("alice")
+    cold.freeze("alice", str(tmp_path / "b" / "alice"), "node-b")  # back for the next tests
+
+
+def test_a_second_owner_is_refused(tmp_path, s3):
+    with fastmem.open(tmp_path / "a", namespace="bob", embedder=None) as store:
+        store.add_many(_items(3))
+    cold = _cold(s3)
+    cold.freeze("bob", str(tmp_path / "a" / "bob"), "node-a")
+    # Two nodes thaw at once: the conditional create lets exactly one of them own it.
+    outcomes: list[object] = []
+
+    def thaw(node):
+        try:
+            outcomes.append(_cold(s3).thaw("bob", str(tmp_path / node / "bob"), node))
+        except Exception as exc:  # noqa: BLE001 - which error is the assertion
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=thaw, args=(n,)) for n in ("node-b", "node-c")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    refused = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(refused) == 1 and isinstance(refused[0], fastmem.ray.StoreOwnedElsewhereError), outcomes
+    winner = cold.owner("bob")
+    loser = "node-c" if winner == "node-b" else "node-b"
+    assert not Path(tmp_path / loser / "bob" / "memory.dat").exists()
+    with pytest.raises(fastmem.ray.StoreOwnedElsewhereError, match=winner):
+        cold.thaw("bob", str(tmp_path / "d" / "bob"), "node-d")
+
+
+def test_a_damaged_frozen_file_is_refused_and_nothing_replaced(tmp_path, s3):
+    with fastmem.open(tmp_path / "a", namespace="carol", embedder=None) as store:
+        store.add_many(_items(5))
+    cold = _cold(s3)
+    cold.freeze("carol", str(tmp_path / "a" / "carol"), "node-a")
+    generation = cold.manifest("carol")["generation"]
+    key = cold._key("carol", generation, "memory.dat")
+    data = bytearray(cold.fs.cat_file(key))
+    data[-3] ^= 0xFF  # bit rot in the bucket
+    cold.fs.pipe_file(key, bytes(data))
+    with pytest.raises(fastmem.ray.ColdChecksumError, match="sha256"):
+        cold.thaw("carol", str(tmp_path / "b" / "carol"), "node-b")
+    assert sorted(os.listdir(tmp_path / "b" / "carol")) == []  # no half-thawed file
+    assert cold.owner("carol") is None and cold.frozen("carol")  # the claim was given back
+    assert json.loads(cold.fs.cat_file(cold._key("carol", "manifest.json")))["generation"] == generation
+
+
+@pytest.mark.parametrize("location, message", [
+    ("/a/path", "starts with"),
+    ("ray+gcs://10.0.0.1:6379/data", "namespace"),
+    ("ray+gcs://10.0.0.1:6379/data?namespace=alice&colour=red", "unknown setting"),
+    ("ray+gcs://10.0.0.1:6379/data?namespace=alice&shards=many", "must be a number"),
+    ("ray+gcs:///data?namespace=alice", "HOST:PORT"),
+])  # fmt: skip
+def test_a_bad_cluster_location_is_refused_before_connecting(location, message):
+    with pytest.raises(fastmem.InvalidInputError, match=message):
+        fastmem.ray.open_location(location)
