@@ -28,7 +28,6 @@ import mmap
 import os
 import threading
 import time
-import traceback
 import warnings
 import weakref
 from collections.abc import Callable, Iterator
@@ -43,7 +42,8 @@ from ._files import Retired, fsync_dir, pending_index, recover, releaser, remove
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
-from ._io import ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc, torn
+from ._io import (ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc,
+                  release_frames, torn)  # fmt: skip
 from ._items import Prepared, f32, parse_id
 from ._threads import at_fork
 from .errors import (
@@ -55,14 +55,6 @@ from .namespaces import make_private_dirs
 from .types import Memory
 
 __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
-
-
-def _release_maps(exc: BaseException) -> None:
-    """Drop the locals of the frames that ``exc`` unwound (its traceback keeps them, from
-    CPython 3.12 often in a cycle only the garbage collector frees): a map among them holds
-    a descriptor of its own, and the file must not stay open until a collection. The frames
-    still running are skipped (their own code drops what they hold)."""
-    traceback.clear_frames(exc.__traceback__)
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 # Checkpoint while writing once the rows added since the last one are this many and as many
@@ -243,11 +235,8 @@ class Engine:
                 index.set_dim(dim)
         except BaseException as exc:
             os.close(map_fd)
-            _release_maps(exc)
-            try:
-                del dat, index
-            except NameError:  # failed before they were made
-                pass
+            release_frames(exc)  # the map holds a descriptor of its own: see release_frames
+            dat = index = None  # type: ignore[assignment]  # this frame is in the traceback too
             raise
         return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None)
 
