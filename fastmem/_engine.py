@@ -42,7 +42,8 @@ from ._files import Retired, fsync_dir, pending_index, recover, releaser, remove
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
-from ._io import ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc, torn
+from ._io import (ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc,
+                  release_frames, torn)  # fmt: skip
 from ._items import Prepared, f32, parse_id
 from ._threads import at_fork
 from .errors import (
@@ -232,8 +233,10 @@ class Engine:
                         f"it with dim={index.dim} or the embedder that wrote it"
                     )
                 index.set_dim(dim)
-        except BaseException:
+        except BaseException as exc:
             os.close(map_fd)
+            release_frames(exc)  # the map holds a descriptor of its own: see release_frames
+            dat = index = None  # type: ignore[assignment]  # this frame is in the traceback too
             raise
         return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None)
 

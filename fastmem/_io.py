@@ -10,6 +10,7 @@ import gc
 import os
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,8 @@ from .errors import DurabilityError, FastmemError, StoreFullError
 from .types import Memory
 
 __all__ = [
-    "ContentCache", "GroupCommit", "io_error", "lock_holder", "mapped_errors", "no_cyclic_gc", "torn",
+    "ContentCache", "GroupCommit", "io_error", "lock_holder", "mapped_errors", "no_cyclic_gc",
+    "release_frames", "torn",
 ]
 
 _CACHE_ENTRY_OVERHEAD = 200  # bytes a cached memory costs beyond its text and summary
@@ -101,6 +103,14 @@ class GroupCommit:
         self._pending.set()
         if threading.current_thread() is not self._thread:  # (a collected store, freed here)
             self._thread.join()
+
+
+def release_frames(exc: BaseException) -> None:
+    """Drop the locals of the frames ``exc`` unwound. Its traceback keeps them alive, from
+    CPython 3.12 often in a cycle only the garbage collector frees; a map among them holds a
+    descriptor of its own, so a failed open or swap would keep its file open until a
+    collection. Frames still running are skipped: their own code drops what they hold."""
+    traceback.clear_frames(exc.__traceback__)
 
 
 def lock_holder(fd: int) -> int | None:

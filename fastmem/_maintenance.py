@@ -424,6 +424,14 @@ def _compact(engine: Engine) -> CompactReport:
             lock_seconds = max(lock_seconds, time.perf_counter() - held)
             del dat  # the old map's last reference is the retired one
             _after_commit(engine, retired)
+        except BaseException:
+            # As in Engine._build: the old map must not keep the old data file open until a
+            # garbage collection frees this frame from the traceback.
+            try:
+                del dat
+            except NameError:  # already released
+                pass
+            raise
         finally:
             if fd >= 0:
                 os.close(fd)

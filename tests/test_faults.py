@@ -10,6 +10,7 @@ lost; nothing of the failed call is visible after a reopen; the store opens and
 from __future__ import annotations
 
 import errno
+import time
 import warnings
 
 import pytest
@@ -78,6 +79,19 @@ def test_a_failed_cut_back_keeps_the_failed_write_out(store_path):
 # --- a failed sync is sticky (review S2) -------------------------------------------------
 
 
+def _background_sync_done(store) -> None:
+    """Wait until the group commit has synced what the store was given so far. It waits a
+    few ms before each sync (longer on a loaded machine); a fault armed before that sync
+    would hit it instead of the one under test, and the test's next add would be refused
+    before it was made (seen in CI on the 3.10 wheel, twice)."""
+    commit = store._engine._commit  # noqa: SLF001 - the background syncer itself
+    for _ in range(400):
+        if not commit._pending.is_set():  # noqa: SLF001
+            break
+        time.sleep(0.005)
+    time.sleep(0.1)  # the flag clears just before its fdatasync: let that call go through
+
+
 def test_a_failed_background_sync_is_raised_by_the_next_flush(store_path):
     """durability="batch": the group commit's fdatasync fails (the kernel reports a
     writeback error once, and that sync consumed it). The next flush must not succeed over
@@ -85,6 +99,7 @@ def test_a_failed_background_sync_is_raised_by_the_next_flush(store_path):
     with fastmem.open(store_path, embedder=None, policy=QUIET, durability="batch") as store:
         kept = store.add("acknowledged before the failure")
         store.flush()
+        _background_sync_done(store)
         with Faults(fail_at=1, errno_=errno.EIO, only=("fdatasync",)) as faults:
             store.add("acknowledged, its sync failed")
             store._engine._commit.notify()  # noqa: SLF001 - wait for the background sync
@@ -114,6 +129,7 @@ def test_a_failed_background_sync_is_raised_by_the_next_flush(store_path):
 def test_a_failed_background_sync_is_raised_by_each_kind_of_call(store_path, op):
     store = fastmem.open(store_path, embedder=None, policy=QUIET, durability="batch")
     store.add("one")
+    _background_sync_done(store)
     with Faults(fail_at=1, errno_=errno.EIO, only=("fdatasync",)):
         store.add("two")
         store._engine._commit.stop()  # noqa: SLF001 - its last sync happens now, and fails

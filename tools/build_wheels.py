@@ -178,9 +178,9 @@ def test_wheel(version: str, python: str, wheel: Path, work: Path, out: Path, *,
     run([str(py), "-m", "pip", "install", "-q", f"fastmem[{extras}] @ {wheel.resolve().as_uri()}"],
         log, what=f"installing {wheel.name}[{extras}]")  # fmt: skip
     installed = round(time.monotonic() - start)
-    shutil.copytree(ROOT / "tests", here / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "fuzz", here / "fuzz", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copy2(ROOT / "pyproject.toml", here / "pytest-settings.toml")  # markers, filterwarnings
+    for name in ("tests", "fuzz", "pytest-settings.toml"):  # the suite as it was at the start
+        copy = shutil.copytree if (work / "suite" / name).is_dir() else shutil.copy2
+        copy(work / "suite" / name, here / name)
     check = ("import sys, fastmem\n"
              "print('fastmem', fastmem.__version__, 'from', fastmem.__file__, 'backend', fastmem.BACKEND)\n"
              "if fastmem.__file__.startswith(sys.argv[1] + '/'):\n"
@@ -266,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             tools_py = venv(sys.executable, work / "tools", log, upgrade_pip=True)
             run([str(tools_py), "-m", "pip", "install", "-q", *TOOLS], log, what="the build tools")
             sdist = build_sdist(tools_py, out, log)
+            # The tests, taken now with the sdist: a run tests one state of the checkout.
+            skip = shutil.ignore_patterns("__pycache__")
+            shutil.copytree(ROOT / "tests", work / "suite" / "tests", ignore=skip)
+            shutil.copytree(ROOT / "fuzz", work / "suite" / "fuzz", ignore=skip)
+            shutil.copy2(ROOT / "pyproject.toml", work / "suite" / "pytest-settings.toml")
             print(f"sdist: {sdist.name} ({sdist.stat().st_size / 1e6:.1f} MB)", flush=True)
             with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
                 futures = {v: pool.submit(build_wheel, v, py, sdist, work, out, tools_py)
