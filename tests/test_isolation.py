@@ -82,7 +82,8 @@ def test_interleaved_users_never_see_each_other(tmp_path_factory, ops):
             elif op == "reopen":
                 store.close()
                 stores[user] = fastmem.open(root, namespace=user, embedder=None)
-                readers.setdefault(user, fastmem.open(root, namespace=user, readonly=True, embedder=None))
+                if user not in readers:  # (setdefault would open one each time and drop it unclosed)
+                    readers[user] = fastmem.open(root, namespace=user, readonly=True, embedder=None)
             elif op == "update" and len(store):
                 store.update("m0", importance=0.9)
             seen = []

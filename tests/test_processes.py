@@ -41,6 +41,10 @@ def start() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
 
     def start(path: str, acks: str, seed: int, seconds: float, *extra: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "FASTMEM_EMBEDDER": "none"}
+        # The checkout under test, not whatever fastmem the venv has installed (the worker
+        # script's own directory, tests/, is the only one Python puts first).
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         worker = subprocess.Popen([sys.executable, WORKER, path, acks, str(seed), str(seconds), *extra],
                                   env=env, stderr=subprocess.PIPE)  # fmt: skip
         started.append(worker)
