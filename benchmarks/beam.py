@@ -24,7 +24,6 @@ cores) and copies them afresh for each run, so access counts never leak between 
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
@@ -40,7 +39,7 @@ import fastmem
 from fastmem.embed import MiniLM, default_embedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from locomo import plain_rankings, publish, store_for, table
+from locomo import arguments, plain_rankings, publish, store_for, table
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parent.parent / "shared" / "data" / "beam-dev"
@@ -211,13 +210,7 @@ def report(result: dict, budget: int, convs: list, data: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA))
-    parser.add_argument("--budget", type=int, default=1300)
-    parser.add_argument("--baselines", action="store_true")
-    parser.add_argument("--cache", default="", help="keep built stores here between runs")
-    parser.add_argument("--out", default="")
-    args = parser.parse_args()
+    args = arguments(__doc__, DEFAULT_DATA)
     convs = load(Path(args.data))
     result = {"fastmem": run_fastmem(convs, args.budget, args.cache)}
     if args.baselines:

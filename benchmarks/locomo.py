@@ -219,14 +219,19 @@ def publish(report: str, result: dict, out: str, script: str) -> None:
     json.dump(result, sys.stderr, indent=1)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA))
+def arguments(doc: str, default_data: Path) -> argparse.Namespace:
+    """The command line both recall benchmarks take (``doc``: the script's docstring)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--data", default=str(default_data))
     parser.add_argument("--budget", type=int, default=1300)
     parser.add_argument("--baselines", action="store_true")
     parser.add_argument("--cache", default="", help="keep built stores here between runs")
     parser.add_argument("--out", default="")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = arguments(__doc__, DEFAULT_DATA)
     data = json.loads(Path(args.data).read_text())
     result = {"fastmem": run_fastmem(data, args.budget, args.cache)}
     if args.baselines:
