@@ -32,7 +32,7 @@ from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryInde
 from ._stopwords import QUERY_STOP_WORDS
 from ._threads import Background
 from .errors import FastmemError, InvalidInputError
-from .retrieval import Ranked, importance_scores
+from .retrieval import Ranked, importance_scores, sole_match
 from .tokens import TokenCounter
 from .types import Context, ContextItem, ContextPolicy, Level
 
@@ -66,6 +66,7 @@ class Candidate:
     priority: float  # higher goes in first
     alternative: tuple[str, int] | None = None  # (summary, tokens) to use if the text won't fit
     excerpt: Callable[[str], str | None] | None = None  # the text is too long: its passage
+    whole: bool = False  # with ``excerpt``: the whole text (``tokens``) if it fits, else the passage
 
 
 PINNED_HEADER = "## Pinned"
@@ -225,9 +226,9 @@ def pack(
                 header_cost[h] = count(h) + LINE_BREAK_TOKENS
             extra = header_cost[h]
         line = LINE_BREAK_TOKENS + (0 if c.item.type == "conversation" else TYPE_PREFIX_TOKENS)
-        if c.excerpt is not None:
+        if c.excerpt is not None and not (c.whole and used + extra + c.tokens + line <= budget):
             room = budget - used - extra - line - SUMMARY_MARK_TOKENS
-            if room < min(c.tokens, c.alternative[1] if c.alternative else c.tokens):
+            if not c.whole and room < min(c.tokens, c.alternative[1] if c.alternative else c.tokens):
                 continue
             shown = _cut(c, count)
             if shown is None:
@@ -385,7 +386,7 @@ def build(
             levels[hit.row] = (Level.FOUND, hit.relevance)
     focus = named_speakers(engine, ranked[:SPEAKER_ROWS], query) if policy.other_speaker < 1 else None
     candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget,
-                             query_stems(query), focus)  # fmt: skip
+                             query_stems(query), focus, sole_match(ranked))  # fmt: skip
     return pack(candidates, budget, counter.count)
 
 
@@ -415,15 +416,18 @@ def _candidates(
     engine: Engine, policy: ContextPolicy, levels: dict[int, tuple[Level, float]],
     scores: dict[int, float], counter: TokenCounter, stored_counts: bool, budget: int,
     terms: frozenset[str] = frozenset(), focus: frozenset[str] | None = None,
+    sole: int = -1,
 ) -> list[Candidate]:  # fmt: skip
     """Context candidates for rows, best first, near-duplicates left out (the better one
     stays). Reading stops once the candidates whose priority is at least the next row's
     relevance fill the budget (no later row can go in before them: a priority is at most
     the relevance), or after ``CANDIDATE_BUDGETS`` budgets of tokens.
 
-    A found memory longer than ``item_share`` of the budget (unless it is the only one)
-    becomes its excerpt for ``terms`` (or its summary); found memories' priorities are
-    their value per token, and ``other_speaker`` times that for a turn of a speaker not in
+    A found memory longer than ``item_share`` of the budget becomes its excerpt for
+    ``terms`` (or its summary), unless it is the only match (the only found memory, or row
+    ``sole``: :func:`~fastmem.retrieval.sole_match`), which goes in whole when it fits, by its
+    relevance alone (it is what the query asks for), and as its excerpt otherwise. Other
+    found memories' priorities are their value per token, and ``other_speaker`` times that for a turn of a speaker not in
     ``focus`` (:func:`named_speakers`; see :class:`ContextPolicy`)."""
     index = engine.index
     order = sorted(levels, key=lambda g: -levels[g][1])
@@ -474,17 +478,18 @@ def _candidates(
         item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
                            memory.session, memory.type)  # fmt: skip
         summary = (memory.summary, summary_tokens) if memory.summary else None
-        long = level == Level.FOUND and text_tokens > cap and found > 1
-        if long:  # its passage (computed by the packer if it gets that far), at most ``cap``
+        long = level == Level.FOUND and text_tokens > cap
+        whole = long and (found == 1 or g == sole)
+        if long and not whole:  # its passage (cut by the packer if it gets that far), at most ``cap``
             text_tokens = min(text_tokens, cap)
         if focus and level == Level.FOUND:
             speaker = _SPEAKER.match(memory.text)
             if speaker and speaker.group(0) not in focus:
                 priority *= policy.other_speaker
-        if level == Level.FOUND and policy.length_penalty and text_tokens > DENSITY_TOKENS:
+        if level == Level.FOUND and g != sole and policy.length_penalty and text_tokens > DENSITY_TOKENS:
             priority *= (DENSITY_TOKENS / text_tokens) ** policy.length_penalty
         if long:
-            out.append(Candidate(item, text_tokens, priority, summary, cut))
+            out.append(Candidate(item, text_tokens, priority, summary, cut, whole))
             total += text_tokens
         elif summary is not None and level == Level.FOUND and score < policy.full_text_score:
             # Weakly related: its summary first (more evidence fits), its text if room.

@@ -15,7 +15,6 @@ tuned on a hand-built index:
 from __future__ import annotations
 
 import math
-import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -45,6 +44,7 @@ __all__ = [
     "keyword_search",
     "query_vector",
     "rank",
+    "sole_match",
     "type_mask",
     "vector_search",
 ]  # fmt: skip
@@ -170,6 +170,24 @@ def rank(
                float(keyword[i]))
         for i in order
     ], degraded  # fmt: skip
+
+
+def sole_match(ranked: list[Ranked]) -> int:
+    """The row of the only match for a query: the best row of :func:`rank` when the vector
+    side and the keyword side each rank it first of the candidates too (the two disagree on
+    everything else, so a memory both put first is what the query asks about); -1 when
+    there is none or the ranking has no vector side.
+
+    >>> sole_match([Ranked(7, 1.0, 0.6, 12.0), Ranked(3, 0.9, 0.5, 4.0)])
+    7
+    """
+    best = ranked[0] if ranked else None
+    if best is None or best.cosine is None or best.keyword <= 0:
+        return -1
+    for other in ranked[1:]:
+        if (other.cosine or 0.0) > best.cosine or other.keyword > best.keyword:
+            return -1
+    return best.row
 
 
 def _spread(cand: np.ndarray, rows: np.ndarray, values: np.ndarray) -> np.ndarray:

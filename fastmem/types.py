@@ -109,9 +109,11 @@ class ContextPolicy:
     Packing spends the budget on evidence. Level 1 takes budget only when the question is
     about the current conversation (no query; ``session`` names the newest memories'
     session; the best match is one of them) or ``recent_always`` asks for it. No found
-    memory takes more than ``item_share`` of the budget unless it is the only match: a
-    longer one shows its passage that matches the query (an excerpt, marked so) or its
-    summary. Found memories go in by value per token: relevance times
+    memory takes more than ``item_share`` of the budget unless it is the only match (the
+    only memory found, or the best one when the vector and the keyword side both rank it
+    first: it goes in whole, first, when it fits): a longer one shows its passage that
+    matches the query (an excerpt, marked so) or its summary. Found memories go in by value
+    per token: relevance times
     ``(DENSITY_TOKENS / tokens) ** length_penalty`` for those longer than
     ``DENSITY_TOKENS`` (0: by relevance alone). When the query names a speaker of the best
     matches (the ``"Name: "`` a conversation turn starts with, a proper name, not a role such

@@ -440,6 +440,8 @@ def test_no_found_memory_takes_more_than_its_share_unless_it_is_the_only_match(s
         alone = store.context("build warnings of module c", budget=3000)
         assert [i.id for i in alone.items] == [only]
         assert not alone.items[0].excerpt and alone.items[0].text == long_text  # the only match
+        small = store.context("build warnings of module c", budget=300)  # over budget: its passage
+        assert small.tokens <= 300 and [(i.id, i.excerpt) for i in small.items] == [(only, True)]
         for i in range(5):
             store.add(f"The build of module c had {i} warnings today.", timestamp=1e9 + 1 + i)
         ctx = store.context("build warnings of module c", budget=3000)
@@ -449,10 +451,52 @@ def test_no_found_memory_takes_more_than_its_share_unless_it_is_the_only_match(s
         assert any(i.id == only and (i.excerpt or i.summary) for i in ctx.items)
 
 
+def test_the_match_both_sides_rank_first_goes_in_whole(store_path):
+    # The only match: a long reply that the vector and the keyword side both rank first
+    # goes in whole (the answer is the reply, and an excerpt of it may miss the part asked
+    # about), before shorter, weaker matches; any other long memory stays an excerpt.
+    reply = "assistant: " + " ".join(
+        f"Step {i}: throttle the weather API requests with a token bucket of {i + 5} calls."
+        for i in range(40)
+    )  # fmt: skip
+    other = "assistant: " + " ".join(f"Note {i}: the weather looks fine today." for i in range(60))
+    policy = ContextPolicy(recent=0, item_share=0.25)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), summarizer=None, policy=policy) as store:
+        target = store.add(reply, timestamp=1e9)
+        weaker = store.add(other, timestamp=1e9 + 10)
+        for i in range(12):
+            store.add(f"user: lunch plan {i} and the weather API.", timestamp=1e9 + 100 + i)
+        query = "How did you throttle the weather API requests with a token bucket?"
+        ranked = store.search(query, 3, mode="hybrid")
+        assert ranked[0].id == target
+        ctx = store.context(query, budget=1300)
+        assert ctx.tokens == count(ctx.text) <= 1300
+        shown = {i.id: i for i in ctx.items}
+        assert count(reply) > 0.25 * 1300 and shown[target].text == reply and reply in ctx.text
+        assert weaker not in shown or shown[weaker].excerpt or shown[weaker].summary
+        # Too long for the budget, it shows its passage rather than nothing.
+        small = store.context(query, budget=200)
+        assert small.tokens <= 200
+        assert any(i.id == target and i.excerpt for i in small.items)
+
+
+def test_the_only_match_is_the_best_row_of_both_sides():
+    from fastmem.retrieval import Ranked, sole_match
+
+    assert sole_match([Ranked(7, 1.0, 0.6, 12.0), Ranked(3, 0.9, 0.5, 12.0)]) == 7
+    assert sole_match([Ranked(7, 1.0, 0.6, 12.0), Ranked(3, 0.9, 0.7, 3.0)]) == -1  # vectors differ
+    assert sole_match([Ranked(7, 1.0, 0.6, 12.0), Ranked(3, 0.9, 0.5, 13.0)]) == -1  # keywords differ
+    assert sole_match([Ranked(7, 1.0, 0.6, 0.0), Ranked(3, 0.9, 0.5, 0.0)]) == -1  # no keyword match
+    assert sole_match([Ranked(7, 1.0, None, 9.0)]) == -1  # no vector side (degraded)
+    assert sole_match([]) == -1
+
+
 def test_short_evidence_goes_in_before_a_long_memory_of_equal_relevance(store_path):
     # Value per token: with room for only one of them, the short one wins.
     long_text = "assistant: " + " ".join(["The hotel in Lisbon has a room with a view."] * 60)
-    short_text = "user: The hotel in Lisbon has a room."
+    # The short one holds "river" too: the keyword side ranks it first, the vector side
+    # the long one, so neither is the only match (which would go in first, whole).
+    short_text = "user: The Lisbon hotel room has a river view."
     budget = count(long_text) + 12
     for penalty, wanted in ((0.5, short_text), (0.0, long_text)):
         policy = ContextPolicy(recent=0, item_share=1.0, length_penalty=penalty)
@@ -462,7 +506,7 @@ def test_short_evidence_goes_in_before_a_long_memory_of_equal_relevance(store_pa
             store.add(short_text, timestamp=1e9 + 5000)
             for i in range(10):  # relevance is relative: the least relevant candidate gets 0
                 store.add(f"Unrelated note {i} on groceries.", timestamp=1e9 + 9000 + i)
-            ctx = store.context("hotel in Lisbon room with a view", budget=budget)
+            ctx = store.context("hotel in Lisbon room with a river view", budget=budget)
             texts = [i.text for i in ctx.items]
             assert wanted in texts and ({long_text, short_text} - {wanted}).isdisjoint(texts)
 
