@@ -206,8 +206,10 @@ def pack(
     plus a line break and the headers they open) fits; a candidate whose text does not fit
     may go in as its summary. A candidate with an ``excerpt`` function (a long memory: its
     ``tokens`` are the most its passage may take) is cut to its passage only when it is
-    reached and could fit, so the passages of memories left out are never computed. The
-    rendered text is then counted exactly, and the lowest-priority items leave until it fits.
+    reached and could fit, so the passages of memories left out are never computed; one
+    marked ``whole`` (the only match: its ``tokens`` are its whole text's) goes in whole when
+    it fits and is cut to its passage otherwise. The rendered text is then counted exactly,
+    and the lowest-priority items leave until it fits.
 
     Returns ``(text, tokens, items)``.
     """
