@@ -74,6 +74,49 @@ def recover(dat_path: str, idx_path: str) -> None:
         fsync_dir(idx_path)
 
 
+def open_same(path: str, fd: int) -> int | None:
+    """A read-only descriptor of the file open as ``fd``, opened anew through ``path``: a
+    map made from it keeps a duplicate of it, which must not share ``fd``'s open file
+    description (a writer's lock is on it, and would outlive close()). ``None`` when
+    ``path`` names another file now (a compaction or repair replaced it since ``fd`` was
+    opened: the caller follows again)."""
+    new = os.open(path, os.O_RDONLY)
+    a, b = os.fstat(fd), os.fstat(new)
+    if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+        return new
+    os.close(new)
+    return None
+
+
+def map_same(path: str, fd: int, size: int) -> tuple[int, mmap.mmap] | None:
+    """A read-only map of the first ``size`` bytes of the file open as ``fd`` (fewer when a
+    writer cut a failed or interrupted write off since ``size`` was taken), made through a
+    descriptor of its own (see :func:`open_same`), returned with it; ``None`` when ``path``
+    names another file now."""
+    map_fd = open_same(path, fd)
+    if map_fd is None:
+        return None
+    try:
+        while (dat := map_data(map_fd, size)) is None:
+            size = os.fstat(map_fd).st_size
+    except BaseException:
+        os.close(map_fd)
+        raise
+    return map_fd, dat
+
+
+def map_data(fd: int, size: int) -> mmap.mmap | None:
+    """A read-only map of the first ``size`` bytes of the file open as ``fd``; ``None``
+    when the file is shorter now (a writer cut a failed or interrupted write off since
+    ``size`` was taken)."""
+    try:
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    except ValueError:
+        if os.fstat(fd).st_size < size:
+            return None
+        raise
+
+
 def fsync_dir(path: str) -> None:
     """Make the entries of ``path``'s directory durable (a rename, a new file)."""
     fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)

@@ -277,6 +277,41 @@ def test_reader_sees_a_write_as_long_as_the_cut_tail(store_path: str) -> None:
         reader.close()
 
 
+def test_reader_that_sized_a_torn_tail_just_before_the_writer_cut_it(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader took the file's size with a torn append in it, and a writer cut the
+    tail off before the reader mapped that size: not a raw "mmap length is greater than
+    file size", the reader reads the file as it is now."""
+    with fastmem.open(store_path, durability="none") as s:
+        s.add_many([{"text": f"memory {i}", "timestamp": 1.0 + i} for i in range(5)])
+    reader, _ = _open(store_path, readonly=True)
+    with open(store_path + ".dat", "ab") as f:
+        f.write(bytes(300))  # an interrupted append: blocks allocated, never written
+    torn_size = os.path.getsize(store_path + ".dat")
+    real_fstat = os.fstat
+    armed = [True]
+
+    def fstat(fd: Any) -> os.stat_result:
+        st = real_fstat(fd)
+        if armed and st.st_size == torn_size:  # the reader sizes the data file
+            armed.clear()
+            writer, warned = _open(store_path, durability="none")  # cuts the torn tail
+            writer.close()
+            assert warned == 1
+        return st
+
+    try:
+        monkeypatch.setattr(os, "fstat", fstat)
+        assert len(reader) == 5
+        monkeypatch.undo()
+        assert not armed and [m.text for m in reader] == [f"memory {i}" for i in range(5)]
+        assert reader.verify().ok
+    finally:
+        monkeypatch.undo()
+        reader.close()
+
+
 def test_interrupted_creation(store_path: str) -> None:
     header = fmt.pack_dat_header(os.urandom(16), 0, time.time())
     for size in (4, 8, 30, fmt.DAT_HEADER_SIZE - 1):
