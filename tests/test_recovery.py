@@ -690,7 +690,7 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, backend: str) -> Non
             if run % 4 == 3:  # now and then, kill it while it starts or opens (recovers)
                 time.sleep(rng.uniform(0.05, 0.4))
             else:
-                ready, _, _ = select.select([proc.stdout], [], [], 30)
+                ready, _, _ = select.select([proc.stdout], [], [], 300)  # a hang guard
                 assert ready, "the child did not start"
                 line = proc.stdout.readline()
                 if line.strip() != '["ready"]':
