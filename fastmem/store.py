@@ -54,9 +54,11 @@ from .types import (
     RecordInfo, RecordSize, RepairReport, Report, StoreStats,
 )  # fmt: skip
 
-__all__ = ["MemoryStore", "open", "repair", "DURABILITY"]
+__all__ = ["MemoryStore", "open", "repair", "DURABILITY", "LOCK_TIMEOUT"]
 
-LOCK_TIMEOUT = 5.0  # seconds: a write holds the lock for micro- to milliseconds
+# Seconds a write (or an open) waits for another process's hold of the writer lock, by
+# default: a write holds it for micro- to milliseconds. The edge's defaults are this one.
+LOCK_TIMEOUT = 5.0
 _DEFAULT: Any = object()  # a keyword left out: the documented default
 _QUIET = ContextPolicy(preload=0, recent=0)  # no background loading: for a one-off job
 
