@@ -740,6 +740,40 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, backend: str) -> Non
     assert _contents(path)  # repaired: a reader opens it without a warning
 
 
+@pytest.mark.parametrize("lost", ["first page", "last page"])
+def test_a_partly_persisted_unsynced_append_stays_until_repair(store_path: str, lost: str) -> None:
+    """A power loss kept an unsynced append's size and some of its pages, not all: no torn
+    tail by the rule (docs/FORMAT.md, "What is cut, and what is kept"), since a writer cannot
+    tell it from an acknowledged record whose pages were lost. Kept, reported, skipped;
+    writes go on after it; repair() removes it."""
+    with fastmem.open(store_path, durability="always") as s:
+        s.add("first")
+        s.add("second, acknowledged")
+    acknowledged = os.path.getsize(store_path + ".dat")
+    with fastmem.open(store_path, durability="none") as s:
+        s.add("never synced " + " ".join(hashlib.sha256(b"%d" % i).hexdigest() for i in range(200)))
+    data = bytearray(Path(store_path + ".dat").read_bytes())
+    assert len(data) - acknowledged > 3 * 4096  # the append spans pages
+    page = (acknowledged // 4096 + 1) * 4096
+    lost_range = slice(acknowledged, page) if lost == "first page" else slice(len(data) - 4096 // 2, len(data))
+    data[lost_range] = bytes(len(data[lost_range]))
+    Path(store_path + ".dat").write_bytes(bytes(data))
+    os.remove(store_path + ".idx")  # no checkpoint had covered it
+    s, warned = _open(store_path)
+    with s:
+        assert warned == 2  # the index rebuilt; the damaged bytes kept (not cut)
+        assert os.path.getsize(store_path + ".dat") == len(data)
+        assert [m.text for m in s] == ["first", "second, acknowledged"]
+        s.add("third")
+        problems = s.verify().problems
+        assert [(p.file, p.offset) for p in problems] == [("dat", acknowledged)]
+    assert [m.text for m in _contents(store_path)] == ["first", "second, acknowledged", "third"]
+    report = fastmem.repair(store_path)
+    assert [(p.file, p.offset) for p in report.cut] == [("dat", acknowledged)] and report.memories == 3
+    with fastmem.open(store_path) as s:
+        assert s.verify().ok and [m.text for m in s] == ["first", "second, acknowledged", "third"]
+
+
 def test_damaged_last_record_is_kept_not_cut(store_path: str) -> None:
     """A whole last record that fails its CRC may be an acknowledged memory hit by bit rot:
     the writer keeps its bytes (verify() reports them) instead of cutting them as a torn
