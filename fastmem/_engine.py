@@ -38,12 +38,11 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._files import (Retired, fsync_dir, map_data, map_same, pending_index, recover, releaser,
-                     remove_quietly)  # fmt: skip
+from ._files import Retired, fsync_dir, map_same, pending_index, recover, releaser, remove_quietly
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
-from ._io import (ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc,
+from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
 from ._items import Prepared, f32, parse_id
 from ._threads import at_fork

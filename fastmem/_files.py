@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _format as fmt
 from ._index import MemoryIndex
+from ._io import map_data
 from ._threads import Background, at_fork
 from .errors import CorruptionError
 from .types import Problem
@@ -103,18 +104,6 @@ def map_same(path: str, fd: int, size: int) -> tuple[int, mmap.mmap] | None:
         os.close(map_fd)
         raise
     return map_fd, dat
-
-
-def map_data(fd: int, size: int) -> mmap.mmap | None:
-    """A read-only map of the first ``size`` bytes of the file open as ``fd``; ``None``
-    when the file is shorter now (a writer cut a failed or interrupted write off since
-    ``size`` was taken)."""
-    try:
-        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
-    except ValueError:
-        if os.fstat(fd).st_size < size:
-            return None
-        raise
 
 
 def fsync_dir(path: str) -> None:

@@ -312,6 +312,37 @@ def test_reader_that_sized_a_torn_tail_just_before_the_writer_cut_it(
         reader.close()
 
 
+def test_reader_that_sized_an_index_just_before_a_failed_delta_was_cut_off(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delta checkpoint that fails (a full disk) cuts its bytes off the index file again;
+    a reader that took the index's size just before reads the index as it is now: not a
+    raw "mmap length is greater than file size", nor a rebuild."""
+    with fastmem.open(store_path, durability="none") as s:
+        s.add_many([{"text": f"memory {i}", "timestamp": 1.0 + i} for i in range(5)])
+    idx = store_path + ".idx"
+    whole = os.path.getsize(idx)
+    with open(idx, "ab") as f:
+        f.write(b"\xff" * 5000)  # a delta being written: no slot names it yet
+    real_fstat = os.fstat
+    armed = [True]
+
+    def fstat(fd: Any) -> os.stat_result:
+        st = real_fstat(fd)
+        if armed and st.st_size == whole + 5000:  # the reader sizes the index
+            armed.clear()
+            os.truncate(idx, whole)  # the failed delta's space given back
+        return st
+
+    monkeypatch.setattr(os, "fstat", fstat)
+    reader, warned = _open(store_path, readonly=True)
+    monkeypatch.undo()
+    with reader:
+        assert not armed and warned == 0  # the index was read, not rebuilt
+        assert [m.text for m in reader] == [f"memory {i}" for i in range(5)]
+        assert reader.verify().ok
+
+
 def test_interrupted_creation(store_path: str) -> None:
     header = fmt.pack_dat_header(os.urandom(16), 0, time.time())
     for size in (4, 8, 30, fmt.DAT_HEADER_SIZE - 1):
