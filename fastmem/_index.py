@@ -159,7 +159,7 @@ class MemoryIndex:
                 size = os.fstat(fd).st_size
                 if size < fmt.IDX_HEADER_SIZE:
                     raise CorruptIndexError(f"{path} is shorter than its header", path=path)
-                mm = map_data(fd, size, mmap.ACCESS_COPY)
+                mm = map_data(fd, size, copy=True)
         except BaseException:
             os.close(fd)
             raise

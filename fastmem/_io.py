@@ -131,12 +131,13 @@ def lock_holder(fd: int) -> int | None:
     return None
 
 
-def map_data(fd: int, size: int, access: int = mmap.ACCESS_READ) -> mmap.mmap | None:
-    """A map of the first ``size`` bytes of the file open as ``fd``; ``None`` when the file
-    is shorter now: cut back since ``size`` was taken (a writer's failed or interrupted
-    append, a failed delta checkpoint's bytes). The caller takes the size again."""
+def map_data(fd: int, size: int, *, copy: bool = False) -> mmap.mmap | None:
+    """A read-only (or ``copy``-on-write) map of the first ``size`` bytes of the file open
+    as ``fd``; ``None`` when the file is shorter now: cut back since ``size`` was taken (a
+    writer's failed or interrupted append, a failed delta checkpoint's bytes). The caller
+    takes the size again."""
     try:
-        return mmap.mmap(fd, size, access=access)
+        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY if copy else mmap.ACCESS_READ)
     except ValueError:
         if os.fstat(fd).st_size < size:
             return None
