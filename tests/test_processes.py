@@ -132,7 +132,8 @@ def test_writers_killed_at_random_lose_nothing_acknowledged(
     Path(acks).touch()
     rng = random.Random(7)
     seeds = iter(range(1000))
-    workers = [start(path, acks, next(seeds), HANG, *(["--compact"] if i == 0 else [])) for i in range(4)]
+    # The workers would write for an hour: every one of them is killed first.
+    workers = [start(path, acks, next(seeds), 3600, *(["--compact"] if i == 0 else [])) for i in range(4)]
     # Each kill waits for new progress (an acknowledged write since the last kill), not for
     # the clock: on a loaded machine a worker's imports alone can outlast a fixed delay, and
     # then the kills would test nothing.
@@ -143,7 +144,7 @@ def test_writers_killed_at_random_lose_nothing_acknowledged(
         i = rng.randrange(len(workers))
         workers[i].send_signal(signal.SIGKILL)  # mid-append, mid-compaction, anywhere
         workers[i].communicate()
-        workers[i] = start(path, acks, next(seeds), HANG, *(["--compact"] if i == 0 else []))
+        workers[i] = start(path, acks, next(seeds), 3600, *(["--compact"] if i == 0 else []))
     for w in workers:
         w.send_signal(signal.SIGKILL)
         w.communicate()
