@@ -41,7 +41,7 @@ from .types import (
     BackupReport, CompactReport, Context, ContextItem, ContextPolicy, EvictionPolicy, Hit, Level,
     Memory, Problem, RecordInfo, RecordSize, RepairReport, Report, StoreStats,
 )  # fmt: skip
-from .store import DURABILITY, MemoryStore, open, repair
+from .store import DURABILITY, LOCK_TIMEOUT, MemoryStore, open, repair
 
 __version__ = "0.1.0"
 
@@ -70,6 +70,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidTypeError",
     "Level",
+    "LOCK_TIMEOUT",
     "Memory",
     "MemoryStore",
     "open",

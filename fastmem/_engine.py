@@ -38,11 +38,11 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._files import Retired, fsync_dir, pending_index, recover, releaser, remove_quietly
+from ._files import Retired, fsync_dir, map_same, pending_index, recover, releaser, remove_quietly
 from ._index import (
     F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
 )  # fmt: skip
-from ._io import (ContentCache, GroupCommit, lock_holder, mapped_errors, no_cyclic_gc,
+from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
 from ._items import Prepared, f32, parse_id
 from ._threads import at_fork
@@ -188,11 +188,12 @@ class Engine:
                 raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
             self._create_data_file(fd, size, dim or 0)
             size = fmt.DAT_HEADER_SIZE
-        # Mapped through a descriptor of its own: mmap keeps a duplicate of the one it is
-        # given, which must not be the locked one, or the lock would outlive close().
-        map_fd = os.open(self.dat_path, os.O_RDONLY)
+        mapped = map_same(self.dat_path, fd, size)
+        if mapped is None:  # replaced again since fd was opened: follow
+            return self._build_replaced(dim)
+        map_fd, dat = mapped
+        size = len(dat)  # less if a writer cut a failed write off meanwhile
         try:
-            dat = mmap.mmap(map_fd, size, access=mmap.ACCESS_READ)
             header = fmt.unpack_dat_header(dat, self.dat_path)
             self._check_embedder(header)
             try:
@@ -501,21 +502,18 @@ class Engine:
         size = st.st_size
         if size == self.dat_end and self.valid_end == size:
             return
-        if size < self.valid_end:  # a writer cut records off (a failed write): start again
+        dat = map_data(self._map_fd, size) if size >= self.valid_end else None
+        if dat is None:  # a writer cut records off (a failed write), maybe just now: start again
             self._adopt(self._build(self._fd, None, locked=False)).release(drop_cache=False)
             return
-        self._map(size)
-        self.dat_end = size
+        self._dat, self.dat_end = dat, size
         self.valid_end = self.index.replay(self._dat, self.valid_end, size, self.dat_path)[1]
-
-    def _map(self, size: int) -> None:
-        self._dat = mmap.mmap(self._map_fd, size, access=mmap.ACCESS_READ)
 
     def data(self) -> mmap.mmap:
         """The data file's map, remapped when the file has grown past it."""
         assert self._dat is not None
         if len(self._dat) < self.dat_end:
-            self._map(self.dat_end)
+            self._dat = mmap.mmap(self._map_fd, self.dat_end, access=mmap.ACCESS_READ)
         return self._dat
 
     # --- writing ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _format as fmt
 from ._index import MemoryIndex
+from ._io import map_data
 from ._threads import Background, at_fork
 from .errors import CorruptionError
 from .types import Problem
@@ -72,6 +73,37 @@ def recover(dat_path: str, idx_path: str) -> None:
     elif os.path.exists(idx_path + COMPACT_SUFFIX):
         os.replace(idx_path + COMPACT_SUFFIX, idx_path)
         fsync_dir(idx_path)
+
+
+def open_same(path: str, fd: int) -> int | None:
+    """A read-only descriptor of the file open as ``fd``, opened anew through ``path``: a
+    map made from it keeps a duplicate of it, which must not share ``fd``'s open file
+    description (a writer's lock is on it, and would outlive close()). ``None`` when
+    ``path`` names another file now (a compaction or repair replaced it since ``fd`` was
+    opened: the caller follows again)."""
+    new = os.open(path, os.O_RDONLY)
+    a, b = os.fstat(fd), os.fstat(new)
+    if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
+        return new
+    os.close(new)
+    return None
+
+
+def map_same(path: str, fd: int, size: int) -> tuple[int, mmap.mmap] | None:
+    """A read-only map of the first ``size`` bytes of the file open as ``fd`` (fewer when a
+    writer cut a failed or interrupted write off since ``size`` was taken), made through a
+    descriptor of its own (see :func:`open_same`), returned with it; ``None`` when ``path``
+    names another file now."""
+    map_fd = open_same(path, fd)
+    if map_fd is None:
+        return None
+    try:
+        while (dat := map_data(map_fd, size)) is None:
+            size = os.fstat(map_fd).st_size
+    except BaseException:
+        os.close(map_fd)
+        raise
+    return map_fd, dat
 
 
 def fsync_dir(path: str) -> None:

@@ -79,6 +79,9 @@ RECORD_KINDS = (KIND_MEMORY, KIND_UPDATE, KIND_FORGET)
 MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of a memory's text
 MAX_SUMMARY_BYTES = 1 << 16
 MAX_METADATA_BYTES = 1 << 16  # metadata, msgpack-encoded
+# Levels a record's payload may nest (the payload map is level 0, metadata level 1): the
+# compiled packer (src_cython/records.pyx, _pack) refuses anything deeper.
+MAX_PAYLOAD_DEPTH = 64
 MAX_TYPE_CHARS = 64
 MAX_SESSION_CHARS = 256
 MAX_DIM = 4096

@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
+from ._io import map_data
 from ._keyword import KeywordIndex
 from ._replay import (  # noqa: F401 - F_* and the helpers are imported from here too
     F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META, F_OFFSET, F_RESERVED,
@@ -153,10 +154,12 @@ class MemoryIndex:
         """
         fd = os.open(path, os.O_RDONLY)
         try:
-            size = os.fstat(fd).st_size
-            if size < fmt.IDX_HEADER_SIZE:
-                raise CorruptIndexError(f"{path} is shorter than its header", path=path)
-            mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+            mm = None
+            while mm is None:  # None: a failed delta's bytes were cut off meanwhile
+                size = os.fstat(fd).st_size
+                if size < fmt.IDX_HEADER_SIZE:
+                    raise CorruptIndexError(f"{path} is shorter than its header", path=path)
+                mm = map_data(fd, size, copy=True)
         except BaseException:
             os.close(fd)
             raise

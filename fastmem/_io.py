@@ -1,12 +1,14 @@
 """Parts of the storage engine (``fastmem._engine``) that hold none of its state: the
 mapping of file operations' ``OSError``s to fastmem errors, the background sync of
-``durability="batch"`` (which keeps its error), the torn-tail test, the lock holder's pid,
-the cache of decoded memories and the pause of the cycle collector."""
+``durability="batch"`` (which keeps its error), maps of files that may be cut back, the
+torn-tail test, the lock holder's pid, the cache of decoded memories and the pause of the
+cycle collector."""
 
 from __future__ import annotations
 
 import errno
 import gc
+import mmap
 import os
 import threading
 import time
@@ -21,8 +23,8 @@ from .errors import DurabilityError, FastmemError, StoreFullError
 from .types import Memory
 
 __all__ = [
-    "ContentCache", "GroupCommit", "io_error", "lock_holder", "mapped_errors", "no_cyclic_gc",
-    "release_frames", "torn",
+    "ContentCache", "GroupCommit", "io_error", "lock_holder", "map_data", "mapped_errors",
+    "no_cyclic_gc", "release_frames", "torn",
 ]
 
 _CACHE_ENTRY_OVERHEAD = 200  # bytes a cached memory costs beyond its text and summary
@@ -127,6 +129,19 @@ def lock_holder(fd: int) -> int | None:
     except OSError:
         pass
     return None
+
+
+def map_data(fd: int, size: int, *, copy: bool = False) -> mmap.mmap | None:
+    """A read-only (or ``copy``-on-write) map of the first ``size`` bytes of the file open
+    as ``fd``; ``None`` when the file is shorter now: cut back since ``size`` was taken (a
+    writer's failed or interrupted append, a failed delta checkpoint's bytes). The caller
+    takes the size again."""
+    try:
+        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY if copy else mmap.ACCESS_READ)
+    except ValueError:
+        if os.fstat(fd).st_size < size:
+            return None
+        raise
 
 
 def torn(dat: Any, start: int, end: int) -> bool:

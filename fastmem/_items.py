@@ -118,10 +118,11 @@ def check_metadata(metadata: Any) -> dict[str, Any] | None:
             f"metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
             f"dicts, bool, None): {exc}"
         ) from None
-    if not _plain(value):
+    if not _plain(value, 1):
         raise InvalidInputError(
             "metadata must hold only msgpack types (str keys, numbers, str, bytes, lists, "
-            "dicts, bool, None): no extension types"
+            f"dicts, bool, None): no extension types, and nested at most "
+            f"{fmt.MAX_PAYLOAD_DEPTH - 1} levels deep"
         )
     if len(packed) > fmt.MAX_METADATA_BYTES:
         raise InvalidInputError(
@@ -134,13 +135,16 @@ def check_metadata(metadata: Any) -> dict[str, Any] | None:
 _PLAIN = (str, bytes, int, float, bool, type(None))
 
 
-def _plain(value: Any) -> bool:
+def _plain(value: Any, depth: int) -> bool:
     """Only msgpack's own types: a msgpack.ExtType or Timestamp would pack, but it is not
-    data every reader understands."""
+    data every reader understands; and no deeper than a record's payload may nest
+    (``value`` is at ``depth`` of the payload)."""
+    if depth > fmt.MAX_PAYLOAD_DEPTH:
+        return False
     if isinstance(value, dict):
-        return all(_plain(v) for v in value.values())
+        return all(_plain(v, depth + 1) for v in value.values())
     if isinstance(value, list):
-        return all(_plain(v) for v in value)
+        return all(_plain(v, depth + 1) for v in value)
     return isinstance(value, _PLAIN)
 
 

@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TextIO
 
+from . import LOCK_TIMEOUT
 from .errors import (
     CorruptionError,
     DependencyUnavailableError,
@@ -223,9 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     command("verify", "check every record and the index (exit 1 on damage)").set_defaults(
         func=_cmd_verify)  # fmt: skip
     def writes(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--timeout", type=_seconds_arg, default=5.0, metavar="SECONDS",
+        p.add_argument("--timeout", type=_seconds_arg, default=LOCK_TIMEOUT, metavar="SECONDS",
                        help="how long to wait for another process's write or compaction "
-                            "(default 5; exit 3 after it)")  # fmt: skip
+                            f"(default {LOCK_TIMEOUT:g}; exit 3 after it)")  # fmt: skip
         return p
 
     writes(command("repair", "keep every intact record and rebuild the index (exit 1 when "
@@ -265,9 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--store", required=True, metavar="PATH", help="the store to serve")
     p.add_argument("--namespace", type=_namespace_arg, metavar="NAME",
                    help="the store of one user or profile under PATH")  # fmt: skip
-    p.add_argument("--timeout", type=_seconds_arg, default=5.0, metavar="SECONDS",
+    p.add_argument("--timeout", type=_seconds_arg, default=LOCK_TIMEOUT, metavar="SECONDS",
                    help="how long a write waits for another process's write or compaction "
-                        "(default 5; then the tool call fails, naming that process)")  # fmt: skip
+                        f"(default {LOCK_TIMEOUT:g}; then the tool call fails, naming that process)")  # fmt: skip
     p.set_defaults(func=_cmd_mcp)
     return parser
 

@@ -102,9 +102,21 @@ class Ranked(NamedTuple):
     keyword: float  # BM25 score (0: no keyword match)
 
 
+def embed_query(embedder: Embedder | None, query: str) -> tuple[np.ndarray | None, bool]:
+    """``(vector, degraded)`` for :func:`rank`: the query's embedding (``None`` without an
+    embedder or a query), or ``degraded`` when the model has not loaded yet. Made before
+    the caller takes the store's lock: a slow model must not hold up the handle's other
+    threads (as ``add_many`` embeds before it writes)."""
+    if embedder is None or not query.strip():
+        return None, False
+    if not getattr(embedder, "ready", True):
+        return None, True
+    return query_vector(embedder, query), False
+
+
 def rank(
-    index: MemoryIndex, query: str, k: int, *, policy: ContextPolicy, embedder: Embedder | None,
-    session: str | None, now: float, where: Filters = NO_FILTERS,
+    index: MemoryIndex, query: str, k: int, *, policy: ContextPolicy, vector: np.ndarray | None,
+    degraded: bool, session: str | None, now: float, where: Filters = NO_FILTERS,
 ) -> tuple[list[Ranked], bool]:  # fmt: skip
     """Level 3: rows ranked for ``query``, best first, with relevance from 0 to 1.
 
@@ -114,24 +126,24 @@ def rank(
     next to the turn that matches the question) and importance, recency and the
     current session add small bonuses.
 
-    Returns ``(ranked, degraded)``: ``degraded`` when ``embedder`` is not loaded yet (the
+    ``vector`` and ``degraded`` are :func:`embed_query`'s. Returns ``(ranked, degraded)``:
+    ``degraded`` when the embedder was not loaded yet and the store holds vectors (the
     ranking then has no vector component).
     """
+    degraded = degraded and bool(index.dim)
     if not query.strip() or not index.live:
         return [], False
-    vector = None
     parts = []
     words = content_words(query)
-    degraded = embedder is not None and bool(index.dim) and not getattr(embedder, "ready", True)
-    if embedder is not None and index.dim and not degraded:
+    if vector is not None and index.dim:
         keyword_job = _keyword_worker().submit(index.keyword.search, index, words, k, *where)
         try:
-            vector = query_vector(embedder, query)
             parts.append(_vector_candidates(index, vector, k, where)[0])
         finally:
             wait([keyword_job])  # it reads the index: done before anything can change it
         kw_rows, kw_scores = keyword_job.result()
     else:
+        vector = None  # a store without vectors
         kw_rows, kw_scores = index.keyword.search(index, words, k, *where)
     parts.append(kw_rows)
     id_rows, id_scores = _identifier_matches(index, query, k, where, policy)
@@ -395,8 +407,8 @@ def _z(x: np.ndarray) -> np.ndarray:
     return (x - x.mean()) / std if std > 0 else np.zeros(len(x))
 
 
-# One thread per process runs a ranking's keyword search while the caller's thread embeds
-# the query and scans the vectors (both release the GIL).
+# One thread per process runs a ranking's keyword search while the caller's thread scans
+# the vectors (both release the GIL).
 _keyword_thread: ThreadPoolExecutor | None = None
 _keyword_thread_lock = threading.Lock()
 

@@ -54,9 +54,11 @@ from .types import (
     RecordInfo, RecordSize, RepairReport, Report, StoreStats,
 )  # fmt: skip
 
-__all__ = ["MemoryStore", "open", "repair", "DURABILITY"]
+__all__ = ["MemoryStore", "open", "repair", "DURABILITY", "LOCK_TIMEOUT"]
 
-LOCK_TIMEOUT = 5.0  # seconds: a write holds the lock for micro- to milliseconds
+# Seconds a write (or an open) waits for another process's hold of the writer lock, by
+# default: a write holds it for micro- to milliseconds. The edge's defaults are this one.
+LOCK_TIMEOUT = 5.0
 _DEFAULT: Any = object()  # a keyword left out: the documented default
 _QUIET = ContextPolicy(preload=0, recent=0)  # no background loading: for a one-off job
 
@@ -456,6 +458,8 @@ class MemoryStore:
                 flat = False
             if not flat:
                 raise InvalidInputError("query must be text or one flat vector")
+        if mode == "hybrid" and isinstance(query, str):  # embedded before the lock (see rank)
+            embedded, degraded = retrieval.embed_query(self._embedder, query)
         engine = self._engine
         with engine.lock:
             engine.check()
@@ -468,7 +472,7 @@ class MemoryStore:
             elif mode == "hybrid" and isinstance(query, str):
                 ranked, _ = retrieval.rank(
                     index, query, max(k, self.policy.candidates), policy=self.policy,
-                    embedder=self._embedder, session=None, now=time.time(), where=where,
+                    vector=embedded, degraded=degraded, session=None, now=time.time(), where=where,
                 )  # fmt: skip
                 found = [(r.row, r.relevance, r.cosine, r.keyword) for r in ranked]
             else:
@@ -539,13 +543,14 @@ class MemoryStore:
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
         if self._embedder is not None:  # a model still loading: wait a little (not locked)
             ready_within(self._embedder, self.policy.embedder_wait)
+        vector, degraded = retrieval.embed_query(self._embedder, query)  # not locked either
         engine = self._engine
         with engine.lock:
             engine.check()
             now = time.time()
             ranked, degraded = retrieval.rank(
                 engine.index, query, self.policy.candidates, policy=self.policy,
-                embedder=self._embedder, session=session, now=now,
+                vector=vector, degraded=degraded, session=session, now=now,
             )  # fmt: skip
             text, tokens, items = _context.build(
                 engine, self.policy, ranked, budget=budget, counter=counter,

@@ -309,8 +309,15 @@ class Model:
 
 
 def run_kills(path: str, kills: int, seed: int = 0, max_delay: float = 0.06,
-              log: Any = None) -> Model:  # fmt: skip
-    """``kills`` rounds of fork a writer, let it run up to ``max_delay`` s, SIGKILL, check."""
+              log: Any = None, hang: float = 300.0) -> Model:  # fmt: skip
+    """``kills`` rounds of fork a writer, SIGKILL it at a random moment, check the store.
+
+    The moment is chosen by the writer's progress, not by the clock alone: on a loaded
+    machine a writer may still be opening the store (and acknowledge nothing) after any
+    fixed delay. One round in four kills up to ``max_delay`` s after the fork (during the
+    open's recovery, too); the others wait until the writer has written a random number of
+    acknowledgement lines (1 to 24), then kill it up to ``max_delay`` s later. A writer
+    that writes no line for ``hang`` s is an error, and so is one that ends by itself."""
     rng = random.Random(seed)
     model = Model()
     ack_path = path + ".acks"
@@ -318,6 +325,9 @@ def run_kills(path: str, kills: int, seed: int = 0, max_delay: float = 0.06,
         for k in range(kills):
             Path(ack_path).write_text("")
             pid = server.run(path, seed * 1_000_003 + k, ack_path)
+            lines = 0 if rng.random() < 0.25 else rng.randint(1, 24)
+            if not _wait_for_lines(ack_path, lines, hang):
+                model.errors.append(f"kill {k}: the writer wrote no line for {hang:g} s")
             time.sleep(rng.uniform(0.0, max_delay))
             os.kill(pid, signal.SIGKILL)
             status = server.wait(pid)
@@ -330,6 +340,22 @@ def run_kills(path: str, kills: int, seed: int = 0, max_delay: float = 0.06,
                 log(f"{k + 1} kills: acked {model.acked}, lost {model.lost}, garbled "
                     f"{model.garbled}, unclean {model.unclean}, phases {model.phases}")  # fmt: skip
     return model
+
+
+def _wait_for_lines(ack_path: str, lines: int, hang: float) -> bool:
+    """Wait until ``ack_path`` holds ``lines`` lines or an error line (the writer ended);
+    False when no new line came for ``hang`` seconds."""
+    seen, last_progress = -1, time.monotonic()
+    while True:
+        text = Path(ack_path).read_text()
+        count = text.count("\n")
+        if count >= lines or '["error"' in text:
+            return True
+        if count != seen:
+            seen, last_progress = count, time.monotonic()
+        elif time.monotonic() - last_progress > hang:
+            return False
+        time.sleep(0.002)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["serve"]:

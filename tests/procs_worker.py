@@ -2,15 +2,18 @@
 
     python tests/procs_worker.py STORE ACKS SEED SECONDS [--compact]
 
-Until SECONDS have passed it interleaves ``add_many``, ``add``, ``forget``, ``update`` and
-reads. After each write returns it appends one line to the shared acknowledgement file
-ACKS (one ``write()`` on an ``O_APPEND`` descriptor: lines never interleave, though a
-reader may catch the last one half-copied, and a SIGKILL may cut one short), so
-that every process knows what was acknowledged, and when. Before each read it takes the
-lines acknowledged so far (by any process) and checks that the read sees them: a memory
-whose add was acknowledged before the read began must be there (those meant to be
-forgotten are never checked: their owner may forget them meanwhile). A failed check is
-written to ACKS as a ``miss`` line; the test fails on any. ``--compact`` also compacts.
+Until SECONDS have passed, and it has written, read (and compacted) at least once (on a
+loaded machine the imports and the open alone may outlast SECONDS: progress ends it, not
+the clock; the test's hang guard catches a worker that never gets there), it interleaves
+``add_many``, ``add``, ``forget``, ``update`` and reads. After each write returns it
+appends one line to the shared acknowledgement file ACKS (one ``write()`` on an
+``O_APPEND`` descriptor: lines never interleave, though a reader may catch the last one
+half-copied, and a SIGKILL may cut one short), so that every process knows what was
+acknowledged, and when. Before each read it takes the lines acknowledged so far (by any
+process) and checks that the read sees them: a memory whose add was acknowledged before
+the read began must be there (those meant to be forgotten are never checked: their owner
+may forget them meanwhile). A failed check is written to ACKS as a ``miss`` line; the
+test fails on any. ``--compact`` also compacts.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def main() -> None:
     rng = random.Random(seed)
     acks = os.open(acks_path, os.O_WRONLY | os.O_APPEND)
     counts = {"writes": 0, "reads": 0, "compactions": 0}
+    wanted = ("writes", "reads", "compactions") if compacts else ("writes", "reads")
 
     def ack(**line: object) -> None:
         os.write(acks, (json.dumps(line) + "\n").encode())
@@ -45,7 +49,7 @@ def main() -> None:
     # and this test is about what every process sees, not about how fast.
     policy = fastmem.ContextPolicy(preload=0, recent=0)
     with fastmem.open(path, embedder=None, policy=policy, timeout=120) as store:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or not all(counts[k] for k in wanted):
             op = rng.random()
             if op < 0.25:
                 batch = [_item(seed, n + j, rng) for j in range(rng.randint(1, 5))]

@@ -583,3 +583,16 @@ def test_reembed_gives_a_keyword_only_store_the_default_models_vectors(capsys, t
         assert s.stats().with_vector == 2 and s.verify().ok
         hit = s.search("what pet does the user have", k=1, mode="vector")[0]
         assert hit.id == ids[0]
+
+
+def test_every_lock_wait_defaults_to_the_one_constant(monkeypatch):
+    """The CLI's --timeout (write commands and mcp) and the Hermes writer's wait for the
+    lock are fastmem.LOCK_TIMEOUT, the store's own default, not copies of its value."""
+    from fastmem import cli
+    from fastmem.integrations import _writer
+
+    parser = cli.build_parser()
+    for argv in (["compact", "s"], ["repair", "s"], ["import", "s", "f"], ["mcp", "--store", "s"]):
+        assert parser.parse_args(argv).timeout is fastmem.LOCK_TIMEOUT
+    assert _writer.WRITE_WAIT is fastmem.LOCK_TIMEOUT
+    assert fastmem.open.__kwdefaults__["timeout"] is fastmem.LOCK_TIMEOUT

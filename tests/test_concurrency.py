@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import fastmem
@@ -253,4 +254,56 @@ def test_every_method_refuses_after_fork_even_while_a_thread_held_the_lock(tmp_p
     assert json.loads(out or b"[]") == ["refused"] * 12
     assert os.path.getsize(store.dat_path) == size
     store.add("parent again")  # the parent's handle still works
+    store.close()
+
+
+class _SlowEmbedder:
+    """Embeds as a model on a busy CPU would: a query waits in ``encode`` until released."""
+
+    name, dim = "slow", 8
+
+    def __init__(self) -> None:
+        self.slow, self.embedding, self.release = False, threading.Event(), threading.Event()
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        if self.slow:
+            self.embedding.set()
+            self.release.wait()
+        out = np.array([[len(t) % 5 + 1.0, *range(1, self.dim)] for t in texts], dtype=np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("call", ["search", "context"])
+def test_a_slow_query_embedding_does_not_hold_up_reads_on_other_threads(tmp_path, call):
+    """F9: a hybrid search or context() embeds its query before it takes the handle's lock
+    (as add_many does before it writes): another thread's reads go on meanwhile."""
+    embedder = _SlowEmbedder()
+    store = fastmem.open(str(tmp_path / "s"), embedder=embedder)
+    ids = store.add_many([{"text": f"memory number {i}"} for i in range(20)])
+    embedder.slow = True
+    errors: list[BaseException] = []
+
+    def query() -> None:
+        try:
+            if call == "search":
+                store.search("memory number 3", 5)
+            else:
+                store.context("memory number 3")
+        except BaseException as exc:
+            errors.append(exc)
+
+    querying = threading.Thread(target=query)
+    querying.start()
+    try:
+        assert embedder.embedding.wait(300)  # the query is in its embedding now
+        # Free: not held by the embedding thread (checked first, so that a failure here does
+        # not wait for a lock it would never get).
+        assert store._engine.lock.acquire(blocking=False)  # noqa: SLF001
+        store._engine.lock.release()  # noqa: SLF001
+        assert store.get(ids[7]).text == "memory number 7" and len(store) == 20
+        assert [h.id for h in store.search("number 7", 1, mode="keyword")] == [ids[7]]
+    finally:
+        embedder.release.set()
+        querying.join()
+    assert errors == []
     store.close()

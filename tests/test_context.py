@@ -275,7 +275,7 @@ def test_preload_runs_in_the_background_and_stops_at_close(store_path):
     with fastmem.open(store_path, durability="none") as store:
         store.add_many([{"text": f"memory {i}", "importance": (i % 10) / 10} for i in range(3000)])
     store = fastmem.open(store_path, policy=ContextPolicy(preload=2000, preload_chunk=50))
-    assert store.wait_preload(30)
+    assert store.wait_preload(300)
     assert store.preload_progress == (2000, 2000)
     top = np.argsort(-store.importance_scores(), kind="stable")[:5]
     assert all(store._engine.cache.get(int(g)) is not None for g in top)
@@ -298,7 +298,7 @@ def test_preload_gives_way_to_callers(store_path, monkeypatch):
     assert store._preload.finished.is_set()
     monkeypatch.setattr(fastmem.context.Preload, "_MAX_DEFER", 0.05)  # ...but it is never starved
     with fastmem.open(store_path, policy=ContextPolicy(preload=100, preload_chunk=10)) as store:
-        assert store.wait_preload(30) and store.preload_progress == (100, 100)
+        assert store.wait_preload(300) and store.preload_progress == (100, 100)
 
 
 def test_access_statistics_are_checkpointed_at_close(store_path):

@@ -85,9 +85,9 @@ def _background_sync_done(store) -> None:
     would hit it instead of the one under test, and the test's next add would be refused
     before it was made (seen in CI on the 3.10 wheel, twice)."""
     commit = store._engine._commit  # noqa: SLF001 - the background syncer itself
-    for _ in range(400):
-        if not commit._pending.is_set():  # noqa: SLF001
-            break
+    hang = time.monotonic() + 120  # a guard against a hang, not a speed bound
+    while commit._pending.is_set():  # noqa: SLF001
+        assert time.monotonic() < hang, "the group commit never synced"
         time.sleep(0.005)
     time.sleep(0.1)  # the flag clears just before its fdatasync: let that call go through
 
@@ -103,11 +103,8 @@ def test_a_failed_background_sync_is_raised_by_the_next_flush(store_path):
         with Faults(fail_at=1, errno_=errno.EIO, only=("fdatasync",)) as faults:
             store.add("acknowledged, its sync failed")
             store._engine._commit.notify()  # noqa: SLF001 - wait for the background sync
-            for _ in range(400):
-                if faults.fired:
-                    break
-                import time
-
+            hang = time.monotonic() + 120  # a guard against a hang, not a speed bound
+            while not faults.fired and time.monotonic() < hang:
                 time.sleep(0.005)
             assert faults.fired and faults.fired[0] == "fdatasync"
         with pytest.raises(DurabilityError) as raised:

@@ -26,6 +26,13 @@ from agent.memory_provider import MemoryProvider  # noqa: E402
 # The directory holding the fastmem under test, for processes started with another cwd
 # (the venv's editable install may point at another checkout).
 FASTMEM_ROOT = os.path.dirname(os.path.dirname(fastmem.__file__))
+# Seconds any wait of these tests may last: a guard against a hang, never a speed bound (the
+# machine is shared, at load 10-16 while others work: a fixed bound of a minute failed).
+HANG = 300.0
+# For writer processes whose test is about what gets written, not about the provider's
+# deadlines: a batch waits for the lock, and shutdown() for the backlog, as long as HANG
+# (at the real 5 s and 4 s a loaded machine sent writes to side files).
+PATIENT = {"TEST_WRITE_WAIT": str(HANG), "TEST_SHUTDOWN_TIMEOUT": str(HANG)}
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +159,7 @@ def test_the_module_imports_without_hermes(tmp_path):
         print("OK", r.activated)
     """)
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=_child_env(str(tmp_path)),
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+                         capture_output=True, text=True, timeout=HANG)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "OK True"
     assert _texts(str(tmp_path)) == ["User: My dog is Rex.\nAssistant: ok"]
@@ -177,8 +184,8 @@ def test_memory_manager_drives_every_path(home):
     manager.sync_all("I fly an Airbus A320.", "Nice.", session_id="sess-1",
                      messages=[{"role": "user", "content": "I fly an Airbus A320."}])  # fmt: skip
     manager.on_memory_write("add", "user", "Prefers metric units.", metadata={"session_id": "sess-1"})
-    assert manager.flush_pending(5)
-    manager.get_provider("fastmem").flush()
+    assert manager.flush_pending(HANG)
+    manager.get_provider("fastmem").flush(HANG)
     # Written this session: the model has it already, so prefetch does not repeat it.
     assert "Airbus" not in manager.prefetch_all("Which aircraft do I fly?")
     manager.shutdown_all()
@@ -297,7 +304,7 @@ def test_a_session_id_longer_than_the_store_allows_is_cut_and_still_its_own(home
     p.handle_tool_call("fastmem_remember", {"text": "The user sails on weekends."})
     p.on_delegation("find a marina", "Marina Nord has berths.")
     p.on_session_end([{"role": "user", "content": "I have a boat called Wanda."}])
-    p.flush()
+    p.flush(HANG)
     assert p.prefetch("boat Wanda sails marina") == ""  # all this session's own
     p.shutdown()
     with fastmem.open(os.path.join(home, "fastmem"), namespace="default", readonly=True) as store:
@@ -327,7 +334,7 @@ def test_prefetch_does_not_reinject_and_resets_on_session_switch(home):
 def test_prefetch_from_the_queue_sees_what_the_session_already_has(home):
     p = _provider(home)
     p.sync_turn("My car is a red Fiat.", "Nice.")
-    p.flush()
+    p.flush(HANG)
     p.queue_prefetch("my car")
     assert p.prefetch("my car") == ""  # written this session: not recalled back to it
     assert p.prefetch(123) == "" and FastmemProvider().prefetch("x") == ""  # type: ignore[arg-type]
@@ -495,11 +502,13 @@ def test_several_providers_on_one_profile_share_the_store_and_lose_nothing(home)
 # processes of a test write at the same time), syncs n turns and shuts down as Hermes does.
 WRITER = textwrap.dedent("""
     import os, sys, time
-    from fastmem.integrations import _writer
+    from fastmem.integrations import _writer, hermes
     from fastmem.integrations.hermes import FastmemProvider
     home, tag, n, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     if os.environ.get("TEST_WRITE_WAIT"):
         _writer.WRITE_WAIT = float(os.environ["TEST_WRITE_WAIT"])
+    if os.environ.get("TEST_SHUTDOWN_TIMEOUT"):
+        hermes.SHUTDOWN_TIMEOUT = float(os.environ["TEST_SHUTDOWN_TIMEOUT"])
     p = FastmemProvider(); p.initialize("s-" + tag, hermes_home=home, platform="cli")
     print("ready", flush=True)
     while go and not os.path.exists(go):
@@ -519,7 +528,7 @@ def _start_writer(home: str, tag: str, n: int, go: str = "", **env: str) -> subp
 
 
 def _wait_for(proc: subprocess.Popen[str]) -> str:
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=HANG)
     assert proc.returncode == 0 and out.strip().endswith("done"), err
     return err
 
@@ -532,7 +541,7 @@ def _start_together(procs: list[subprocess.Popen[str]], go: str) -> None:
 
 def _write_together(home: str, go: str, tags: list[str], n: int) -> None:
     """One WRITER process per tag, n turns each, all at the same time; back when all exit."""
-    procs = [_start_writer(home, tag, n, go) for tag in tags]
+    procs = [_start_writer(home, tag, n, go, **PATIENT) for tag in tags]
     _start_together(procs, go)
     for proc in procs:
         _wait_for(proc)
@@ -573,7 +582,7 @@ SEARCHER = textwrap.dedent("""
 
 def _search_every_turn(home: str, tags: list[str], n: int) -> list[Any]:
     out = subprocess.run([sys.executable, "-c", SEARCHER, home, ",".join(tags), str(n)], env=_child_env(home),
-                         capture_output=True, text=True, timeout=60)  # fmt: skip
+                         capture_output=True, text=True, timeout=HANG)  # fmt: skip
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -601,7 +610,7 @@ def _provider_path(home: str) -> str:
 def test_a_running_gateway_sees_what_a_cli_beside_it_wrote_at_once(home):
     gateway = _provider(home, "gw")
     gateway.sync_turn("gateway turn", "ok")
-    assert gateway.flush()
+    assert gateway.flush(HANG)
     _wait_for(_start_writer(home, "cli", 50))
     # No wait, no import: the CLI wrote to the store itself.
     for i in (0, 25, 49):
@@ -644,24 +653,24 @@ def test_a_write_that_meets_a_lock_held_too_long_is_kept_and_written_later_in_or
     monkeypatch.setattr(_writer, "WRITE_WAIT", 0.4)
     p = _provider(home)
     p.sync_turn("before", "ok")
-    assert p.flush()
+    assert p.flush(HANG)
     lock = _HeldLock(_provider_path(home) + ".dat")
     try:
         for i in range(5):
             p.sync_turn(f"locked {i}", "ok")
         reply = json.loads(p.handle_tool_call("fastmem_remember", {"text": "Kept while locked."}))
         assert reply["ok"] and reply["pending"] is True and "id" not in reply
-        assert p.flush()
+        assert p.flush(HANG)
         assert len(_spill_files(home)) >= 1  # durable, beside the store
         p.sync_turn("behind the kept ones", "ok")  # must not overtake them
-        assert p.flush()
+        assert p.flush(HANG)
         assert [t for t in _texts(home)] == ["User: before\nAssistant: ok"]
         # Reads never wait for the lock, and see what was written.
         assert json.loads(p.handle_tool_call("fastmem_search", {"query": "before"}))["results"]
     finally:
         lock.release()
     p.sync_turn("after", "ok")  # the next batch takes the kept writes in first
-    assert p.flush()
+    assert p.flush(HANG)
     assert _spill_files(home) == []
     expected = (["User: before\nAssistant: ok"] + [f"User: locked {i}\nAssistant: ok" for i in range(5)]
                 + ["Kept while locked.", "User: behind the kept ones\nAssistant: ok", "User: after\nAssistant: ok"])  # fmt: skip
@@ -721,13 +730,13 @@ def test_fastmem_import_beside_a_writing_hermes_process(home, tmp_path):
     lines.write_text("".join(json.dumps({"text": f"imported memory {i}", "type": "fact"}) + "\n"
                              for i in range(10_000)))  # fmt: skip
     go = str(tmp_path / "go")
-    hermes_proc = _start_writer(home, "agent", 300, go)
+    hermes_proc = _start_writer(home, "agent", 300, go, **PATIENT)
     assert hermes_proc.stdout is not None and hermes_proc.stdout.readline().strip() == "ready"
     importer = subprocess.Popen([sys.executable, "-m", "fastmem", "import", _provider_path(home), str(lines),
                                  "--json"], env=_child_env(home), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)  # fmt: skip
     open(go, "w").close()
-    out, err = importer.communicate(timeout=120)
+    out, err = importer.communicate(timeout=HANG)
     assert importer.returncode == 0, err
     assert json.loads(out)["imported"] == 10_000
     _wait_for(hermes_proc)
@@ -741,7 +750,7 @@ def test_fastmem_import_beside_a_writing_hermes_process(home, tmp_path):
 def test_a_store_another_process_writes_to_gets_the_writes_at_once(home):
     p = _provider(home)
     p.sync_turn("created", "ok")
-    assert p.flush()
+    assert p.flush(HANG)
     path = p.store_path
     p.shutdown()
     other = fastmem.open(path, embedder=None)  # another process's writer, in effect
@@ -751,7 +760,7 @@ def test_a_store_another_process_writes_to_gets_the_writes_at_once(home):
         q.on_memory_write("add", "user", "Likes jazz.")
         reply = json.loads(q.handle_tool_call("fastmem_remember", {"text": "Plays chess."}))
         assert reply["ok"] and not reply.get("pending")
-        assert q.flush()
+        assert q.flush(HANG)
         assert len(other) == 4  # seen at once by the other writer: no side file, no delay
         other.add("written by the other process")
         q.shutdown()
@@ -879,7 +888,7 @@ AGENT_SCRIPT = textwrap.dedent("""
         result = agents[user].run_conversation(text, conversation_history=history.get(user))
         history[user] = result["messages"]
     for user, agent in agents.items():
-        agent._memory_manager.flush_pending(10)
+        agent._memory_manager.flush_pending(300)
         agent.shutdown_memory_provider(agent._session_messages)
         agent.close()
     print("ok")
@@ -888,7 +897,7 @@ AGENT_SCRIPT = textwrap.dedent("""
 
 def _run_agents(home: str, url: str, steps: list[tuple[str, str]]) -> None:
     out = subprocess.run([sys.executable, "-c", AGENT_SCRIPT, url, json.dumps(steps)], cwd=home,
-                         env=_child_env(home), capture_output=True, text=True, timeout=120)  # fmt: skip
+                         env=_child_env(home), capture_output=True, text=True, timeout=HANG)  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
@@ -955,7 +964,7 @@ def test_prefetch_leaves_out_the_current_sessions_memories_even_before_their_ids
     p = _provider(home, "same")
     other = _provider(home, "same")
     other.sync_turn("My boat is called Wavelet.", "Nice.", session_id="same")
-    assert other.flush()
+    assert other.flush(HANG)
     assert "Wavelet" not in p.prefetch("what is my boat called?")
     stranger = _provider(home, "another-session")
     assert "Wavelet" in stranger.prefetch("what is my boat called?")

@@ -160,6 +160,29 @@ def test_metadata_takes_only_msgpack_types(tmp_path, metadata):
         assert store.get("m1").metadata == {"ok": [1, 2.5, "s", b"b", True, None, {"n": -1}]}
 
 
+def test_metadata_nests_no_deeper_than_a_payload_may(tmp_path):
+    """Found by test_api_fuzz: metadata 65 to 511 levels deep passed the check (msgpack's
+    own limit is 512) and the compiled packer then raised a bare ValueError from add()."""
+
+    def nested(levels: int) -> dict:
+        value: object = 1
+        for _ in range(levels):
+            value = [value]
+        return {"k": value}
+
+    deepest = fmt.MAX_PAYLOAD_DEPTH - 2  # the payload map, the metadata map, then the lists
+    with fastmem.open(tmp_path / "m", embedder=None) as store:
+        mid = store.add("fits", metadata=nested(deepest))
+        assert store.get(mid).metadata == nested(deepest)
+        size = os.path.getsize(store.dat_path)
+        for levels in (deepest + 1, 100, 400):
+            with pytest.raises(fastmem.InvalidInputError, match="nested at most"):
+                store.add("too deep", metadata=nested(levels))
+            with pytest.raises(fastmem.InvalidInputError, match="nested at most"):
+                store.update(mid, metadata=nested(levels))
+        assert os.path.getsize(store.dat_path) == size and store.verify().ok
+
+
 def test_an_extension_type_in_a_stored_record_is_damage(tmp_path):
     path = str(tmp_path / "s")
     with fastmem.open(path, embedder=None):

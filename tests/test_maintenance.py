@@ -614,3 +614,41 @@ def test_reembed_rewrites_every_vector_and_the_stores_embedder(tmp_path):
         assert store.add("after the change") and store.verify().ok
         with pytest.raises(fastmem.InvalidInputError):
             store.reembed(None)
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_a_handle_following_a_swap_follows_again_when_the_file_is_replaced_meanwhile(
+    tmp_path, monkeypatch, readonly
+):
+    # Seen under load as a raw "ValueError: mmap length is greater than file size": a
+    # handle opened the compacted file, and before it mapped it another compaction put a
+    # smaller file under the store's name.
+    path = str(tmp_path / "s")
+    dat_path = path + ".dat"
+    writer = fastmem.open(path, embedder=None, policy=NO_PRELOAD)
+    ids = writer.add_many([{"text": f"memory {i} " + "filler " * 20} for i in range(60)])
+    follower = fastmem.open(path, embedder=None, readonly=readonly, policy=NO_PRELOAD)
+    assert len(follower) == 60
+    writer.compact()  # the follower meets the swap at its next call
+    real_open = os.open
+    armed = [threading.get_ident()]
+
+    def open_(file, flags, *args, **kwargs):
+        fd = real_open(file, flags, *args, **kwargs)
+        if armed and file == dat_path and threading.get_ident() == armed[0]:
+            armed.clear()  # the follower has opened the compacted file: replace it again
+            for mid in ids[10:]:
+                writer.forget(mid)
+            writer.compact()
+        return fd
+
+    monkeypatch.setattr(os, "open", open_)
+    try:
+        assert len(follower) == 10  # not a raw ValueError: it follows the newest file
+        assert not armed  # (the replacement did come between the open and the map)
+        assert [m.id for m in follower] == ids[:10]
+        assert follower.verify().ok
+    finally:
+        monkeypatch.undo()
+        follower.close()
+        writer.close()

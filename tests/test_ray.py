@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -134,12 +133,16 @@ def test_the_op_log_keeps_a_bounded_number_of_results(tmp_path, monkeypatch):
 # --- the lease ----------------------------------------------------------------------------
 
 
-def test_one_copy_holds_the_lease_and_a_stopped_copy_loses_it(tmp_path):
+def test_one_copy_holds_the_lease_and_a_stopped_copy_loses_it(tmp_path, monkeypatch):
+    # The lease's wall clock, moved by the test: a real 0.6 s lease could run out between
+    # two lines on a loaded machine.
+    clock = [1.7e9]
+    monkeypatch.setattr(_lease, "time", type("Clock", (), {"time": staticmethod(lambda: clock[0])}))
     a = _lease.Lease(str(tmp_path), 7, "copy-a", seconds=0.6)
     b = _lease.Lease(str(tmp_path), 7, "copy-b", seconds=0.6)
     assert a.acquire() and a.valid()
     assert b.acquire() is False and not b.valid()
-    time.sleep(0.7)  # a stops renewing (its process is stopped)
+    clock[0] += 0.7  # a stops renewing (its process is stopped)
     assert not a.valid()
     assert b.acquire() and b.valid()
     with pytest.raises(_lease.LeaseLost):

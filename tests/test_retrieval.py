@@ -23,6 +23,7 @@ from fastmem import _format as fmt
 from fastmem import _kernels_py
 from fastmem._files import build_index
 from fastmem._index import session_hash
+from fastmem import retrieval
 from fastmem.retrieval import (
     NO_FILTERS,
     bonuses,
@@ -30,7 +31,6 @@ from fastmem.retrieval import (
     filters,
     importance_scores,
     keyword_search,
-    rank,
     type_mask,
     vector_search,
 )  # fmt: skip
@@ -38,6 +38,12 @@ from fastmem.types import DAY, ContextPolicy
 
 NOW = 1.7e9
 DIM = 8
+
+
+def rank(index, query, k, *, embedder, **kwargs):
+    """``retrieval.rank`` with the query embedded first, as the store does (before its lock)."""
+    vector, degraded = retrieval.embed_query(embedder, query)
+    return retrieval.rank(index, query, k, vector=vector, degraded=degraded, **kwargs)
 
 
 class FakeEmbedder:

@@ -186,6 +186,7 @@ def test_public_names_are_pinned():
         "InvalidInputError",
         "InvalidTypeError",
         "Level",
+        "LOCK_TIMEOUT",  # the default lock wait: the CLI, MCP and Hermes use this one
         "Memory",
         "MemoryStore",
         "open",

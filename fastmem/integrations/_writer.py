@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 # so that the shutdown deadline can cut the wait short (what is not written by then is
 # spilled, not left to a daemon thread that dies with the interpreter).
 LOCK_SLICE = 0.25  # seconds per attempt (the store's timeout=)
-WRITE_WAIT = 5.0  # seconds a batch waits for the lock in all before it is spilled
+WRITE_WAIT = fastmem.LOCK_TIMEOUT  # seconds a batch waits for the lock in all before it is spilled
 IDLE_TICK = 1.0  # seconds between looks for spill files while nothing is queued
 MAX_BATCH = 64  # writes per commit: bounds one batch's embedding time (~1 s on a laptop CPU)
 SPILL_GLOB = "pending-*.jsonl"

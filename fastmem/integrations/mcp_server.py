@@ -9,10 +9,10 @@ without the SDK; :func:`serve` and :func:`build_server` then raise
 Any number of servers (one per MCP client), agents and ``fastmem`` commands can use one
 store at once: each write takes the store's writer lock for its own few milliseconds, and
 every call sees every write acknowledged before it, in any process. A write that waits
-longer than ``timeout`` (``--timeout``, 5 s: another process's repair of a huge store,
-say) comes back as a tool error naming the process that holds the lock. A bad argument
-(an unknown id, an empty text, k out of range) comes back as a tool error with fastmem's
-message; it never stops the server.
+longer than ``timeout`` (``--timeout``, by default ``fastmem.LOCK_TIMEOUT``, 5 s: another
+process's repair of a huge store, say) comes back as a tool error naming the process that
+holds the lock. A bad argument (an unknown id, an empty text, k out of range) comes back as
+a tool error with fastmem's message; it never stops the server.
 
 An MCP client config (Claude Desktop, Cursor, ...)::
 
