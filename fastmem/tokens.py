@@ -108,7 +108,7 @@ class TokenCounter:
         self.name = encoding
         self._short: dict[str, int] = {}
         self._encoding: Any = _loaded.get(encoding)
-        self._thread: Background | None = None if self._encoding is not None else _background_load(encoding)
+        self._thread = None if self._encoding is not None else _background_load(encoding)
 
     @property
     def ready(self) -> bool:
