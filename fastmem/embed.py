@@ -160,7 +160,8 @@ def ready_within(embedder: Any, timeout: float) -> bool:
     attribute is always ready.
 
     What ``context()`` uses so that a store opened a moment ago answers with vectors rather
-    than keyword-only: the default model is ready ~0.1 s after ``open()``.
+    than keyword-only: the default model is ready ~0.1 s after its load starts (at the
+    store's first add or context, or this call: ``open()`` itself starts no thread).
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise InvalidInputError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
