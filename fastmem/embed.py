@@ -753,12 +753,8 @@ def embedder_for_existing(path: str | os.PathLike[str], default: Any) -> Any:
         raise InvalidTypeError("path must be a str or os.PathLike")
     dat = os.fspath(path) + ".dat"
     try:
-        fd = os.open(dat, os.O_RDONLY)  # not open(): its buffered file costs more than the read
-        try:
-            head = os.pread(fd, DAT_HEADER_SIZE, 0)
-        finally:
-            os.close(fd)
-        header = unpack_dat_header(head, dat)
+        with open(dat, "rb", buffering=0) as f:  # unbuffered: a buffer costs more than the read
+            header = unpack_dat_header(f.read(DAT_HEADER_SIZE), dat)
     except (OSError, FastmemError):
         return default
     name, dim = getattr(default, "name", None), getattr(default, "dim", None)
