@@ -8,6 +8,7 @@ and the field; nothing here touches a file.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -57,16 +58,37 @@ def parse_id(mid: Any) -> int:
 
 
 _F32_SHORT: dict[float, float] = {}
+_F32, _F32_BITS = struct.Struct("<f"), struct.Struct("<I")
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def f32(x: float) -> float:
     """The shortest decimal that reads back as the same float32 (0.3, not 0.30000001)."""
     short = _F32_SHORT.get(x)
     if short is None:
-        short = float(str(np.float32(x)))
+        short = _shortest_f32(x)
         if len(_F32_SHORT) < 4096:  # importances repeat: keep the common ones
             _F32_SHORT[x] = short
     return short
+
+
+def _shortest_f32(x: float) -> float:
+    """``float(str(np.float32(x)))`` without numpy's formatter, whose first use costs a
+    fresh process ~45 µs (a restart's first memory): the fewest significant digits whose
+    correctly rounded decimal reads back as the same float32. Where that decimal is the
+    shortest (every float32 whose neighbours are equally far, i.e. all but powers of two
+    and non-finite values), it is what numpy prints; numpy answers for the others."""
+    try:
+        single = _F32.unpack(_F32.pack(x))[0]
+        mantissa = _F32_BITS.unpack(_F32.pack(single))[0] & 0x7FFFFF
+        if single != 0.0 and math.isfinite(single) and mantissa:
+            for digits in range(1, 10):  # 9 significant digits always read back (IEEE 754)
+                short = float(f"{single:.{digits}g}")
+                if abs(short) <= _F32_MAX and _F32.unpack(_F32.pack(short))[0] == single:
+                    return short
+    except OverflowError:  # beyond float32's range
+        pass
+    return float(str(np.float32(x)))
 
 
 def check_str(value: Any, name: str, max_chars: int, *, optional: bool) -> str | None:

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._threads import Background, ForkGate, at_fork
+from ._threads import Background, ForkGate, at_fork, start_pending
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
 __all__ = [
@@ -142,7 +142,8 @@ def find_onnx_model(path: str | os.PathLike[str] | None = None) -> Path:
         EmbedderUnavailableError: the folder lacks one of the files.
     """
     folder = Path(path) if path is not None else ONNX_MODEL_DIR
-    missing = [name for name in _ONNX_FILES if not (folder / name).is_file()]
+    where = os.fspath(folder)  # os.path on a str: a third of pathlib's cost, in every open
+    missing = [name for name in _ONNX_FILES if not os.path.isfile(os.path.join(where, name))]
     if missing:
         raise EmbedderUnavailableError(
             f"{folder} has no {' or '.join(missing)}: reinstall fastmem (the model ships in its "
@@ -159,7 +160,8 @@ def ready_within(embedder: Any, timeout: float) -> bool:
     attribute is always ready.
 
     What ``context()`` uses so that a store opened a moment ago answers with vectors rather
-    than keyword-only: the default model is ready ~0.1 s after ``open()``.
+    than keyword-only: the default model is ready ~0.1 s after its load starts (at the
+    store's first add or context, or this call: ``open()`` itself starts no thread).
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise InvalidInputError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
@@ -276,6 +278,8 @@ class _BackgroundModel:
     @property
     def ready(self) -> bool:
         """Whether the model has loaded (``encode`` will not wait)."""
+        if not self._loaded.is_set():
+            start_pending()  # asked: a load deferred by open() begins now
         return self._loaded.is_set() and self._error is None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -294,6 +298,7 @@ class _BackgroundModel:
             # rather than waiting out the starter's delay.
             self._loader.join()
         # A bounded wait only waits: running the load here could overrun the bound.
+        start_pending()  # (the load, if open() deferred it)
         if not self._loaded.wait(timeout):
             return False
         if self._error is not None:
@@ -395,21 +400,28 @@ class MiniLM(_BackgroundModel):
         threads: int | None = None,
         name: str | None = None,
     ) -> None:
-        if threads is None:
-            threads = min(2, os.cpu_count() or 1)
-        if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64:
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64
+        ):  # fmt: skip
             raise InvalidInputError(f"threads must be an int from 1 to 64, not {threads!r}")
         if name is not None:
             if not isinstance(name, str) or not name:
                 raise InvalidInputError(f"name must be a non-empty string, not {name!r}")
             self.name = name
         self.path = find_onnx_model(path)
-        self.threads = threads
+        self._threads = threads
         self._verify = verify
         self._session: Any = None
         self._pool: Any = None
         self.runtime = ""
         self._start(query_cache)
+
+    @property
+    def threads(self) -> int:
+        """Threads that embed a list of texts."""
+        if self._threads is None:  # on first use: os.cpu_count() reads a /sys file (~45 µs)
+            self._threads = min(2, os.cpu_count() or 1)
+        return self._threads
 
     def _load_model(self) -> None:
         try:
@@ -741,7 +753,7 @@ def embedder_for_existing(path: str | os.PathLike[str], default: Any) -> Any:
         raise InvalidTypeError("path must be a str or os.PathLike")
     dat = os.fspath(path) + ".dat"
     try:
-        with open(dat, "rb") as f:
+        with open(dat, "rb", buffering=0) as f:  # unbuffered: a buffer costs more than the read
             header = unpack_dat_header(f.read(DAT_HEADER_SIZE), dat)
     except (OSError, FastmemError):
         return default

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _index, _kernels_py
+from fastmem import _index, _items, _kernels_py
 
 
 def unit(rng, n, dim=16):
@@ -609,3 +611,14 @@ def test_batched_counts_and_summaries_equal_one_text_at_a_time():
         count = len(tokens.encode(text))
         assert payload["k"] == [count, 0 if summary is None else len(tokens.encode(summary))], i
     assert sum("u" in p for p in payloads) > 100  # long texts were summarized
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(width=32) | st.sampled_from([0.0, -0.0, 0.3, 0.5, 1.0, 2.0**-149, 2.0**-126, 3.4025001647762064e38]))
+def test_an_importance_reads_back_as_numpy_prints_its_float32(x):
+    """f32 finds the shortest decimal without numpy's formatter (its first use cost a
+    restart ~45 µs); it must give what ``str(np.float32(x))`` gives, for every float32."""
+    expected = float(str(np.float32(x)))
+    got = _items._shortest_f32(x)
+    assert got == expected or (math.isnan(got) and math.isnan(expected))
+    assert math.copysign(1, got) == math.copysign(1, expected)
