@@ -18,7 +18,7 @@ import numpy as np
 from . import _format as fmt
 from ._index import MemoryIndex
 from ._io import map_data
-from ._threads import Background, at_fork, start_pending
+from ._threads import Background, at_fork
 from .errors import CorruptionError
 from .types import Problem
 
@@ -149,7 +149,6 @@ class Retired:
             _let_go(*work)
         else:  # a reader: not on the call that met the swap (nor waiting for a thread to start)
             releaser().put(work)
-            start_pending()  # the release thread, if the open that made it deferred it
 
 
 _releaser: tuple[int, queue.SimpleQueue[Any]] | None = None

@@ -4,12 +4,11 @@ registry (:func:`at_fork`) that resets fastmem's process-wide state in a forked 
 from __future__ import annotations
 
 import _thread
-import contextlib
 import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 # How long a background thread waits before it starts. Importing an extension (``dlopen``)
@@ -32,12 +31,6 @@ class Background:
     open + 20 newest at 10 k: 1.37 ms with Thread.start, 1.01 ms so (default embedder).
     Whoever needs the result first runs ``target``: a ``join()`` before the thread has
     started runs it in the caller (a store closed at once does not wait out the delay).
-
-    Made under :func:`deferred` (as ``open()`` makes its loaders), it waits for
-    :func:`start_pending` instead: making the starter thread costs 0.1 to 4 ms in a fresh
-    process, and once it exists, every system call of the caller's that lets the GIL go
-    may hand the GIL to it and wait to get it back; a restart (open + the newest memories)
-    needs none of the loaders.
     """
 
     def __init__(self, target: Callable[[], object], name: str) -> None:
@@ -47,11 +40,7 @@ class Background:
         self._done = threading.Event()
         self._claim = threading.Lock()  # held by whichever runs target: starter or joiner
         self._pid = os.getpid()
-        if getattr(_deferring, "depth", 0):
-            with _starter_lock:
-                _pending.append(self)
-        else:
-            start_pending(self)
+        _starter().put(self)
 
     def _run(self) -> None:
         self._ident = _thread.get_ident()
@@ -67,9 +56,6 @@ class Background:
         if os.getpid() != self._pid:
             return True
         if self._claim.acquire(blocking=False):
-            with _starter_lock:
-                if self in _pending:  # nothing is left for the starter to start
-                    _pending.remove(self)
             self._run()
             return True
         return self._done.wait(timeout)
@@ -81,34 +67,6 @@ class Background:
 
 _starter_queue: tuple[int, queue.SimpleQueue[Background]] | None = None
 _starter_lock = threading.Lock()
-_pending: list[Background] = []  # made under deferred(), not yet handed to the starter
-_deferring = threading.local()  # depth: the calling thread is inside deferred()
-
-
-@contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """Backgrounds made by this thread inside the block wait for :func:`start_pending`."""
-    _deferring.depth = getattr(_deferring, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _deferring.depth -= 1
-
-
-def start_pending(also: Background | None = None) -> None:
-    """Hand the deferred Backgrounds (and ``also``) to the starter, made now if need be.
-    Cheap when there are none: every call that may need a loader's result calls it."""
-    if not _pending and also is None:
-        return
-    with _starter_lock:
-        todo = _pending[:]
-        del _pending[:]
-        if also is not None:
-            todo.append(also)
-        if todo:
-            starter = _starter()
-            for thread in todo:
-                starter.put(thread)
 
 # --- fork -------------------------------------------------------------------------------
 # A child made by fork() has one thread, the one that forked; every other thread of the
@@ -176,9 +134,8 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _starter_lock, _starter_queue, _pending
+    global _starter_lock, _starter_queue
     _starter_lock, _starter_queue = threading.Lock(), None  # the parent's starter thread is gone
-    _pending = []  # as the parent's queue: its owners begin again what they need (at_fork)
     for _, _, child in _fork_hooks:
         if child is not None:
             child()
@@ -189,14 +146,14 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
 
 
 def _starter() -> queue.SimpleQueue[Background]:
-    """This process's queue of threads to start (its starter is made by the first); the
-    caller holds ``_starter_lock``."""
+    """This process's queue of threads to start (its starter is made by the first)."""
     global _starter_queue
-    if _starter_queue is None or _starter_queue[0] != os.getpid():  # none, or forked since
-        todo: queue.SimpleQueue[Background] = queue.SimpleQueue()
-        _thread.start_new_thread(_start_loop, (todo,))
-        _starter_queue = (os.getpid(), todo)
-    return _starter_queue[1]
+    with _starter_lock:
+        if _starter_queue is None or _starter_queue[0] != os.getpid():  # none, or forked since
+            todo: queue.SimpleQueue[Background] = queue.SimpleQueue()
+            _thread.start_new_thread(_start_loop, (todo,))
+            _starter_queue = (os.getpid(), todo)
+        return _starter_queue[1]
 
 
 def _start_loop(todo: queue.SimpleQueue[Background]) -> None:

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._threads import Background, ForkGate, at_fork, start_pending
+from ._threads import Background, ForkGate, at_fork
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
 __all__ = [
@@ -160,8 +160,7 @@ def ready_within(embedder: Any, timeout: float) -> bool:
     attribute is always ready.
 
     What ``context()`` uses so that a store opened a moment ago answers with vectors rather
-    than keyword-only: the default model is ready ~0.1 s after its load starts (at the
-    store's first add or context, or this call: ``open()`` itself starts no thread).
+    than keyword-only: the default model is ready ~0.1 s after ``open()``.
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise InvalidInputError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
@@ -278,8 +277,6 @@ class _BackgroundModel:
     @property
     def ready(self) -> bool:
         """Whether the model has loaded (``encode`` will not wait)."""
-        if not self._loaded.is_set():
-            start_pending()  # asked: a load deferred by open() begins now
         return self._loaded.is_set() and self._error is None
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -298,7 +295,6 @@ class _BackgroundModel:
             # rather than waiting out the starter's delay.
             self._loader.join()
         # A bounded wait only waits: running the load here could overrun the bound.
-        start_pending()  # (the load, if open() deferred it)
         if not self._loaded.wait(timeout):
             return False
         if self._error is not None:

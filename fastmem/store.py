@@ -38,7 +38,6 @@ from ._items import (
     DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8, parse_id,
     check_batch, check_ids, check_open, check_search, prepare, summarize_and_count, vectors_for,
 )  # fmt: skip
-from ._threads import deferred, start_pending
 from .embed import (  # light: the model's libraries load in its thread
     Embedder, default_embedder, embedder_for_existing, ready_within,
 )  # fmt: skip
@@ -84,8 +83,7 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
         dim: the embedding dimension (fixed by the first vector when left out).
         embedder: an object with ``encode(list[str]) -> array (n, dim)`` used when ``add``
             gets no ``embedding`` (see :class:`fastmem.embed.Embedder`); by default
-            all-MiniLM-L6-v2 (int8, onnxruntime; shipped in the package), loaded in the background
-            from the first add or context (``open()`` itself starts no thread);
+            all-MiniLM-L6-v2 (int8, onnxruntime; shipped in the package), loaded in the background;
             ``None`` for none (keyword search only).
         readonly: never write (and never take the writer lock): for consumers that must not
             write, and read-only media. Every handle, read-only or not, sees every memory
@@ -116,14 +114,10 @@ def open(  # noqa: A001 - the name users expect: fastmem.open(path)
     """
     if namespace is not None:
         path = namespace_path(path, namespace, create=readonly is False)
-    # The loaders (model, token encoding, level-2 preload, release thread) start at the first
-    # add or context, or when asked about (the model's ``ready``, ``wait_preload``): a restart
-    # that reads the newest memories makes no thread (see _threads.Background).
-    with deferred():
-        return MemoryStore(
-            path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
-            timeout=timeout, summarizer=summarizer, policy=policy, evict=evict,
-        )  # fmt: skip
+    return MemoryStore(
+        path, dim=dim, embedder=embedder, readonly=readonly, durability=durability,
+        timeout=timeout, summarizer=summarizer, policy=policy, evict=evict,
+    )  # fmt: skip
 
 
 def repair(
@@ -255,7 +249,6 @@ class MemoryStore:
             dim = engine.index.dim
         if not items:
             return []
-        start_pending()
         # Checked, embedded and summarized before the writer lock: other processes' writes
         # wait only for the append.
         with no_cyclic_gc():
@@ -541,7 +534,6 @@ class MemoryStore:
         """
         started = time.perf_counter()
         self._last_call = time.monotonic()
-        start_pending()
         budget = _context.check_budget(budget)
         if not isinstance(query, str):
             raise InvalidTypeError(f"query must be a string, not {type(query).__name__}")
@@ -590,7 +582,6 @@ class MemoryStore:
 
     def wait_preload(self, timeout: float | None = None) -> bool:
         """Wait for the level-2 preload to finish; whether it has."""
-        start_pending()
         preload = self._preload
         return True if preload is None else preload.finished.wait(timeout)
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._threads import Background, ForkGate, at_fork, start_pending
+from ._threads import Background, ForkGate
 from .errors import EncodingUnavailableError, InvalidInputError, InvalidTypeError
 
 __all__ = ["TokenCounter", "DEFAULT_ENCODING"]
@@ -61,36 +61,6 @@ def _load(name: str) -> Any:
         return encoding
 
 
-# One background load per encoding, shared by the counters made meanwhile: stores opened
-# and closed before anything starts the loads (see _threads.deferred) queue one, not one each.
-_loads: dict[str, Background] = {}
-
-
-_loads_lock = threading.Lock()  # not _load_lock: that one is held for a whole load
-
-
-def _background_load(name: str) -> Background:
-    with _loads_lock:
-        thread = _loads.get(name)
-        if thread is None:
-            thread = _loads[name] = Background(lambda: _load_quietly(name), "fastmem-tokens")
-        return thread
-
-
-def _load_quietly(name: str) -> None:
-    try:
-        _load(name)
-    except Exception:  # noqa: BLE001 - the caller that waits loads again and meets the reason
-        pass
-
-
-@at_fork
-def _after_fork_in_child() -> None:
-    global _loads_lock
-    _loads.clear()  # the parent's loads: a thread the child does not have
-    _loads_lock = threading.Lock()
-
-
 _WORKERS = min(4, os.cpu_count() or 1)
 _PARALLEL_TEXTS = 512  # texts per thread below which one thread counts them all
 _SHORT = 64  # characters: texts up to this long are counted once (headers, short lines)
@@ -99,8 +69,7 @@ _SHORT_CACHED = 4096
 
 class TokenCounter:
     """Counts tokens with one tiktoken encoding; the encoding loads in a background thread
-    (about 0.25 s; one per encoding, started here, or by the store's first call that may need
-    it when made by ``open()``), and the first call that needs it waits for it."""
+    started here (about 0.25 s), and the first call that needs it waits for it."""
 
     def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
         if not isinstance(encoding, str) or not encoding:
@@ -108,14 +77,20 @@ class TokenCounter:
         self.name = encoding
         self._short: dict[str, int] = {}
         self._encoding: Any = _loaded.get(encoding)
-        self._thread = None if self._encoding is not None else _background_load(encoding)
+        self._error: BaseException | None = None
+        self._thread: Background | None = None
+        if self._encoding is None:
+            self._thread = Background(self._load, "fastmem-tokens")
+
+    def _load(self) -> None:
+        try:
+            self._encoding = _load(self.name)
+        except BaseException as exc:  # kept for the caller that waits
+            self._error = exc
 
     @property
     def ready(self) -> bool:
         """Whether counting can start without waiting for the encoding to load."""
-        if self._encoding is None:
-            start_pending()  # asked: a load deferred by open() begins now
-            self._encoding = _loaded.get(self.name)
         return self._encoding is not None
 
     @property
@@ -124,8 +99,10 @@ class TokenCounter:
         if self._encoding is None:
             if self._thread is not None:
                 self._thread.join()
-            # loaded by the thread, or loaded here: a failed load raises its reason here
-            self._encoding = _loaded.get(self.name) or _load(self.name)
+            if self._error is not None:
+                raise self._error
+            if self._encoding is None:  # the thread died before finishing
+                self._encoding = _load(self.name)
         return self._encoding
 
     def count(self, text: str) -> int:

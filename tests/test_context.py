@@ -272,27 +272,33 @@ def test_background_threads_do_not_make_their_starter_wait(monkeypatch):
     assert failing.join(30) and str(reported[0].exc_value) == "escaped"
 
 
-def test_a_restart_starts_no_thread_until_a_call_needs_the_loaders(store_path):
-    """open() + recent() (a restart) makes no thread: making one, and handing it the GIL,
-    cost a restart 0.1 to 4 ms. The model, the encoding and the preload start at the first
-    call that may need them, and the preload still runs for context users."""
+def test_open_alone_starts_the_model_and_the_level_2_preload(store_path):
+    """After a restart the model and the level-2 preload load in the background while the
+    agent waits for its user, so the first context() is as fast as the next: nothing but
+    open() (and the newest memories) is asked of the store here. (Deferring the loads to the
+    first context() cut ~0.3 ms off a restart but made that context wait ~0.4 s for the
+    model: measured and not kept, see the README.)"""
     with fastmem.open(store_path, durability="none") as store:
         store.add_many([{"text": f"memory {i}", "importance": 0.5} for i in range(50)])
     script = (
-        "import sys, fastmem\n"
-        "from fastmem import _threads\n"
+        "import sys, time, fastmem, fastmem.embed\n"
         "store = fastmem.open(sys.argv[1])\n"
-        "store.recent(20); store.get('m3'); len(store)\n"
-        "quiet = _threads._starter_queue is None\n"
-        "context = store.context('memory', budget=100)\n"
-        "print(quiet, _threads._starter_queue is not None, store.wait_preload(60), context.tokens > 0)\n"
+        "store.recent(20)\n"
+        "guard = time.monotonic() + 300  # a hang guard, not a speed bound\n"
+        "while not store.preload_progress[0] == store.preload_progress[1] > 0:  # asks nothing\n"
+        "    assert time.monotonic() < guard, 'the preload never started'\n"
+        "    time.sleep(0.01)\n"
+        "model = fastmem.embed.default_embedder()  # the one open() took (asking starts no load now)\n"
+        "while not model.ready:\n"
+        "    assert time.monotonic() < guard, 'the model never loaded'\n"
+        "    time.sleep(0.01)\n"
+        "print('loaded')\n"
         "store.close()\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "FASTMEM_EMBEDDER"}  # the default model
     out = subprocess.run([sys.executable, "-c", script, store_path], capture_output=True, text=True,
-                         env=env, timeout=300, check=True)  # fmt: skip
-    assert out.stdout.split() == ["True", "True", "True", "True"], out.stderr
-
+                         env=env, timeout=400, check=False)  # fmt: skip
+    assert out.stdout.split() == ["loaded"], out.stderr
 
 def test_preload_runs_in_the_background_and_stops_at_close(store_path):
     with fastmem.open(store_path, durability="none") as store:

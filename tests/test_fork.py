@@ -65,8 +65,7 @@ FORKER = textwrap.dedent("""
         _io.os = SlowOs()
 
     policy = fastmem.ContextPolicy(preload=10, recent=5)
-    store = fastmem.open(path, policy=policy)
-    store.wait_preload(0)  # asked about: the loads start (open() itself starts no thread)
+    store = fastmem.open(path, policy=policy)  # starts the loads
     if window in ("preload", "commit"):
         store.add("in the parent")
     assert entered.wait(20), "the window was never entered"
