@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -397,3 +398,52 @@ def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared):
     hits = asyncio.run(asyncio.wait_for(work(), 120))["hits"]
     assert [h["text"] for h in hits] == ["The user's cat is called Miso."]
     assert [m.text for m in shared.open("mcp-user")] == ["The user's cat is called Miso."]
+
+
+def test_hermes_on_a_cluster_keeps_writes_while_its_shard_is_down(cluster, tmp_path, caplog):
+    """A Hermes provider writing through a location; the node of its (node-local) shard is
+    killed mid-conversation: the turns wait in spill files on this machine, reads give an
+    empty context, and once the node is back every turn is in the store exactly once."""
+    from fastmem.integrations import _writer
+    from fastmem.integrations.hermes import FastmemProvider
+
+    root = os.path.join(cluster.dir, "hermes-{node}")
+    location = (f"ray+gcs://{cluster.address}{root}?name=hermes&mode=local&nodes=w1,w2,w3&shards=2&lease={T:g}"
+                f"&node_ip={cluster.head_ip}&namespace=hx")  # fmt: skip
+    deployment = fray.Deployment(root=root, name="hermes", mode="local", nodes=("w1", "w2", "w3"), shards=2, lease=T)
+    node = deployment.node_of(deployment.shard_of("hx.default"))
+    reader = fray.Cluster(deployment)
+    reader.namespaces()  # the shard actors are up before the conversation starts
+    spill = tmp_path / "hermes" / "fastmem-spill" / "hx.default"
+    provider = FastmemProvider(store=location)
+    provider.initialize("s1", hermes_home=str(tmp_path / "hermes"), platform="cli")
+    expected = []
+    try:
+        for i in range(3):
+            provider.sync_turn(f"turn {i} before", "ok")
+            expected.append(f"User: turn {i} before\nAssistant: ok")
+        assert provider.flush(60)
+        cluster.nodes[node].kill()
+        for i in range(3):
+            provider.sync_turn(f"turn {i} while {node} is down", "ok")
+            expected.append(f"User: turn {i} while {node} is down\nAssistant: ok")
+        reply = json.loads(provider.handle_tool_call("fastmem_remember", {"text": "The user's dog is Rex."}))
+        assert reply["ok"] and reply.get("pending")
+        expected.append("The user's dog is Rex.")
+        assert provider.flush(60)  # in the store or in a spill file
+        assert list(spill.glob(_writer.SPILL_GLOB))  # the shard is down: kept locally
+        caplog.set_level(logging.WARNING, logger="fastmem")
+        assert provider.prefetch("what is the dog called?") == ""  # no exception into the agent
+        assert any("recall failed" in r.getMessage() for r in caplog.records)
+        cluster.add_worker(node)
+        deadline = time.monotonic() + 120
+        while list(spill.glob(_writer.SPILL_GLOB)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not list(spill.glob(_writer.SPILL_GLOB)), "the kept writes were not replayed"
+    finally:
+        provider.shutdown()
+    try:
+        assert [m.text for m in reader.open("hx.default")] == expected  # each once, in order
+        assert reader.status()[deployment.shard_of("hx.default")]["node"] == node
+    finally:
+        reader.shutdown()
