@@ -16,6 +16,7 @@ import hashlib
 import importlib
 import json
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -94,14 +95,25 @@ class ClusterTarget(LocalTarget):
 
     call_bound = WRITE_RETRY + WRITE_ATTEMPT
 
-    def __init__(self, path: str, location: str, namespace: str) -> None:
+    def __init__(self, path: str, location: str, namespace: str,
+                 on_connect: Callable[[], object] | None = None) -> None:  # fmt: skip
+        """``on_connect``: called once, after the first connection (Ray registers its
+        shutdown at exit then: an owner that writes at exit registers its hook after it)."""
         if not is_location(location):
             raise InvalidInputError(f"a cluster location starts with {' or '.join(SCHEMES)}, not {location!r}")
         super().__init__(path)
         self.location, self.namespace = location, check_namespace(namespace)
         self._store: Any = None
         self._lock = threading.Lock()
-        self.kept = (importlib.import_module("fastmem.ray").ShardUnavailableError,)
+        self._on_connect = on_connect
+        # The shard did not answer, or Ray itself failed the call (shut down, a lost
+        # connection): nothing says it was applied, and its op id makes a replay safe.
+        kept: list[type[BaseException]] = [importlib.import_module("fastmem.ray").ShardUnavailableError]
+        try:
+            kept.append(importlib.import_module("ray.exceptions").RayError)
+        except ImportError:
+            pass
+        self.kept = tuple(kept)
 
     def open(self) -> Any:
         """The write handle (connecting to the cluster on first use).
@@ -115,6 +127,8 @@ class ClusterTarget(LocalTarget):
                 fray = importlib.import_module("fastmem.ray")
                 self._store = fray.open_location(self.location, self.namespace, retry_for=WRITE_RETRY,
                                                  attempt_timeout=WRITE_ATTEMPT)  # fmt: skip
+                if self._on_connect is not None:
+                    self._on_connect()
             return self._store
 
     def open_reader(self) -> Any:

@@ -449,7 +449,9 @@ class FastmemProvider(_Base):
 
             namespace = store_namespace(location, namespace)
             path = namespace_path(os.path.join(str(home), "fastmem-spill"), namespace, create=True)
-            target = ClusterTarget(path, location, namespace)
+            # Ray shuts down at exit (registered when it connects): what is queued then must
+            # be written before, so _close_all is registered again after it (runs first).
+            target = ClusterTarget(path, location, namespace, on_connect=lambda: atexit.register(_close_all))
         else:
             path = namespace_path(os.path.join(str(home), "fastmem"), namespace, create=True)
         # Cron runs, subagents and flushes must not write into the user's memory.
