@@ -235,3 +235,19 @@ def test_ray_status_fails_fast_when_nothing_answers(tmp_path):
                          cwd=Path(__file__).parents[1], check=False)  # fmt: skip
     assert out.returncode == 1, out.stderr
     assert "nothing answers at 127.0.0.1:9" in out.stderr
+
+
+
+def test_joining_something_that_is_not_a_ray_head_raises_a_fastmem_error(monkeypatch):
+    ray = pytest.importorskip("ray", reason="fastmem[ray] is not installed")
+    import socket
+
+    def refuse(*args, **kwargs):  # what Ray raises after its own ~20 s of retries
+        raise ConnectionError("Failed to connect to Ray cluster at 127.0.0.1:1")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
+    with socket.create_server(("127.0.0.1", 0)) as server:  # the port is open: the probe passes
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        with pytest.raises(fastmem.ray.ClusterUnreachableError, match=f"could not join a Ray cluster at {address}"):
+            fastmem.ray.connect(address, root="/x")

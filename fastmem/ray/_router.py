@@ -44,8 +44,12 @@ class Cluster:
         if not ray.is_initialized():
             probe(address)
             extra = {} if node_ip_address is None else {"_node_ip_address": node_ip_address}
-            ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False,
-                     logging_level="ERROR", **extra)  # fmt: skip
+            try:
+                ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False,
+                         logging_level="ERROR", **extra)  # fmt: skip
+            except (ConnectionError, RuntimeError) as exc:  # something answers there, not a Ray head
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ClusterUnreachableError(f"could not join a Ray cluster at {address}: {why}") from None
         self._handles: dict[int, Any] = {}
 
     # --- shards ------------------------------------------------------------------------
