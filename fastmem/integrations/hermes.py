@@ -430,7 +430,8 @@ class FastmemProvider(_Base):
 
     @property
     def store_path(self) -> str | None:
-        """The store's base path (``.dat``/``.idx`` beside it) once initialized."""
+        """The store's base path (``.dat``/``.idx`` beside it) once initialized; on a
+        cluster, the local path its spill files go beside."""
         return None if self._shared is None else self._shared.path
 
     # -- lifecycle ---------------------------------------------------------------------
