@@ -1,6 +1,7 @@
 """What the test cluster costs: its start-up time and its memory.
 
-    python benchmarks/ray_footprint.py [--shards 4] [--json]
+    python benchmarks/ray_footprint.py [--shards 4] [--json] [--detail]
+    python benchmarks/ray_footprint.py --watch SECONDS   # while the tests run: each test cluster's peak
 
 Starts the cluster of the tests (tests/ray_cluster.py: a head and 3 worker nodes on
 127.0.0.2..5), times it from the first `ray start` to the last node's "Ray runtime
@@ -10,6 +11,12 @@ resident memory (RSS, from /proc) of every process of the cluster: the nodes' pr
 groups and their descendants, the shard actors included; this driver is not counted. Then
 stops the cluster by pid. RSS counts pages shared between processes once per process, so
 the sum is an upper bound of what the cluster takes.
+
+``--watch`` starts nothing: for SECONDS (or until Ctrl-C) it samples, every 0.5 s, the
+RSS of each test cluster on the machine (the processes whose command line names its
+``/tmp/fmray*`` directory, and their descendants) and prints each one's peak: run it beside
+``python -m pytest -n 2 tests/test_ray_cluster.py``. Other people's test clusters show as
+other directories.
 """
 
 from __future__ import annotations
@@ -59,12 +66,52 @@ def by_process(pids: list[int]) -> dict[str, float]:
     return {k: round(v) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
 
 
+def watch(seconds: float) -> dict[str, tuple[float, int]]:
+    """Each /tmp/fmray* cluster's peak RSS (MB) and its process count then."""
+    import re
+
+    peaks: dict[str, tuple[float, int]] = {}
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            parents, owner = {}, {}
+            for entry in os.listdir("/proc"):
+                if not entry.isdigit():
+                    continue
+                try:
+                    parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                    found = re.search(rb"/tmp/(fmray[a-z0-9_]+)", Path(f"/proc/{entry}/cmdline").read_bytes())
+                except (OSError, IndexError, ValueError):
+                    continue
+                if found:
+                    owner[int(entry)] = found.group(1).decode()
+            grew = True
+            while grew:  # Ray's workers: children of a raylet
+                more = {p: owner[parent] for p, parent in parents.items() if parent in owner and p not in owner}
+                owner.update(more)
+                grew = bool(more)
+            for name in set(owner.values()):
+                pids = [p for p, d in owner.items() if d == name]
+                total = rss_mb(pids)
+                if total > peaks.get(name, (0.0, 0))[0]:
+                    peaks[name] = (total, len(pids))
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    return peaks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--detail", action="store_true", help="RSS by process kind, with the shards up")
+    parser.add_argument("--watch", type=float, metavar="SECONDS", help="sample the test clusters running")
     args = parser.parse_args()
+    if args.watch:
+        for name, (mb, n) in watch(args.watch).items():
+            print(f"{name}: peak RSS {mb:.0f} MB over {n} processes")
+        return
     started = time.monotonic()
     cluster = LocalCluster(workers=3)
     try:
@@ -75,7 +122,7 @@ def main() -> None:
         ray.init(address=cluster.address, _node_ip_address=cluster.head_ip, namespace="fastmem",
                  log_to_driver=False, logging_level="ERROR")  # fmt: skip
         c = fray.connect(cluster.address, root=os.path.join(cluster.dir, "shared"), shards=args.shards)
-        names = {}
+        names: dict[int, str] = {}
         for i in range(1000):
             names.setdefault(c.deployment.shard_of(f"n{i}"), f"n{i}")
             if len(names) == args.shards:
