@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -61,7 +62,7 @@ def cluster():
 
 
 def settings(local, **more):
-    return {"root": os.path.join(local.dir, "shared"), "shards": 4, "name": "shared", "lease": T, **more}
+    return {"root": os.path.join(local.dir, "shared"), "shards": 2, "name": "shared", "lease": T, **more}
 
 
 @pytest.fixture(scope="module")
@@ -82,11 +83,19 @@ def stores(shared):
         return dict(zip(NAMES, pool.map(write, NAMES)))
 
 
+@pytest.fixture
+def alone(shared):
+    """The module's deployment's shard actors stopped (its next use starts them again,
+    from the same files): a test's own deployment has the cluster's memory to itself
+    (each actor is a process of ~170 MB)."""
+    shared.shutdown()
+
+
 @contextlib.contextmanager
 def fresh(cluster, name):
-    """A new shared-storage deployment of 4 shards (spread over the nodes as Ray starts
-    them; earlier tests' restarts may have gathered the first deployment's shards on the
-    head) with 12 stores of 2 memories."""
+    """A new shared-storage deployment of 2 shards (spread over the nodes as Ray starts
+    them, so one is on a worker; earlier tests' restarts may have gathered the module
+    deployment's shards on the head) with 12 stores of 2 memories."""
     c = fray.connect(cluster.address, **settings(cluster, root=os.path.join(cluster.dir, name), name=name))
     try:
         for i in range(12):
@@ -146,13 +155,13 @@ def test_the_command_line_shows_the_shards_and_runs_a_job(cluster, shared, store
     def fastmem_ray(*args):
         command = [sys.executable, "-m", "fastmem", "ray", *args, "--address", cluster.address,
                    "--node-ip-address", cluster.head_ip, "--root", shared.deployment.root,
-                   "--name", "shared", "--shards", "4", "--json"]  # fmt: skip
+                   "--name", "shared", "--shards", "2", "--json"]  # fmt: skip
         out = subprocess.run(command, capture_output=True, text=True, timeout=180, check=False,
                              env={**cluster.env, "FASTMEM_RAY_JOBS": str(tmp_path / "jobs")})  # fmt: skip
         return out.returncode, json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else out.stderr
 
     code, rows = fastmem_ray("status")
-    assert code == 0 and [r["shard"] for r in rows] == [0, 1, 2, 3] and all(r["serving"] for r in rows)
+    assert code == 0 and [r["shard"] for r in rows] == [0, 1] and all(r["serving"] for r in rows)
     code, summary = fastmem_ray("jobs", "run", "verify", "--all")
     assert code == 0 and summary["done"] == len(shared.namespaces()) and summary["failed"] == {}
     assert Path(summary["ledger"]).parent == tmp_path / "jobs"
@@ -164,7 +173,7 @@ def test_the_command_line_shows_the_shards_and_runs_a_job(cluster, shared, store
     assert code == 2 and "not valid" in message
 
 
-def test_idle_stores_freeze_to_object_storage_and_thaw_on_first_use(cluster, tmp_path):
+def test_idle_stores_freeze_to_object_storage_and_thaw_on_first_use(cluster, alone, tmp_path):
     pytest.importorskip("s3fs", reason="the cold tier needs s3fs: pip install 'fastmem[ray]'")
     from ray_cluster import moto_s3
 
@@ -265,7 +274,7 @@ def test_a_fleet_compact_survives_a_worker_node_killed_mid_job(cluster, shared, 
     cluster.add_worker(node)
 
 
-def test_a_shared_storage_shard_serves_again_on_another_node_within_30s(cluster):
+def test_a_shared_storage_shard_serves_again_on_another_node_within_30s(cluster, alone):
     with fresh(cluster, "failover") as shared:
         _failover(cluster, shared)
 
@@ -286,9 +295,9 @@ def _failover(cluster, shared):
     cluster.add_worker(node)
 
 
-def test_a_node_local_shard_is_unavailable_while_its_node_is_down(cluster):
+def test_a_node_local_shard_is_unavailable_while_its_node_is_down(cluster, alone):
     local = fray.connect(cluster.address, root=os.path.join(cluster.dir, "local-{node}"), mode="local",
-                         nodes=["w1", "w2", "w3"], shards=4, name="local", lease=T)  # fmt: skip
+                         nodes=["w2", "w3"], shards=2, name="local", lease=T)  # fmt: skip
     try:
         name = next(f"n{i}" for i in range(1000) if local.deployment.node_of(local.deployment.shard_of(f"n{i}")) == "w3")
         store = local.open(name)
@@ -306,7 +315,7 @@ def test_a_node_local_shard_is_unavailable_while_its_node_is_down(cluster):
         local.shutdown()
 
 
-def test_a_hung_node_is_fenced_by_the_watchdog(cluster):
+def test_a_hung_node_is_fenced_by_the_watchdog(cluster, alone):
     """The node's Ray processes stop (SIGSTOP); its shard's process runs on, cut off from
     the cluster. Its watchdog must close its stores and exit, and a new copy elsewhere serve."""
     with fresh(cluster, "hung") as shared:
@@ -344,7 +353,7 @@ def _hung(cluster, shared):
 
 
 
-def test_a_wholly_stopped_node_is_replaced_and_its_copy_stands_down_when_it_wakes(cluster):
+def test_a_wholly_stopped_node_is_replaced_and_its_copy_stands_down_when_it_wakes(cluster, alone):
     """Every process of the node stops, the shard's too (a VM paused): nothing of it can
     act. A new copy serves once the old lease has run out; when the old copy wakes, it
     finds its lease gone and exits without touching a store."""
@@ -382,7 +391,7 @@ def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared):
 
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    location = (f"ray+gcs://{cluster.address}{shared.deployment.root}?name=shared&shards=4"
+    location = (f"ray+gcs://{cluster.address}{shared.deployment.root}?name=shared&shards=2"
                 f"&node_ip={cluster.head_ip}&namespace=mcp-user")  # fmt: skip
     params = StdioServerParameters(command=sys.executable, args=["-m", "fastmem", "mcp", "--store", location],
                                    env={**cluster.env, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
@@ -397,3 +406,52 @@ def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared):
     hits = asyncio.run(asyncio.wait_for(work(), 120))["hits"]
     assert [h["text"] for h in hits] == ["The user's cat is called Miso."]
     assert [m.text for m in shared.open("mcp-user")] == ["The user's cat is called Miso."]
+
+
+def test_hermes_on_a_cluster_keeps_writes_while_its_shard_is_down(cluster, alone, tmp_path, caplog):
+    """A Hermes provider writing through a location; the node of its (node-local) shard is
+    killed mid-conversation: the turns wait in spill files on this machine, reads give an
+    empty context, and once the node is back every turn is in the store exactly once."""
+    from fastmem.integrations import _writer
+    from fastmem.integrations.hermes import FastmemProvider
+
+    root = os.path.join(cluster.dir, "hermes-{node}")
+    location = (f"ray+gcs://{cluster.address}{root}?name=hermes&mode=local&nodes=w1,w2,w3&shards=2&lease={T:g}"
+                f"&node_ip={cluster.head_ip}&namespace=hx")  # fmt: skip
+    deployment = fray.Deployment(root=root, name="hermes", mode="local", nodes=("w1", "w2", "w3"), shards=2, lease=T)
+    node = deployment.node_of(deployment.shard_of("hx.default"))
+    reader = fray.Cluster(deployment)
+    reader.namespaces()  # the shard actors are up before the conversation starts
+    spill = tmp_path / "hermes" / "fastmem-spill" / "hx.default"
+    provider = FastmemProvider(store=location)
+    provider.initialize("s1", hermes_home=str(tmp_path / "hermes"), platform="cli")
+    expected = []
+    try:
+        for i in range(3):
+            provider.sync_turn(f"turn {i} before", "ok")
+            expected.append(f"User: turn {i} before\nAssistant: ok")
+        assert provider.flush(60)
+        cluster.nodes[node].kill()
+        for i in range(3):
+            provider.sync_turn(f"turn {i} while {node} is down", "ok")
+            expected.append(f"User: turn {i} while {node} is down\nAssistant: ok")
+        reply = json.loads(provider.handle_tool_call("fastmem_remember", {"text": "The user's dog is Rex."}))
+        assert reply["ok"] and reply.get("pending")
+        expected.append("The user's dog is Rex.")
+        assert provider.flush(60)  # in the store or in a spill file
+        assert list(spill.glob(_writer.SPILL_GLOB))  # the shard is down: kept locally
+        caplog.set_level(logging.WARNING, logger="fastmem")
+        assert provider.prefetch("what is the dog called?") == ""  # no exception into the agent
+        assert any("recall failed" in r.getMessage() for r in caplog.records)
+        cluster.add_worker(node)
+        deadline = time.monotonic() + 120
+        while list(spill.glob(_writer.SPILL_GLOB)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not list(spill.glob(_writer.SPILL_GLOB)), "the kept writes were not replayed"
+    finally:
+        provider.shutdown()
+    try:
+        assert [m.text for m in reader.open("hx.default")] == expected  # each once, in order
+        assert reader.status()[deployment.shard_of("hx.default")]["node"] == node
+    finally:
+        reader.shutdown()

@@ -34,7 +34,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("doctor",),  # what is installed: reads the kernels' choice and the embedder, for the CLI
     # The edge: on the public API only (see test_the_edge_uses_public_modules_only).
     ("cli", "__main__", "_demo", "integrations", "integrations.mcp_server", "integrations.hermes",
-     "integrations._writer", "integrations._hermes_install",
+     "integrations._writer", "integrations._hermes_install", "integrations._cluster",
      # fastmem[ray]: never imported by the rest (tests/test_ray.py checks that `import fastmem` does not)
      "ray", "ray._config", "ray._errors", "ray._oplog", "ray._lease", "ray._cold", "ray._shard",
      "ray._router", "ray._embed", "ray.jobs", "ray.cli"),

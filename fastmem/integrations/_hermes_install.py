@@ -8,6 +8,7 @@ Public as :func:`fastmem.integrations.hermes.install`.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tempfile
@@ -16,7 +17,8 @@ from dataclasses import dataclass
 import fastmem
 from fastmem.errors import InvalidInputError, InvalidTypeError
 
-__all__ = ["PLUGIN_INIT", "PLUGIN_YAML", "InstallResult", "install"]
+__all__ = ["PLUGIN_INIT", "PLUGIN_YAML", "STORE_ENV", "InstallResult", "configured_store", "install", "save_settings",
+           "settings_path"]
 
 PLUGIN_INIT = '''\
 """fastmem memory provider for Hermes Agent: a MemoryProvider over a fastmem store.
@@ -180,3 +182,53 @@ def install(hermes_home: str | os.PathLike[str] | None = None, *, activate: bool
     notes.append("Then restart Hermes (CLI and gateway). fastmem must be installed in the Python "
                  "that runs Hermes; memories are kept in " + os.path.join(home, "fastmem") + ".")  # fmt: skip
     return InstallResult(home, plugin_dir, config_path, active, "\n".join(notes))
+
+
+# --- the provider's own settings: where its stores live -----------------------------------
+
+STORE_ENV = "FASTMEM_HERMES_STORE"  # a cluster location; set in the profile's .env, or here
+
+
+def settings_path(hermes_home: str) -> str:
+    """``<hermes_home>/fastmem/config.json``: the provider's settings (``{"store": ...}``)."""
+    return os.path.join(hermes_home, "fastmem", "config.json")
+
+
+def configured_store(hermes_home: str) -> str | None:
+    """The store location the profile names: ``FASTMEM_HERMES_STORE``, else ``store`` in
+    ``<hermes_home>/fastmem/config.json``; ``None`` (the profile's own directory) when neither.
+
+    Raises:
+        InvalidInputError: config.json is not a JSON object with a string ``store``.
+    """
+    value = os.environ.get(STORE_ENV)
+    if value:
+        return value
+    try:
+        with open(settings_path(hermes_home), encoding="utf-8") as f:
+            settings = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InvalidInputError(f"{settings_path(hermes_home)}: not readable JSON ({exc})") from None
+    store = settings.get("store") if isinstance(settings, dict) else None
+    if store is not None and not isinstance(store, str):
+        raise InvalidInputError(f"{settings_path(hermes_home)}: store must be a string")
+    return store or None
+
+
+def save_settings(values: dict[str, object], hermes_home: str) -> str:
+    """Write ``values`` (``store``) into ``<hermes_home>/fastmem/config.json``, the rest of
+    the file kept; the path written."""
+    path = settings_path(hermes_home)
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            current = json.load(f)
+    except (OSError, ValueError):
+        current = {}
+    if not isinstance(current, dict):
+        current = {}
+    current.update({k: v for k, v in values.items() if k == "store"})
+    _write_atomic(path, json.dumps(current, indent=2) + "\n")
+    return path

@@ -68,7 +68,7 @@ from fastmem.errors import (
     StoreLockedError,
 )  # fmt: skip
 
-__all__ = ["PENDING", "Handler"]
+__all__ = ["PENDING", "Handler", "LocalTarget"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,10 @@ class _Op:
     kind: str  # add, open, barrier, or a kind the owner's handlers apply
     args: Any
     future: Future[Any]
+    # The operation id this write is tried under, given before its first try and kept in
+    # its spill file: a store that remembers ids (a cluster's shard) applies a replay of a
+    # write whose answer was lost once. Consecutive adds tried as one batch share one.
+    op_id: str | None = None
 
 
 def _open_store(path: str, **kwargs: Any) -> fastmem.MemoryStore:
@@ -112,11 +116,38 @@ def _open_store(path: str, **kwargs: Any) -> fastmem.MemoryStore:
         return fastmem.open(path, embedder=None, **kwargs)
 
 
+class LocalTarget:
+    """Where a writer's writes go: the store at ``path`` on this machine. (A store served
+    elsewhere has a target of the same shape: :class:`fastmem.integrations._cluster.ClusterTarget`.)"""
+
+    call_bound = 0.0  # seconds one write may take beyond the lock waits the writer bounds itself
+    kept: tuple[type[BaseException], ...] = ()  # errors besides _kept_for's that keep a write for later
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def open(self) -> Any:
+        return _open_store(self.path, timeout=LOCK_SLICE)
+
+    def scoped(self, store: Any, op_id: str | None) -> Any:
+        """``store``, its writes carrying ``op_id`` (a local store needs none: its writes
+        are acknowledged or not, never lost in between)."""
+        return store
+
+    def flush(self, store: Any) -> None:
+        store.flush()  # acknowledged = on disk
+
+
+def new_op_id() -> str:
+    return uuid.uuid4().hex
+
+
 class _Writer:
     """One thread that applies a store's writes in order (see the module docstring)."""
 
-    def __init__(self, path: str, handlers: Mapping[str, Handler]) -> None:
-        self.path = path
+    def __init__(self, path: str, handlers: Mapping[str, Handler], target: LocalTarget | None = None) -> None:
+        self.path = path  # the spill files go beside it
+        self._target = target or LocalTarget(path)
         self._handlers = dict(handlers)
         self._queue: queue.Queue[_Op | None] = queue.Queue()
         self._store: fastmem.MemoryStore | None = None
@@ -144,7 +175,8 @@ class _Writer:
         with self._submit_lock:
             self._stopped = True
             self._queue.put(None)
-        self._thread.join(timeout + 1.0)
+        # A write begun just before the deadline may take its target's bound more.
+        self._thread.join(timeout + self._target.call_bound + 1.0)
 
     def _run(self) -> None:
         while True:
@@ -233,13 +265,14 @@ class _Writer:
             # This writer's earlier writes still wait in a file: what follows waits behind them.
             self._spill(batch, "waits behind earlier writes the store could not take yet")
             return
+        _give_op_ids(batch)  # before the first try: a replay must carry the same ids
         results: list[tuple[_Op, Any, BaseException | None]] = []
         stopped: BaseException | None = None  # the lock or a fault: this op and the rest are kept
         i = 0
         while i < len(batch) and stopped is None:
             if batch[i].kind == "add":  # a run of adds: one add_many, one commit
                 j = i
-                while j < len(batch) and batch[j].kind == "add":
+                while j < len(batch) and batch[j].kind == "add" and batch[j].op_id == batch[i].op_id:
                     j += 1
                 done, stopped = self._add_run(store, batch[i:j])
                 results.extend(done)
@@ -247,9 +280,10 @@ class _Writer:
             else:
                 op = batch[i]
                 try:
-                    results.append((op, self._locked_retry(self._apply, store, op.kind, op.args), None))
+                    scoped = self._target.scoped(store, op.op_id)
+                    results.append((op, self._locked_retry(self._apply, scoped, op.kind, op.args), None))
                 except Exception as exc:
-                    if _kept_for(exc):
+                    if self._kept(exc):
                         stopped = exc
                         break
                     results.append((op, None, exc))  # a user error (unknown id...) goes to its caller
@@ -257,7 +291,7 @@ class _Writer:
         rest = batch[len(results) :]
         if results:
             try:
-                store.flush()  # acknowledged = on disk
+                self._target.flush(store)  # acknowledged = on disk
             except Exception as exc:
                 # Not on disk, or not known to be: nothing of this batch is acknowledged.
                 # (Not kept for a retry either: its records may be in the file already.)
@@ -282,17 +316,20 @@ class _Writer:
         lock held too long or a fault of the disk ends the run (returned with what was
         done): the caller keeps that op and the rest."""
         try:
-            ids = self._locked_retry(store.add_many, [op.args for op in ops])
+            ids = self._locked_retry(self._target.scoped(store, ops[0].op_id).add_many, [op.args for op in ops])
             return [(op, mid, None) for op, mid in zip(ops, ids)], None
         except Exception as exc:
-            if _kept_for(exc):
+            if self._kept(exc):
                 return [], exc
         out: list[tuple[_Op, Any, Any]] = []
+        run = ops[0].op_id
+        for k, op in enumerate(ops):  # tried alone from now on (kept so, if spilled): each its own id
+            op.op_id = f"{run}/{k}"
         for op in ops:
             try:
-                out.append((op, self._locked_retry(store.add, **op.args), None))
+                out.append((op, self._locked_retry(self._target.scoped(store, op.op_id).add, **op.args), None))
             except Exception as exc:
-                if _kept_for(exc):
+                if self._kept(exc):
                     return out, exc
                 out.append((op, None, exc))
         return out, None
@@ -311,7 +348,7 @@ class _Writer:
         if self._store is not None:
             return self._store
         try:
-            store = self._locked_retry(_open_store, self.path, timeout=LOCK_SLICE)
+            store = self._locked_retry(self._target.open)
         except Exception as exc:  # locked for long, damaged, a failing disk: writes are kept in a file
             self._open_error = exc
             self._warn("cannot open %s for writing: %s", self.path, exc)
@@ -350,7 +387,9 @@ class _Writer:
         """Keep ``ops`` durably in a spill file (their futures say PENDING); when even that
         fails, they are not saved, and their futures say so (never PENDING)."""
         try:
-            lines = [json.dumps({"kind": op.kind, "args": op.args}) for op in ops if op.kind not in _NO_OPS]
+            _give_op_ids(ops)  # writes never tried get theirs now: a replay carries them
+            lines = [json.dumps({"kind": op.kind, "args": op.args, "op": op.op_id})
+                     for op in ops if op.kind not in _NO_OPS]  # fmt: skip
             if lines:
                 directory = os.path.dirname(self.path)
                 # The time first: importers take files oldest first, so the store gets them in order.
@@ -412,7 +451,7 @@ class _Writer:
                     self._warn("kept writes in %s wait: %s", name, stopped)
                     self._drop_store()
                 return False
-            store.flush()
+            self._target.flush(store)
             if damaged:  # lines no writer wrote (damage): kept for a person, out of the glob
                 aside = os.path.join(os.path.dirname(name), "damaged-" + os.path.basename(name))
                 os.replace(name, aside)
@@ -434,38 +473,59 @@ class _Writer:
     def _apply_entries(
         self, store: fastmem.MemoryStore, entries: list[dict[str, Any]], name: str
     ) -> tuple[int, BaseException | None]:
-        """Apply entries in order (runs of adds as one commit each); the number applied
-        before the store's lock stayed taken or the disk failed (all of them otherwise),
-        and that error."""
+        """Apply entries in order (runs of adds tried as one batch, under their op id, as
+        one commit each); the number applied before the store's lock stayed taken or the
+        disk (or the store's server) failed (all of them otherwise), and that error."""
         i = 0
         while i < len(entries):
             j = i + 1
+            op = entries[i].get("op")  # None in a file written before writes had op ids
             if entries[i].get("kind") == "add":
-                while j < len(entries) and entries[j].get("kind") == "add":
+                while j < len(entries) and entries[j].get("kind") == "add" and entries[j].get("op") == op:
                     j += 1
             run = entries[i:j]
             try:
                 if run[0].get("kind") == "add":
                     try:
-                        self._locked_retry(store.add_many, [e["args"] for e in run])
+                        self._locked_retry(self._target.scoped(store, op).add_many, [e["args"] for e in run])
                     except Exception as exc:
-                        if _kept_for(exc):
+                        if self._kept(exc):
                             raise
+                        if op is not None:  # tried alone from now on (kept so): each its own id
+                            for k, e in enumerate(run):
+                                e["op"] = f"{op}/{k}"
                         for k, e in enumerate(run):  # a bad entry: the others one by one
                             try:
-                                self._locked_retry(store.add, **e["args"])
+                                self._locked_retry(self._target.scoped(store, e.get("op")).add, **e["args"])
                             except Exception as exc2:
-                                if _kept_for(exc2):
+                                if self._kept(exc2):
                                     return i + k, exc2
                                 logger.warning("fastmem: a kept write in %s failed: %s", name, exc2)
                 else:
-                    self._locked_retry(self._apply, store, run[0]["kind"], run[0]["args"])
+                    scoped = self._target.scoped(store, op)
+                    self._locked_retry(self._apply, scoped, run[0]["kind"], run[0]["args"])
             except Exception as exc:
-                if _kept_for(exc):
+                if self._kept(exc):
                     return i, exc
                 logger.warning("fastmem: a kept write in %s failed: %s", name, exc)
             i = j
         return i, None
+
+    def _kept(self, exc: BaseException) -> bool:
+        return _kept_for(exc) or isinstance(exc, self._target.kept)
+
+
+def _give_op_ids(ops: list[_Op]) -> None:
+    """An op id for each op that has none: one for each run of consecutive adds (tried as
+    one batch), one for each other write."""
+    run: str | None = None
+    for op in ops:
+        if op.op_id is not None:
+            run = None
+        elif op.kind == "add":
+            run = op.op_id = run or new_op_id()
+        else:
+            run, op.op_id = None, new_op_id()
 
 
 def _kept_for(exc: BaseException) -> bool:

@@ -23,6 +23,15 @@ batch that met the writer lock held by another process for more than
 (see :mod:`fastmem.integrations._writer`). The installer is
 :mod:`fastmem.integrations._hermes_install` (:func:`install` here).
 
+On a Ray cluster (``fastmem[ray]``): with a location ``ray+gcs://HOST:PORT/ROOT?...`` (or
+``ray://``; the syntax of :func:`fastmem.ray.open_location`) given as ``store=``, in
+``FASTMEM_HERMES_STORE`` or as ``store`` in ``<hermes_home>/fastmem/config.json``, the
+store is served by its shard and the same writer writes to it through the router
+(:mod:`fastmem.integrations._cluster`). Writes the shard cannot take (its node is down)
+wait in spill files under ``<hermes_home>/fastmem-spill/<namespace>/`` with their
+operation ids and are replayed when it answers again, each stored once; reads meanwhile
+give an empty context and a logged warning.
+
 This module imports without hermes-agent (the base class falls back to ``object``), so
 ``fastmem`` never needs Hermes.
 """
@@ -47,8 +56,8 @@ from fastmem.errors import FastmemError, InvalidInputError, StoreNotFoundError, 
 from fastmem.namespaces import namespace_path
 from fastmem.types import Level
 
-from ._hermes_install import InstallResult, install
-from ._writer import PENDING, SPILL_GLOB, Handler, _not_saved, _open_store, _Writer
+from ._hermes_install import STORE_ENV, InstallResult, configured_store, install, save_settings
+from ._writer import PENDING, SPILL_GLOB, Handler, LocalTarget, _not_saved, _open_store, _Writer
 
 if TYPE_CHECKING:
     _Base = object
@@ -160,10 +169,12 @@ class _Shared:
     """One store's read handle, writer and prefetch thread, shared by every provider of it
     in this process (the gateway keeps a provider per cached agent)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, target: LocalTarget | None = None) -> None:
         self.path = path
+        self.target = target or LocalTarget(path)
+        self.key = _shared_key(path, target)
         self.refs = 0
-        self.writer = _Writer(path, _HANDLERS)
+        self.writer = _Writer(path, _HANDLERS, self.target)
         self.prefetcher = ThreadPoolExecutor(1, thread_name_prefix="fastmem-prefetch")
         self._reader: fastmem.MemoryStore | None = None
         self._reader_lock = threading.Lock()
@@ -177,6 +188,8 @@ class _Shared:
         before each call, in any process, and never waits for the writer lock (a write on
         the writer's handle may wait for another process's, up to WRITE_WAIT seconds)."""
         with self._reader_lock:
+            if self._reader is None and hasattr(self.target, "open_reader"):  # a cluster's store
+                self._reader = self.target.open_reader()
             if self._reader is None:
                 try:
                     self._reader = _open_store(self.path, readonly=True)
@@ -214,11 +227,18 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _acquire_shared(path: str) -> _Shared:
+def _shared_key(path: str, target: LocalTarget | None) -> str:
+    """The registry's key: the store's path, and a cluster store's location before it."""
+    location = getattr(target, "location", None)
+    return f"{location}|{path}" if location else path
+
+
+def _acquire_shared(path: str, target: LocalTarget | None = None) -> _Shared:
     with _registry_lock:
-        shared = _registry.get(path)
+        shared = _registry.get(_shared_key(path, target))
         if shared is None:
-            shared = _registry[path] = _Shared(path)
+            shared = _Shared(path, target)
+            _registry[shared.key] = shared
         shared.refs += 1
         return shared
 
@@ -228,7 +248,7 @@ def _release_shared(shared: _Shared, timeout: float) -> None:
         shared.refs -= 1
         if shared.refs > 0:
             return
-        _registry.pop(shared.path, None)
+        _registry.pop(shared.key, None)
     shared.close(timeout)
 
 
@@ -373,8 +393,9 @@ class FastmemProvider(_Base):
     versions pass more) and none raises for a user's bad input.
     """
 
-    def __init__(self, *, context_budget: int = CONTEXT_BUDGET) -> None:
+    def __init__(self, *, context_budget: int = CONTEXT_BUDGET, store: str | None = None) -> None:
         self._budget = context_budget
+        self._location = store  # a cluster location; None: the profile's settings say
         self._shared: _Shared | None = None
         self._session_id = ""
         self._platform = "cli"
@@ -409,7 +430,8 @@ class FastmemProvider(_Base):
 
     @property
     def store_path(self) -> str | None:
-        """The store's base path (``.dat``/``.idx`` beside it) once initialized."""
+        """The store's base path (``.dat``/``.idx`` beside it) once initialized; on a
+        cluster, the local path its spill files go beside."""
         return None if self._shared is None else self._shared.path
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -421,14 +443,34 @@ class FastmemProvider(_Base):
         home = kwargs.get("hermes_home") or os.environ.get("HERMES_HOME") or os.path.expanduser("~/.hermes")
         self._platform = str(kwargs.get("platform") or "cli")
         namespace = user_namespace(kwargs.get("user_id"), self._platform)
-        path = namespace_path(os.path.join(str(home), "fastmem"), namespace, create=True)
+        location = self._location or configured_store(str(home))
+        target = None
+        if location:  # a store served by a Ray cluster; writes it cannot take now wait here
+            from ._cluster import ClusterTarget, store_namespace
+
+            namespace = store_namespace(location, namespace)
+            path = namespace_path(os.path.join(str(home), "fastmem-spill"), namespace, create=True)
+            # Ray shuts down at exit (registered when it connects): what is queued then must
+            # be written before, so _close_all is registered again after it (runs first).
+            target = ClusterTarget(path, location, namespace, on_connect=lambda: atexit.register(_close_all))
+        else:
+            path = namespace_path(os.path.join(str(home), "fastmem"), namespace, create=True)
         # Cron runs, subagents and flushes must not write into the user's memory.
         self._writes = (kwargs.get("agent_context") or "primary") == "primary"
         self._session_id = str(session_id or "")
         callback = kwargs.get("warning_callback")
         self._warn_user = callback if callable(callback) else None
         self._reset_session()
-        self._shared = _acquire_shared(path)
+        self._shared = _acquire_shared(path, target)
+
+    def get_config_schema(self) -> list[dict[str, Any]]:
+        """``hermes memory setup``: the one setting, where the stores live."""
+        return [{"key": "store", "required": False, "default": "", "env_var": STORE_ENV,
+                 "description": "Empty: this profile's own directory. Or a Ray cluster's deployment, "
+                                "e.g. ray+gcs://HOST:6379/ROOT?shards=16&namespace=PROFILE (fastmem[ray])"}]  # fmt: skip
+
+    def save_config(self, values: dict[str, Any], hermes_home: str) -> None:
+        save_settings(values, hermes_home)
 
     def shutdown(self, **kwargs: Any) -> None:
         """Write what is queued (bounded in time), then close the store if no other

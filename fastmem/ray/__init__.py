@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from ._config import SLOTS, Deployment, slot_of
 from ._errors import (
+           ClusterUnreachableError,
            ColdChecksumError,
            RayUnavailableError,
            ShardUnavailableError,
@@ -25,5 +26,5 @@ from ._errors import (
 )
 from ._router import Cluster, RemoteStore, connect, open_location
 
-__all__ = ["SLOTS", "Cluster", "ColdChecksumError", "Deployment", "RayUnavailableError", "RemoteStore",
+__all__ = ["SLOTS", "Cluster", "ClusterUnreachableError", "ColdChecksumError", "Deployment", "RayUnavailableError", "RemoteStore",
            "ShardUnavailableError", "StoreOwnedElsewhereError", "connect", "open_location", "slot_of"]

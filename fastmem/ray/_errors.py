@@ -11,6 +11,12 @@ class ShardUnavailableError(FastmemError):
     its lease. Nothing of the call was applied; retrying later is safe."""
 
 
+class ClusterUnreachableError(FastmemError):
+    """Nothing answers at the cluster's address (checked with a short TCP connect before
+    Ray is asked to join, which would wait a minute or more): a wrong address, the head
+    node down, or a firewall."""
+
+
 class StoreOwnedElsewhereError(FastmemError):
     """The cold tier says another node owns this store (it thawed it and has not frozen it
     back): a store is never served from two nodes."""

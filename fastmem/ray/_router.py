@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -18,7 +19,9 @@ from typing import Any
 from ..errors import InvalidInputError
 from ..namespaces import check_namespace
 from ._config import RAY_NAMESPACE, Deployment, actor_name
-from ._errors import RayUnavailableError, ShardUnavailableError
+from ._errors import ClusterUnreachableError, RayUnavailableError, ShardUnavailableError
+
+PROBE_TIMEOUT = 3.0  # seconds to connect to the cluster's port before Ray is asked to join
 
 
 def _ray() -> Any:
@@ -39,9 +42,14 @@ class Cluster:
         self.retry_for = retry_for
         self.attempt_timeout = attempt_timeout
         if not ray.is_initialized():
+            probe(address)
             extra = {} if node_ip_address is None else {"_node_ip_address": node_ip_address}
-            ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False,
-                     logging_level="ERROR", **extra)  # fmt: skip
+            try:
+                ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False,
+                         logging_level="ERROR", **extra)  # fmt: skip
+            except (ConnectionError, RuntimeError) as exc:  # something answers there, not a Ray head
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise ClusterUnreachableError(f"could not join a Ray cluster at {address}: {why}") from None
         self._handles: dict[int, Any] = {}
 
     # --- shards ------------------------------------------------------------------------
@@ -111,9 +119,11 @@ class Cluster:
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
 
-    def open(self, namespace: str) -> RemoteStore:
-        """The store of ``namespace`` (created on its first write), served by its shard."""
-        return RemoteStore(self, check_namespace(namespace))
+    def open(self, namespace: str, *, retry_for: float | None = None,
+             attempt_timeout: float | None = None) -> RemoteStore:  # fmt: skip
+        """The store of ``namespace`` (created on its first write), served by its shard;
+        ``retry_for``/``attempt_timeout``: this handle's own, instead of the cluster's."""
+        return RemoteStore(self, check_namespace(namespace), retry_for=retry_for, attempt_timeout=attempt_timeout)
 
     def namespaces(self) -> list[str]:
         """Every store of the deployment (on the nodes' disks and frozen in the cold tier)."""
@@ -150,13 +160,17 @@ class RemoteStore:
     (``Memory``, ``Hit``, ``Context``, ``StoreStats``...). Writes take an optional
     ``op_id``: the same id sent twice (by this client's retries, or yours) is applied once."""
 
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, *, retry_for: float | None = None,
+                 attempt_timeout: float | None = None) -> None:  # fmt: skip
         self.cluster = cluster
         self.namespace = namespace
         self.shard = cluster.deployment.shard_of(namespace)
+        self.retry_for = retry_for  # None: the cluster's
+        self.attempt_timeout = attempt_timeout
 
     def _call(self, method: str, *args: Any, op: str | None = None, **kwargs: Any) -> Any:
-        return self.cluster.invoke(self.shard, "call", self.namespace, method, args, kwargs, op)
+        return self.cluster.invoke(self.shard, "call", self.namespace, method, args, kwargs, op,
+                                   timeout=self.attempt_timeout, retry_for=self.retry_for)  # fmt: skip
 
     # --- writes ------------------------------------------------------------------------
 
@@ -186,8 +200,8 @@ class RemoteStore:
         result: list[str] = self._call("evict", op=_new_op(), **policy)
         return result
 
-    def record_access(self, ids: Iterable[str]) -> None:
-        self._call("record_access", list(ids), op=_new_op())
+    def record_access(self, ids: Iterable[str], now: float | None = None, *, op_id: str | None = None) -> None:
+        self._call("record_access", list(ids), now, op=op_id or _new_op())
 
     def flush(self) -> None:
         self._call("flush")
@@ -261,6 +275,34 @@ class RemoteStore:
         return f"<fastmem.ray.RemoteStore {self.namespace!r} shard {self.shard}>"
 
 
+def probe(address: str | None, timeout: float = PROBE_TIMEOUT) -> None:
+    """Fail at once, with the address in the message, when nothing listens at ``address``
+    (``HOST:PORT`` or ``ray://HOST:PORT``): Ray's own join retries for a minute or more.
+    ``None`` and ``"auto"`` (a cluster found through this node) are left to Ray.
+
+    Raises:
+        ClusterUnreachableError: no TCP connection within ``timeout`` seconds.
+    """
+    if address is None or address == "auto":
+        return
+    from urllib.parse import urlsplit
+
+    target = address.split("://", 1)[-1]
+    try:
+        host, port = urlsplit(f"//{target}").hostname, urlsplit(f"//{target}").port
+    except ValueError:
+        host = port = None
+    if not host or port is None:
+        raise InvalidInputError(f"a cluster address is HOST:PORT or ray://HOST:PORT, not {address!r}")
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ClusterUnreachableError(
+            f"nothing answers at {address} ({exc or type(exc).__name__}): is the Ray head node up, and is "
+            f"this its GCS address (`ray start --head --port=...`; for Ray Client, ray://HOST:10001)?"
+        ) from None
+
+
 def _new_op() -> str:
     return uuid.uuid4().hex
 
@@ -304,7 +346,8 @@ def split(namespaces: Sequence[str], deployment: Deployment) -> dict[int, list[s
 LOCATION_SCHEMES = ("ray://", "ray+gcs://")
 
 
-def open_location(location: str, namespace: str | None = None) -> RemoteStore:
+def open_location(location: str, namespace: str | None = None, *, retry_for: float | None = None,
+                  attempt_timeout: float | None = None) -> RemoteStore:  # fmt: skip
     """The store a location names, for integrations that take a store path.
 
     ``ray://HOST:PORT/ROOT?...`` connects through Ray Client (from outside the cluster);
@@ -313,8 +356,11 @@ def open_location(location: str, namespace: str | None = None) -> RemoteStore:
     ``cold``, ``lease``, ``namespace``, and ``node_ip`` (this node's address in the
     cluster). E.g. ``ray+gcs://10.0.0.1:6379/mnt/shared/fastmem?shards=64&namespace=alice``.
 
+    ``retry_for`` and ``attempt_timeout`` are the returned handle's (see :func:`connect`).
+
     Raises:
         InvalidInputError: not such a location, or no namespace.
+        ClusterUnreachableError: nothing answers at HOST:PORT.
     """
     from urllib.parse import parse_qs, urlsplit
 
@@ -343,6 +389,5 @@ def open_location(location: str, namespace: str | None = None) -> RemoteStore:
             fields[key] = tuple(n for n in value.split(",") if n)
         elif key != "node_ip":
             raise InvalidInputError(f"{location}: unknown setting {key!r}")
-    store: RemoteStore = connect(address, parts.path, namespace=namespace, node_ip_address=query.get("node_ip"),
-                                 **fields)  # fmt: skip
-    return store
+    cluster: Cluster = connect(address, parts.path, node_ip_address=query.get("node_ip"), **fields)
+    return cluster.open(namespace, retry_for=retry_for, attempt_timeout=attempt_timeout)

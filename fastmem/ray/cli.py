@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--root", default=os.environ.get("FASTMEM_RAY_ROOT"),
                         help="where the stores live (FASTMEM_RAY_ROOT)")  # fmt: skip
     common.add_argument("--name", default=os.environ.get("FASTMEM_RAY_NAME", "default"), help="the deployment")
-    common.add_argument("--shards", type=int, default=int(os.environ.get("FASTMEM_RAY_SHARDS", "256")))
+    common.add_argument("--shards", type=int, default=int(os.environ.get("FASTMEM_RAY_SHARDS", "256")),
+                        help="shard actors, a divisor of 256: as the deployment's clients use (FASTMEM_RAY_SHARDS)")  # fmt: skip
     common.add_argument("--mode", choices=("shared", "local"), default=os.environ.get("FASTMEM_RAY_MODE", "shared"))
     common.add_argument("--nodes", default=os.environ.get("FASTMEM_RAY_NODES", ""),
                         help="local mode: the nodes' fastmem-node labels, comma-separated")  # fmt: skip
