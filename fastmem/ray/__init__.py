@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from ._config import SLOTS, Deployment, slot_of
 from ._errors import (
+           BackupChecksumError,
            ColdChecksumError,
            RayUnavailableError,
+           RestoreRefusedError,
            ShardUnavailableError,
            StoreOwnedElsewhereError,
 )
 from ._router import Cluster, RemoteStore, connect, open_location
 
-__all__ = ["SLOTS", "Cluster", "ColdChecksumError", "Deployment", "RayUnavailableError", "RemoteStore",
-           "ShardUnavailableError", "StoreOwnedElsewhereError", "connect", "open_location", "slot_of"]
+__all__ = ["SLOTS", "BackupChecksumError", "Cluster", "ColdChecksumError", "Deployment", "RayUnavailableError",
+           "RemoteStore", "RestoreRefusedError", "ShardUnavailableError", "StoreOwnedElsewhereError", "connect", "open_location", "slot_of"]
