@@ -305,6 +305,22 @@ def test_a_bit_rotted_backup_is_refused_and_nothing_installed(tmp_path, s3):
     assert backups.restore("frank", str(target), older["generation"])["memories"] == 5  # the way out it names
 
 
+def test_backups_and_the_cold_tier_work_on_a_plain_directory_too(tmp_path):
+    # fsspec's local file system makes no parent directories by itself (S3 has none to make).
+    from fastmem.ray._backup import Backups
+    from fastmem.ray._cold import ColdTier
+
+    with fastmem.open(tmp_path / "a", namespace="gina", embedder=None) as store:
+        store.add_many(_items(2))
+        Backups(f"file://{tmp_path}/backups").put(store, "gina", scratch=str(tmp_path))
+    assert Backups(str(tmp_path / "backups")).restore("gina", str(tmp_path / "b" / "gina"))["memories"] == 2
+    cold = ColdTier(f"file://{tmp_path}/cold")
+    cold.freeze("gina", str(tmp_path / "b" / "gina"), "node-a")
+    cold.thaw("gina", str(tmp_path / "c" / "gina"), "node-b")
+    with fastmem.open(tmp_path / "c", namespace="gina", embedder=None) as store:
+        assert len(store) == 2
+
+
 @pytest.mark.parametrize("location, message", [
     ("/a/path", "starts with"),
     ("ray+gcs://10.0.0.1:6379/data", "namespace"),

@@ -54,6 +54,7 @@ def upload(fs: Any, files: Mapping[str, str], prefix: str) -> dict[str, dict[str
     """Upload local files (name -> path) under ``prefix``; returns each one's size and
     SHA-256 for the manifest, which the caller writes after it (the commit point)."""
     done = {}
+    fs.makedirs(prefix, exist_ok=True)  # a local directory needs it; object stores have no directories
     for name, local in files.items():
         digest, size = _sha256(local)
         fs.put_file(local, f"{prefix}/{name}")
