@@ -321,6 +321,15 @@ def test_backups_and_the_cold_tier_work_on_a_plain_directory_too(tmp_path):
         assert len(store) == 2
 
 
+@pytest.mark.parametrize("op", ["export", "backup", "restore"])
+def test_a_job_that_writes_or_reads_a_destination_needs_one_before_it_starts(op, tmp_path):
+    from fastmem.ray import jobs
+
+    with pytest.raises(fastmem.InvalidInputError, match="dest"):  # before connecting: no cluster here
+        jobs.run(op, "all", params={}, ledger=str(tmp_path / "l.jsonl"))
+    assert not (tmp_path / "l.jsonl").exists()
+
+
 @pytest.mark.parametrize("location, message", [
     ("/a/path", "starts with"),
     ("ray+gcs://10.0.0.1:6379/data", "namespace"),

@@ -105,6 +105,8 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
     """
     if op not in OPS:
         raise InvalidInputError(f"op must be one of {OPS}, not {op!r}")
+    if op in ("export", "backup", "restore") and not (params or {}).get("dest"):
+        raise InvalidInputError(f"{op} needs params={{'dest': URL}} (--dest): a directory or fsspec URL")
     if cluster is None:
         cluster = connect(address, root, **deployment)
     job = job or f"{op}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
