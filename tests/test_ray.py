@@ -330,6 +330,15 @@ def test_a_job_that_writes_or_reads_a_destination_needs_one_before_it_starts(op,
     assert not (tmp_path / "l.jsonl").exists()
 
 
+def test_the_command_line_takes_backup_and_restore_with_their_locations():
+    from fastmem.ray.cli import _parser
+
+    backup = _parser().parse_args(["jobs", "run", "backup", "--all", "--dest", "s3://b/p"])
+    assert (backup.op, backup.all, backup.dest) == ("backup", True, "s3://b/p")
+    restore = _parser().parse_args(["jobs", "run", "restore", "alice", "--from", "s3://b/p", "--generation", "g1"])
+    assert (restore.op, restore.namespaces, restore.dest, restore.generation) == ("restore", ["alice"], "s3://b/p", "g1")
+
+
 @pytest.mark.parametrize("location, message", [
     ("/a/path", "starts with"),
     ("ray+gcs://10.0.0.1:6379/data", "namespace"),
