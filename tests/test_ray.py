@@ -237,6 +237,111 @@ def test_a_damaged_frozen_file_is_refused_and_nothing_replaced(tmp_path, s3):
     assert json.loads(cold.fs.cat_file(cold._key("carol", "manifest.json")))["generation"] == generation
 
 
+# --- backups of node-local stores (the same S3 emulator) ------------------------------------
+
+
+def _backups(s3):
+    from fastmem.ray._backup import Backups
+
+    return Backups(s3["url"].replace("/fleet", "/backups"), {**s3["options"], "skip_instance_cache": True})
+
+
+def test_a_backup_of_a_serving_store_restores_what_it_held(tmp_path, s3):
+    backups = _backups(s3)
+    with fastmem.open(tmp_path / "a", namespace="dave", embedder=None) as store:
+        ids = store.add_many(_items(30))
+        put = backups.put(store, "dave", scratch=str(tmp_path / "scratch"))
+        later = store.add("written after the backup", type="fact")  # the store went on serving
+        assert store.get(later).text == "written after the backup"
+    assert put["memories"] == 30 and put["url"].endswith(f"/dave/{put['generation']}")
+    assert os.listdir(tmp_path / "scratch") == []  # the local copy is gone once uploaded
+    manifest = json.loads(backups.fs.cat_file(backups._key("dave", put["generation"], "manifest.json")))
+    assert set(manifest["files"]) == {"memory.dat", "memory.idx"}
+    result = backups.restore("dave", str(tmp_path / "b" / "dave"))
+    assert result["generation"] == put["generation"]
+    with fastmem.open(tmp_path / "b", namespace="dave", embedder=None) as store:
+        assert [store.get(i).text for i in ids] == [f"memory x {i}" for i in range(30)]
+        assert later not in store and store.verify().ok
+    # A store is never silently replaced: the files are there now.
+    with pytest.raises(fastmem.ray.RestoreRefusedError, match="already holds"):
+        backups.restore("dave", str(tmp_path / "b" / "dave"))
+
+
+def test_restore_takes_the_newest_complete_backup_and_skips_an_unfinished_one(tmp_path, s3):
+    backups = _backups(s3)
+    with fastmem.open(tmp_path / "a", namespace="erin", embedder=None) as store:
+        store.add_many(_items(3))
+        first = backups.put(store, "erin", scratch=str(tmp_path))
+        store.add_many(_items(4, "y"))
+        second = backups.put(store, "erin", scratch=str(tmp_path))
+    # An upload that died before its manifest: newer by name, files present, never restored.
+    unfinished = "29991231T000000.000000Z-dead00"
+    for name in ("memory.dat", "memory.idx"):
+        backups.fs.pipe_file(backups._key("erin", unfinished, name), b"half an upload")
+    assert backups.generations("erin") == sorted([first["generation"], second["generation"]], reverse=True)
+    assert backups.restore("erin", str(tmp_path / "b" / "erin"))["generation"] == second["generation"]
+    with fastmem.open(tmp_path / "b", namespace="erin", embedder=None) as store:
+        assert len(store) == 7
+    assert backups.restore("erin", str(tmp_path / "c" / "erin"), first["generation"])["memories"] == 3
+    with pytest.raises(fastmem.StoreNotFoundError, match="named"):
+        backups.restore("erin", str(tmp_path / "d" / "erin"), unfinished)
+    with pytest.raises(fastmem.StoreNotFoundError, match="no complete backup"):
+        backups.restore("nobody", str(tmp_path / "d" / "nobody"))
+    assert "erin" in backups.namespaces() and "nobody" not in backups.namespaces()
+
+
+def test_a_bit_rotted_backup_is_refused_and_nothing_installed(tmp_path, s3):
+    backups = _backups(s3)
+    with fastmem.open(tmp_path / "a", namespace="frank", embedder=None) as store:
+        store.add_many(_items(5))
+        older = backups.put(store, "frank", scratch=str(tmp_path))
+        newest = backups.put(store, "frank", scratch=str(tmp_path))
+    key = backups._key("frank", newest["generation"], "memory.idx")
+    data = bytearray(backups.fs.cat_file(key))
+    data[len(data) // 2] ^= 0x01  # one bit of rot in the bucket
+    backups.fs.pipe_file(key, bytes(data))
+    target = tmp_path / "b" / "frank"
+    with pytest.raises(fastmem.ray.BackupChecksumError, match=older["generation"]) as raised:
+        backups.restore("frank", str(target))
+    assert "memory.idx" in str(raised.value) and "sha256" in str(raised.value)
+    assert os.listdir(target) == []  # no half-restored file
+    assert backups.restore("frank", str(target), older["generation"])["memories"] == 5  # the way out it names
+
+
+def test_backups_and_the_cold_tier_work_on_a_plain_directory_too(tmp_path):
+    # fsspec's local file system makes no parent directories by itself (S3 has none to make).
+    from fastmem.ray._backup import Backups
+    from fastmem.ray._cold import ColdTier
+
+    with fastmem.open(tmp_path / "a", namespace="gina", embedder=None) as store:
+        store.add_many(_items(2))
+        Backups(f"file://{tmp_path}/backups").put(store, "gina", scratch=str(tmp_path))
+    assert Backups(str(tmp_path / "backups")).restore("gina", str(tmp_path / "b" / "gina"))["memories"] == 2
+    cold = ColdTier(f"file://{tmp_path}/cold")
+    cold.freeze("gina", str(tmp_path / "b" / "gina"), "node-a")
+    cold.thaw("gina", str(tmp_path / "c" / "gina"), "node-b")
+    with fastmem.open(tmp_path / "c", namespace="gina", embedder=None) as store:
+        assert len(store) == 2
+
+
+@pytest.mark.parametrize("op", ["export", "backup", "restore"])
+def test_a_job_that_writes_or_reads_a_destination_needs_one_before_it_starts(op, tmp_path):
+    from fastmem.ray import jobs
+
+    with pytest.raises(fastmem.InvalidInputError, match="dest"):  # before connecting: no cluster here
+        jobs.run(op, "all", params={}, ledger=str(tmp_path / "l.jsonl"))
+    assert not (tmp_path / "l.jsonl").exists()
+
+
+def test_the_command_line_takes_backup_and_restore_with_their_locations():
+    from fastmem.ray.cli import _parser
+
+    backup = _parser().parse_args(["jobs", "run", "backup", "--all", "--dest", "s3://b/p"])
+    assert (backup.op, backup.all, backup.dest) == ("backup", True, "s3://b/p")
+    restore = _parser().parse_args(["jobs", "run", "restore", "alice", "--from", "s3://b/p", "--generation", "g1"])
+    assert (restore.op, restore.namespaces, restore.dest, restore.generation) == ("restore", ["alice"], "s3://b/p", "g1")
+
+
 @pytest.mark.parametrize("location, message", [
     ("/a/path", "starts with"),
     ("ray+gcs://10.0.0.1:6379/data", "namespace"),

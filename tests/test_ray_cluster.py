@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -455,3 +456,38 @@ def test_hermes_on_a_cluster_keeps_writes_while_its_shard_is_down(cluster, alone
         assert reader.status()[deployment.shard_of("hx.default")]["node"] == node
     finally:
         reader.shutdown()
+
+
+def test_node_local_stores_backed_up_while_serving_are_restored_after_a_disk_is_lost(cluster, alone, tmp_path):
+    def deployment(name):
+        return fray.connect(cluster.address, root=os.path.join(cluster.dir, "backed-{node}"), mode="local",
+                            nodes=["w1", "w2", "w3"], shards=4, name=name, lease=T)  # fmt: skip
+
+    dest = str(tmp_path / "backups")  # any fsspec URL; S3 itself: tests/test_ray.py against moto
+    names = [f"b{i}" for i in range(8)]
+    c = deployment("backed")
+    try:
+        ids = {n: c.open(n).add_many([{"text": f"{n} fact {j}", "type": "fact"} for j in range(3)]) for n in names}
+        ledger = str(tmp_path / "backup.jsonl")
+        summary = jobs.run("backup", "all", cluster=c, params={"dest": dest}, ledger=ledger)
+        assert summary.failed == {} and summary.done == 8
+        again = jobs.run("backup", "all", cluster=c, params={"dest": dest}, ledger=ledger, job=summary.job)
+        assert again.skipped == 8 and again.done == 0  # the ledger: one backup per store per run
+        lost = [n for n in names if c.deployment.node_of(c.deployment.shard_of(n)) == "w3"]
+        assert lost
+        late = c.open(lost[0]).add("written after the backup", type="fact")  # the store served on
+    finally:
+        c.shutdown()
+    # w3's disk is gone for good; a new node with its label (here: w3 itself) starts empty.
+    shutil.rmtree(os.path.join(cluster.dir, "backed-w3"))
+    c = deployment("backed-again")
+    try:
+        summary = jobs.run("restore", "all", cluster=c, params={"dest": dest}, ledger=str(tmp_path / "r.jsonl"))
+        assert summary.failed == {} and sorted(summary.results) == sorted(lost)  # only what was missing
+        for n in names:
+            assert [m.id for m in c.open(n)] == ids[n]  # every backed-up memory, the late write lost
+        assert late not in c.open(lost[0])
+        refused = jobs.run("restore", lost[:1], cluster=c, params={"dest": dest}, ledger=str(tmp_path / "r2.jsonl"))
+        assert "RestoreRefusedError" in refused.failed[lost[0]]  # never over a store that is there
+    finally:
+        c.shutdown()

@@ -36,7 +36,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("cli", "__main__", "_demo", "integrations", "integrations.mcp_server", "integrations.hermes",
      "integrations._writer", "integrations._hermes_install", "integrations._cluster",
      # fastmem[ray]: never imported by the rest (tests/test_ray.py checks that `import fastmem` does not)
-     "ray", "ray._config", "ray._errors", "ray._oplog", "ray._lease", "ray._cold", "ray._shard",
+     "ray", "ray._config", "ray._errors", "ray._oplog", "ray._lease", "ray._cold", "ray._backup", "ray._shard",
      "ray._router", "ray._embed", "ray.jobs", "ray.cli"),
 ]  # fmt: skip
 EDGE = set(FLOORS[-1])

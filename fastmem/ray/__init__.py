@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from ._config import SLOTS, Deployment, slot_of
 from ._errors import (
+           BackupChecksumError,
            ClusterUnreachableError,
            ColdChecksumError,
            RayUnavailableError,
+           RestoreRefusedError,
            ShardUnavailableError,
            StoreOwnedElsewhereError,
 )
 from ._router import Cluster, RemoteStore, connect, open_location
 
-__all__ = ["SLOTS", "Cluster", "ClusterUnreachableError", "ColdChecksumError", "Deployment", "RayUnavailableError", "RemoteStore",
-           "ShardUnavailableError", "StoreOwnedElsewhereError", "connect", "open_location", "slot_of"]
+__all__ = ["SLOTS", "BackupChecksumError", "Cluster", "ClusterUnreachableError", "ColdChecksumError", "Deployment",
+           "RayUnavailableError", "RemoteStore", "RestoreRefusedError", "ShardUnavailableError",
+           "StoreOwnedElsewhereError", "connect", "open_location", "slot_of"]

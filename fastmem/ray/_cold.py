@@ -40,14 +40,57 @@ def _sha256(path: str) -> tuple[str, int]:
     return h.hexdigest(), size
 
 
+def open_fs(url: str, options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec file system of ``url`` and the path under it (no trailing ``/``)."""
+    try:
+        import fsspec  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise RayUnavailableError(f"object storage needs fsspec ({exc}): pip install 'fastmem[ray]'") from None
+    fs, base = fsspec.core.url_to_fs(url, **dict(options or {}))
+    return fs, base.rstrip("/")
+
+
+def upload(fs: Any, files: Mapping[str, str], prefix: str) -> dict[str, dict[str, Any]]:
+    """Upload local files (name -> path) under ``prefix``; returns each one's size and
+    SHA-256 for the manifest, which the caller writes after it (the commit point)."""
+    done = {}
+    fs.makedirs(prefix, exist_ok=True)  # a local directory needs it; object stores have no directories
+    for name, local in files.items():
+        digest, size = _sha256(local)
+        fs.put_file(local, f"{prefix}/{name}")
+        done[name] = {"sha256": digest, "size": size}
+    return done
+
+
+def download_checked(fs: Any, prefix: str, files: Mapping[str, Mapping[str, Any]], directory: str,
+                     what: str, error: type[Exception] = ColdChecksumError) -> list[tuple[str, str]]:  # fmt: skip
+    """Download a manifest's ``files`` from under ``prefix`` to temporary names in
+    ``directory`` and check each size and SHA-256; returns ``(temporary, final)`` pairs for
+    the caller to rename into place. On any failure the temporary files are removed and
+    nothing in ``directory`` changed; a mismatch raises ``error`` naming ``what``."""
+    pairs: list[tuple[str, str]] = []
+    try:
+        for name, want in files.items():
+            tmp = os.path.join(directory, f".{name}.download")
+            pairs.append((tmp, os.path.join(directory, name)))
+            fs.get_file(f"{prefix}/{name}", tmp)
+            digest, size = _sha256(tmp)
+            if digest != want["sha256"] or size != want["size"]:
+                raise error(
+                    f"{name} of {what} has sha256 {digest[:16]}..., its manifest says "
+                    f"{want['sha256'][:16]}...: the copy is damaged; nothing was replaced"
+                )
+    except BaseException:
+        for tmp, _ in pairs:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+    return pairs
+
+
 class ColdTier:
     def __init__(self, url: str, options: Mapping[str, Any] | None = None) -> None:
-        try:
-            import fsspec  # type: ignore[import-untyped]
-        except ImportError as exc:
-            raise RayUnavailableError(f"the cold tier needs fsspec ({exc}): pip install 'fastmem[ray]'") from None
-        self.fs, self.base = fsspec.core.url_to_fs(url, **dict(options or {}))
-        self.base = self.base.rstrip("/")
+        self.fs, self.base = open_fs(url, options)
 
     def _key(self, namespace: str, *parts: str) -> str:
         return "/".join((self.base, slot_dir(slot_of(namespace)), namespace, *parts))
@@ -106,14 +149,8 @@ class ColdTier:
         self.claim(namespace, owner)
         old = self.manifest(namespace)
         generation = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
-        files = {}
-        for name in FILES:
-            local = os.path.join(directory, name)
-            if not os.path.exists(local):
-                continue
-            digest, size = _sha256(local)
-            self.fs.put_file(local, self._key(namespace, generation, name))
-            files[name] = {"sha256": digest, "size": size}
+        present = {n: os.path.join(directory, n) for n in FILES if os.path.exists(os.path.join(directory, n))}
+        files = upload(self.fs, present, self._key(namespace, generation))
         manifest = {"namespace": namespace, "generation": generation, "files": files,
                     "frozen_at": time.time(), "frozen_by": owner}  # fmt: skip
         self.fs.pipe_file(self._key(namespace, "manifest.json"), json.dumps(manifest).encode())
@@ -140,23 +177,10 @@ class ColdTier:
             raise FileNotFoundError(f"store {namespace!r} is not in the cold tier")
         self.claim(namespace, owner)
         make_private_dirs(directory)
-        tmps = []
         try:
-            for name, want in manifest["files"].items():
-                tmp = os.path.join(directory, f".{name}.thaw")
-                tmps.append((tmp, os.path.join(directory, name)))
-                self.fs.get_file(self._key(namespace, manifest["generation"], name), tmp)
-                digest, size = _sha256(tmp)
-                if digest != want["sha256"] or size != want["size"]:
-                    raise ColdChecksumError(
-                        f"{name} of store {namespace!r} (generation {manifest['generation']}) "
-                        f"has sha256 {digest[:16]}..., its manifest says {want['sha256'][:16]}...: "
-                        f"the frozen copy is damaged; nothing was replaced"
-                    )
+            tmps = download_checked(self.fs, self._key(namespace, manifest["generation"]), manifest["files"],
+                                    directory, f"store {namespace!r} (frozen generation {manifest['generation']})")
         except BaseException:
-            for tmp, _ in tmps:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
             self.release(namespace, owner)
             raise
         for tmp, final in tmps:

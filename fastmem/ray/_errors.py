@@ -29,3 +29,13 @@ class ColdChecksumError(FastmemError):
 
 class RayUnavailableError(DependencyUnavailableError):
     """Ray (or fsspec for the cold tier) is not installed: ``pip install 'fastmem[ray]'``."""
+
+
+class BackupChecksumError(ColdChecksumError):
+    """A file of a backup does not match the SHA-256 of its manifest (bit rot, a bad copy):
+    nothing was installed; restore an older generation by name (``generation=``)."""
+
+
+class RestoreRefusedError(FastmemError):
+    """A restore found the store's files already on its shard's node (or the store in the
+    cold tier): a backup never silently replaces a store; move or remove them first."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import socket
@@ -32,10 +33,11 @@ from ..embed import default_embedder
 from ..errors import FastmemError, InvalidInputError, UnknownMemoryError
 from ..export import memory_dict
 from ..namespaces import list_namespaces
+from ._backup import Backups
 from ._cold import ColdTier
 from ._config import LABEL, Deployment, slot_dir
 from ._embed import embedder_on_node
-from ._errors import ShardUnavailableError
+from ._errors import RestoreRefusedError, ShardUnavailableError
 from ._lease import Lease, LeaseLost
 from ._oplog import OpLog
 
@@ -43,8 +45,9 @@ READS = frozenset({"get", "recent", "search", "context", "stats", "pinned", "lar
                    "verify", "vector", "count", "contains", "memories"})  # fmt: skip
 WRITES = frozenset({"add_many", "update", "pin", "forget", "evict", "record_access", "flush",
                     "checkpoint"})  # fmt: skip
-JOBS = frozenset({"compact", "verify", "export", "reembed", "freeze", "thaw", "wait"})
+JOBS = frozenset({"compact", "verify", "export", "reembed", "freeze", "thaw", "backup", "restore", "wait"})
 STATELESS_JOBS = frozenset({"freeze", "thaw"})  # idempotent by the store's state, not the log
+RESTORED = "ray-restored.json"  # beside a restored store: which job op restored it
 
 
 @dataclasses.dataclass
@@ -320,8 +323,12 @@ class Shard:
                 return "ok", self._freeze(namespace)
             if op == "thaw":
                 return "ok", self._thaw(namespace)
+            if op == "restore":
+                return "ok", self._restore(namespace, job_op, params)
             entry = self._acquire(namespace, create=False)
             try:
+                if op == "backup":
+                    return "ok", self._backup(entry, namespace, job_op, params)
                 with entry.wlock:
                     if job_op in entry.ops.done:
                         return "ok", {**entry.ops.done[job_op], "remembered": True}
@@ -349,8 +356,6 @@ class Shard:
         return self._export(store, namespace, params)
 
     def _export(self, store: Any, namespace: str, params: dict[str, Any]) -> dict[str, Any]:
-        import json
-
         import fsspec  # type: ignore[import-untyped]
 
         dest = str(params.get("dest") or "")
@@ -364,6 +369,39 @@ class Shard:
         fs.pipe_file(target + ".tmp", data)
         fs.mv(target + ".tmp", target)  # a reader never sees half a file
         return {"memories": len(lines), "bytes": len(data), "path": target}
+
+    def _backup(self, entry: _Open, namespace: str, job_op: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Outside the write lock, unlike the other jobs: writes go on while the copy is
+        taken and uploaded (two attempts of one job op at once only make two backups)."""
+        with entry.wlock:
+            if job_op in entry.ops.done:
+                return {**entry.ops.done[job_op], "remembered": True}
+        backups = Backups(str(params.get("dest") or ""), params.get("options"))
+        result = backups.put(entry.store, namespace, scratch=os.path.join(self.root, "_backup"))
+        with entry.wlock:
+            entry.ops.finish(job_op, result)
+        return result
+
+    def _restore(self, namespace: str, job_op: str, params: dict[str, Any]) -> dict[str, Any]:
+        """Install the newest complete backup as the store's files on this node, never over
+        a store that is here (or frozen in the cold tier)."""
+        directory = self._dir(namespace)
+        marker = os.path.join(directory, RESTORED)
+        with self.opening.setdefault(namespace, threading.Lock()):  # no open of it meanwhile
+            with contextlib.suppress(FileNotFoundError, ValueError), open(marker, "rb") as f:
+                done = json.loads(f.read())
+                if done.get("job_op") == job_op:  # a retry of the attempt that restored it
+                    return {**done["result"], "remembered": True}
+            if namespace in self.stores or os.path.exists(os.path.join(directory, "memory.dat")):
+                raise RestoreRefusedError(f"store {namespace!r} already has files on {self.node} "
+                                          f"({directory}): a restore never replaces a store")  # fmt: skip
+            if self.cold is not None and self.cold.manifest(namespace) is not None:
+                raise RestoreRefusedError(f"store {namespace!r} is in the cold tier: thaw it instead")
+            backups = Backups(str(params.get("dest") or ""), params.get("options"))
+            result = backups.restore(namespace, directory, params.get("generation"))
+            with open(marker, "w") as f:
+                json.dump({"job_op": job_op, "result": result}, f)
+            return result
 
     def _freeze(self, namespace: str) -> dict[str, Any]:
         if self.cold is None:

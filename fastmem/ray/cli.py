@@ -2,6 +2,7 @@
 
     fastmem ray status [--json]
     fastmem ray jobs run OP (--all | NAMESPACE...) [--job ID] [--ledger FILE] [--dest URL] [--json]
+    fastmem ray jobs run backup --all --dest s3://bucket/backups      (restore: --from URL)
 
 The deployment is named by options or the environment: ``--address`` (``RAY_ADDRESS``),
 ``--root`` (``FASTMEM_RAY_ROOT``), ``--name``, ``--shards``, ``--mode``, ``--nodes``,
@@ -52,7 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     which.add_argument("namespaces", nargs="*", default=[], metavar="NAMESPACE")
     run.add_argument("--job", help="the job's id: the same id resumes an interrupted job")
     run.add_argument("--ledger", help="the ledger file (default ~/.cache/fastmem/ray-jobs/JOB.jsonl)")
-    run.add_argument("--dest", help="export: a directory or fsspec URL for the JSON-lines files")
+    run.add_argument("--dest", "--from", help="export, backup: a directory or fsspec URL to write to; restore: "
+                     "where the backups are")  # fmt: skip
+    run.add_argument("--generation", help="restore: this backup (a name under DEST/NAMESPACE/) instead of the newest")
     run.add_argument("--concurrency", type=int, help="stores in flight at once")
     return parser
 
@@ -80,6 +83,8 @@ def _status(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"dest": args.dest} if args.dest else {}
+    if args.generation:
+        params["generation"] = args.generation
     summary = jobs.run(args.op, "all" if args.all else args.namespaces, cluster=_cluster(args), job=args.job,
                        ledger=args.ledger, params=params, concurrency=args.concurrency,
                        progress=not args.json)  # fmt: skip

@@ -10,7 +10,11 @@ recorded with its error and the job goes on; the summary lists the failures.
 
 Operations: ``compact``, ``verify``, ``export`` (``params={"dest": URL}``: one JSON-lines
 file per store), ``reembed`` (``params={"embedder": factory}``), ``freeze`` and ``thaw``
-(the cold tier).
+(the cold tier), ``backup`` (``params={"dest": URL}``: a copy of each store, taken while it
+serves, under ``<dest>/<namespace>/<UTC time>/``) and ``restore`` (``params={"dest": URL}``:
+each store's newest complete backup installed on the node whose shard now owns it, never
+over files that are there; ``"all"`` means every store backed up there that the deployment
+does not have).
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
 from ..errors import InvalidInputError
+from ._backup import Backups
 from ._config import check_names
 from ._embed import stop_services
 from ._router import Cluster, connect
 
-OPS = ("compact", "verify", "export", "reembed", "freeze", "thaw", "wait")
+OPS = ("compact", "verify", "export", "reembed", "freeze", "thaw", "backup", "restore", "wait")
 
 
 @dataclasses.dataclass
@@ -82,12 +87,15 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
     """Run ``op`` on ``namespaces`` (or ``"all"``) and return a :class:`JobSummary`.
 
     Args:
-        op: one of ``compact``, ``verify``, ``export``, ``reembed``, ``freeze``, ``thaw``.
-        namespaces: the stores, or ``"all"`` (every store of the deployment).
+        op: one of ``compact``, ``verify``, ``export``, ``reembed``, ``freeze``, ``thaw``,
+            ``backup``, ``restore``.
+        namespaces: the stores, or ``"all"`` (every store of the deployment; for
+            ``restore``, every store in the backups that the deployment does not have).
         cluster: a :class:`Cluster` (else one is made from ``address``, ``root``, ``deployment``).
         job: the job's id: the same id resumes an interrupted job (default: a new one).
         ledger: the ledger file (default ``~/.cache/fastmem/ray-jobs/<job>.jsonl``).
-        params: the operation's parameters (``dest`` for export, ``embedder`` for reembed).
+        params: the operation's parameters (``dest`` for export, backup and restore, with
+            fsspec ``options``; ``generation`` for restore; ``embedder`` for reembed).
         concurrency: stores in flight at once (default: 2 per shard, at most 64).
         timeout: seconds one store's operation may take.
         retry_for: seconds a store's shard may stay unavailable before the store is
@@ -97,6 +105,8 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
     """
     if op not in OPS:
         raise InvalidInputError(f"op must be one of {OPS}, not {op!r}")
+    if op in ("export", "backup", "restore") and not (params or {}).get("dest"):
+        raise InvalidInputError(f"{op} needs params={{'dest': URL}} (--dest): a directory or fsspec URL")
     if cluster is None:
         cluster = connect(address, root, **deployment)
     job = job or f"{op}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
@@ -105,6 +115,9 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
     if header and header.get("op") != op:
         raise InvalidInputError(f"ledger {ledger} is of a {header.get('op')!r} job, not {op!r}")
     names = cluster.namespaces() if namespaces == "all" else check_names(list(namespaces))
+    if op == "restore" and namespaces == "all":
+        backups = Backups(str((params or {}).get("dest") or ""), (params or {}).get("options"))
+        names = sorted(set(backups.namespaces()) - set(names))
     summary = JobSummary(job, op, ledger, len(names))
     todo = [n for n in names if outcome.get(n, {}).get("status") != "done"]
     summary.skipped = len(names) - len(todo)
