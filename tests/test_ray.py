@@ -352,3 +352,11 @@ def test_the_command_line_takes_backup_and_restore_with_their_locations():
 def test_a_bad_cluster_location_is_refused_before_connecting(location, message):
     with pytest.raises(fastmem.InvalidInputError, match=message):
         fastmem.ray.open_location(location)
+
+
+def test_fleet_jobs_are_reached_from_the_package_as_documented():
+    """``fastmem.ray.jobs.run(...)`` after ``import fastmem.ray`` (it raised AttributeError
+    unless ``fastmem.ray.jobs`` had been imported by something else)."""
+    script = "import fastmem.ray; print(callable(fastmem.ray.jobs.run))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert out.stdout.split() == ["True"], out.stderr

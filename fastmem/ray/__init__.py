@@ -16,6 +16,7 @@ cluster" section for the storage modes and what a node loss does in each.
 
 from __future__ import annotations
 
+from . import jobs  # fastmem.ray.jobs.run(...) after `import fastmem.ray`, as documented
 from ._config import SLOTS, Deployment, slot_of
 from ._errors import (
            BackupChecksumError,
@@ -30,4 +31,4 @@ from ._router import Cluster, RemoteStore, connect, open_location
 
 __all__ = ["SLOTS", "BackupChecksumError", "Cluster", "ClusterUnreachableError", "ColdChecksumError", "Deployment",
            "RayUnavailableError", "RemoteStore", "RestoreRefusedError", "ShardUnavailableError",
-           "StoreOwnedElsewhereError", "connect", "open_location", "slot_of"]
+           "StoreOwnedElsewhereError", "connect", "jobs", "open_location", "slot_of"]
