@@ -8,7 +8,9 @@ from ..errors import DependencyUnavailableError, FastmemError
 class ShardUnavailableError(FastmemError):
     """A shard did not answer within the router's ``retry_for`` seconds: its node is down
     (a ``"local"`` shard waits for its node), it is restarting, or another copy still holds
-    its lease. Nothing of the call was applied; retrying later is safe."""
+    its lease. A write whose attempt timed out may have been applied with its answer lost:
+    retry a write with the same ``op_id`` (the shard stores an operation id once); a read
+    can be retried as it is."""
 
 
 class ClusterUnreachableError(FastmemError):

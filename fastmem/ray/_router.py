@@ -113,8 +113,8 @@ class Cluster:
                 why = str(value)
             if time.monotonic() - start + delay > retry_for:
                 raise ShardUnavailableError(
-                    f"shard {shard} did not answer for {retry_for:g} s ({why}); nothing was applied, "
-                    f"retrying later is safe"
+                    f"shard {shard} did not answer for {retry_for:g} s ({why}); a write may have been "
+                    f"applied if an attempt timed out: retry it with the same op_id to apply it once"
                 )
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
