@@ -195,9 +195,9 @@ def test_a_reader_survives_a_writer_cutting_the_tail_it_mapped(tmp_path, backend
     )  # fmt: skip
     try:
         assert reader.stdout.readline() == "mapped\n", reader.stderr.read()
-        with pytest.warns(fastmem.RecoveryWarning, match="interrupted write"):
-            with fastmem.open(path, embedder=None) as store:  # cuts the tail, under the lock
-                store.add("after the cut")
+        cut = pytest.warns(fastmem.RecoveryWarning, match="interrupted write")
+        with cut, fastmem.open(path, embedder=None) as store:  # cuts the tail, under the lock
+            store.add("after the cut")
         assert os.path.getsize(path + ".dat") < 4096  # the reader's mapped pages are gone
         out, err = reader.communicate("\n", timeout=120)
     finally:
