@@ -445,6 +445,7 @@ class MemoryIndex:
                 (dl.terms, terms), (dl.posting_rows, post_rows), (dl.tf, tf),
                 (dl.types, np.frombuffer(types, np.uint8)), (dl.hot, np.frombuffer(hot, np.uint8)),
             ]
+            named = False
             try:
                 _pwrite(fd, fmt.pack_delta_header(h), at)
                 for offset, arr in parts:
@@ -455,13 +456,17 @@ class MemoryIndex:
                 generation = 1 if newest is None else newest.generation + 1
                 slot = fmt.pack_slot(fmt.Slot(generation, at, dl.size))
                 _pwrite(fd, slot, fmt.slots_at(loaded.layout) + which * fmt.SLOT_PAGE)
+                named = True
                 if sync:
                     os.fdatasync(fd)
             except BaseException:
-                try:  # the space it took (a full disk); nothing names those bytes
-                    os.ftruncate(fd, st.st_size)
-                except OSError:
-                    pass
+                # Give back the space it took (a full disk) unless the slot names it now: a
+                # reader may be loading it (a read past the end of a map is SIGBUS).
+                if not named:
+                    try:
+                        os.ftruncate(fd, st.st_size)
+                    except OSError:
+                        pass
                 raise
         finally:
             os.close(fd)
