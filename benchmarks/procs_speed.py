@@ -12,6 +12,11 @@ On keyword-only stores with given 384-d vectors (no model: the write path alone)
   (timed around ``flock`` inside the engine).
 * ``freshness`` — ``len(store)`` on a store nobody else writes to (the per-call check is
   one ``fstat``), and a read right after another process appended one memory.
+* ``follow`` — a read-only handle catching up (one ``len``) after another handle appended
+  1, 10, 100 or 10,000 memories with vectors: the replay of what others wrote, p50 of
+  ``--follow-rounds`` rounds (fewer for 10,000). With ``--baseline``, side by side.
+
+``--only SECTION`` runs one section.
 
 Unfair: two cores for up to four writers plus the OS; the lock is uncontended in
 ``single``; the baseline checkout pays nothing for the per-call fstat it does not make.
@@ -134,6 +139,38 @@ FRESH = textwrap.dedent("""
 """)
 
 
+FOLLOW = textwrap.dedent("""
+    import json, statistics, sys, time
+    import numpy as np
+    import fastmem
+    path, rounds = sys.argv[1], int(sys.argv[2])
+    rng = np.random.default_rng(0)
+    vectors = rng.standard_normal((10000, 384)).astype(np.float32)
+    quiet = dict(embedder=None, summarizer=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
+    writer = fastmem.open(path, durability="none", **quiet)
+    reader = fastmem.open(path, readonly=True, **quiet)
+    out = {}
+    for k in (1, 10, 100, 10000):
+        times = []
+        for r in range(rounds if k < 10000 else max(3, rounds // 20)):
+            writer.add_many([{"text": f"k{k} r{r} i{i} some words of a memory", "embedding": vectors[i]}
+                             for i in range(k)])
+            t = time.perf_counter()
+            len(reader)
+            times.append(time.perf_counter() - t)
+        out[f"catch_up_{k}_us"] = 1e6 * statistics.median(times)
+    reader.close()
+    writer.close()
+    print(json.dumps(out))
+""")
+
+
+def follow(work: str, checkout: str | None, rounds: int) -> dict[str, float]:
+    p = _python(FOLLOW, os.path.join(work, "follow"), str(rounds), checkout=checkout, stdout=subprocess.PIPE)
+    out, _ = p.communicate()
+    return json.loads(out)
+
+
 def freshness(work: str) -> dict[str, float]:
     p = _python(FRESH, os.path.join(work, "fresh"), stdout=subprocess.PIPE)
     return json.loads(p.communicate()[0])
@@ -142,18 +179,30 @@ def freshness(work: str) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batches", type=int, default=200)
-    parser.add_argument("--baseline", help="another checkout to measure 'single' on, side by side")
+    parser.add_argument("--baseline", help="another checkout to measure 'single' and 'follow' on")
+    parser.add_argument("--follow-rounds", type=int, default=400)
+    parser.add_argument("--only", choices=("single", "writers", "freshness", "follow"))
     args = parser.parse_args()
+    run = (lambda section: args.only in (None, section))  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
-        report: dict[str, object] = {"single": single(work, None)}
-        if args.baseline:
-            os.makedirs(os.path.join(work, "baseline"))
-            report["single_baseline"] = single(os.path.join(work, "baseline"), args.baseline)
-        report["writers"] = [writers(work, n, args.batches) for n in (1, 2, 4)]
-        report["freshness"] = freshness(work)
+        os.makedirs(os.path.join(work, "baseline"))
+        base = os.path.join(work, "baseline")
+        report: dict[str, object] = {}
+        if run("single"):
+            report["single"] = single(work, None)
+            if args.baseline:
+                report["single_baseline"] = single(base, args.baseline)
+        if run("writers"):
+            report["writers"] = [writers(work, n, args.batches) for n in (1, 2, 4)]
+        if run("freshness"):
+            report["freshness"] = freshness(work)
+        if run("follow"):
+            report["follow"] = follow(work, None, args.follow_rounds)
+            if args.baseline:
+                report["follow_baseline"] = follow(base, args.baseline, args.follow_rounds)
     print(json.dumps(report, indent=1))
-    one = report["writers"][0]["memories_per_s"]  # type: ignore[index]
-    for w in report["writers"]:  # type: ignore[attr-defined]
+    one = report["writers"][0]["memories_per_s"] if "writers" in report else 0  # type: ignore[index]
+    for w in report.get("writers", []):  # type: ignore[attr-defined]
         print(f"{w['processes']} writer(s): {w['memories_per_s']:,.0f} memories/s "
               f"({w['memories_per_s'] / one:.2f}x one), lock wait p50 {w['lock_wait_p50_ms']:.3f} ms, "
               f"p99 {w['lock_wait_p99_ms']:.3f} ms")  # fmt: skip

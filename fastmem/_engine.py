@@ -218,7 +218,7 @@ class Engine:
             if index is None:
                 index = MemoryIndex(header.dim, header.uuid)
             index.set_compaction(header)
-            _, valid_end, _ = index.replay(dat, index.applied, size, self.dat_path)
+            _, valid_end, _ = index.replay(dat, index.applied, size, self.dat_path, map_fd)
             dat_end = size
             if reason is not None and not created:
                 warnings.warn(
@@ -507,7 +507,7 @@ class Engine:
             self._adopt(self._build(self._fd, None, locked=False)).release(drop_cache=False)
             return
         self._dat, self.dat_end = dat, size
-        self.valid_end = self.index.replay(self._dat, self.valid_end, size, self.dat_path)[1]
+        self.valid_end = self.index.replay(dat, self.valid_end, size, self.dat_path, self._map_fd)[1]
 
     def data(self) -> mmap.mmap:
         """The data file's map, remapped when the file has grown past it."""

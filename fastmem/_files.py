@@ -28,13 +28,16 @@ COMPACT_SUFFIX = ".compact"  # <name>.dat.compact, <name>.idx.compact: a compact
 # --- files: the recovery rule, directory syncs, indexes built from a data file ------------
 
 
-def build_index(dat: Any, end: int, path: str) -> tuple[MemoryIndex, list[Problem], int]:
+def build_index(
+    dat: Any, end: int, path: str, fd: int | None = None
+) -> tuple[MemoryIndex, list[Problem], int]:
     """An index built from a data file alone (its header's compaction fields included), the
-    problems met and the number of valid records read."""
+    problems met and the number of valid records read. ``fd``: as ``MemoryIndex.replay``
+    takes it, from a caller without the writer lock."""
     header = fmt.unpack_dat_header(dat, path)
     index = MemoryIndex(header.dim, header.uuid)
     index.set_compaction(header)
-    problems, _, records = index.replay(dat, fmt.DAT_HEADER_SIZE, end, path)
+    problems, _, records = index.replay(dat, fmt.DAT_HEADER_SIZE, end, path, fd)
     return index, problems, records
 
 

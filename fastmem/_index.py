@@ -28,7 +28,7 @@ from ._keyword import KeywordIndex
 from ._replay import (  # noqa: F401 - F_* and the helpers are imported from here too
     F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META, F_OFFSET, F_RESERVED,
     F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE, Replayer,
-    check_memory_fields, default_importance, session_hash, update_changes,
+    check_memory_fields, default_importance, scan_file, session_hash, update_changes,
 )
 from ._vectors import quantize
 from .errors import CorruptIndexError, CorruptRecordError
@@ -445,6 +445,7 @@ class MemoryIndex:
                 (dl.terms, terms), (dl.posting_rows, post_rows), (dl.tf, tf),
                 (dl.types, np.frombuffer(types, np.uint8)), (dl.hot, np.frombuffer(hot, np.uint8)),
             ]
+            named = False
             try:
                 _pwrite(fd, fmt.pack_delta_header(h), at)
                 for offset, arr in parts:
@@ -455,13 +456,17 @@ class MemoryIndex:
                 generation = 1 if newest is None else newest.generation + 1
                 slot = fmt.pack_slot(fmt.Slot(generation, at, dl.size))
                 _pwrite(fd, slot, fmt.slots_at(loaded.layout) + which * fmt.SLOT_PAGE)
+                named = True
                 if sync:
                     os.fdatasync(fd)
             except BaseException:
-                try:  # the space it took (a full disk); nothing names those bytes
-                    os.ftruncate(fd, st.st_size)
-                except OSError:
-                    pass
+                # Give back the space it took (a full disk) unless the slot names it now: a
+                # reader may be loading it (a read past the end of a map is SIGBUS).
+                if not named:
+                    try:
+                        os.ftruncate(fd, st.st_size)
+                    except OSError:
+                        pass
                 raise
         finally:
             os.close(fd)
@@ -696,8 +701,14 @@ class MemoryIndex:
         self.applied = offset + length
         self.last_offset, self.last_crc = offset, crc
 
-    def replay(self, dat: Any, start: int, end: int, path: str) -> tuple[list[Problem], int, int]:
+    def replay(
+        self, dat: Any, start: int, end: int, path: str, fd: int | None = None
+    ) -> tuple[list[Problem], int, int]:
         """Apply the valid records of ``dat[start:end]`` (scanned by the compiled kernel).
+
+        ``fd``, the data file's descriptor, is given by a caller that may not hold the
+        writer lock: the bytes after the compacted prefix are then scanned as
+        :func:`scan_file` reads them, not through ``dat`` (a writer may cut them meanwhile).
 
         Returns the problems found, the end of the last valid record (a damaged tail after
         it is not applied) and how many valid records there were.
@@ -712,16 +723,16 @@ class MemoryIndex:
             start = prefix_end
         self.next_id = max(self.next_id, self.id_floor)  # ids of compacted-away memories
         if start < end:
-            last_end, n = self._replay(dat, start, end, path, problems, sort=False)
+            last_end, n = self._replay(dat, start, end, path, problems, sort=False, fd=fd)
             valid_end, count = max(valid_end, last_end), count + n
         return problems, valid_end, count
 
     def _replay(
-        self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool
+        self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool,
+        fd: int | None = None,
     ) -> tuple[int, int]:
-        offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(
-            dat, start, end
-        )
+        scanned = _kernels.scan_records(dat, start, end) if fd is None else scan_file(fd, start, end)
+        offsets, lengths, kinds, dims, bad_starts, bad_ends = scanned
         problems += [
             Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
         ]

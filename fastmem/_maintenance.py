@@ -670,7 +670,11 @@ def verify(engine: Engine) -> Report:
     with engine.lock:
         engine.check()
         dat, index = engine.data(), engine.index
-        fresh, problems, records = build_index(dat, engine.dat_end, engine.dat_path)
+        fd = engine.copy_descriptor()  # the tail is read with pread: a writer may cut it
+        try:
+            fresh, problems, records = build_index(dat, engine.dat_end, engine.dat_path, fd)
+        finally:
+            os.close(fd)
         try:
             problems += _damaged_rows(index, fresh.damaged)
             problems += _compare(index, fresh)

@@ -1,20 +1,24 @@
 """Replaying records into index rows: the row layout's field positions, the checks a
-decoded record passes before it becomes a row, and :class:`Replayer`, which turns the
-records a scan found into rows for ``MemoryIndex.append`` (``MemoryIndex.replay`` runs it).
+decoded record passes before it becomes a row, :func:`scan_file`, the scan of bytes a writer
+may still cut off, and :class:`Replayer`, which turns the records a scan found into rows for
+``MemoryIndex.append`` (``MemoryIndex.replay`` runs it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import numpy as np
 
 from . import _format as fmt
+from . import _kernels
 from .errors import CorruptRecordError
 from .types import Problem
 
 _FLUSH_ROWS = 65536  # rows a replay turns into arrays at once
+_SCAN_CHUNK = 1 << 22  # bytes scan_file copies at once (more for a longer record)
 
 # Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
@@ -99,6 +103,45 @@ def _check_change_fields(p: dict[str, Any]) -> None:
 def _check_number(x: Any, lo: float, hi: float, name: str) -> None:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi:  # NaN fails
         raise ValueError(f"the {name} is not a number from {lo} to {hi}")
+
+
+def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
+    """``_kernels.scan_records`` over bytes ``start:end`` of the file open as ``fd``, read
+    with ``pread`` instead of through a map.
+
+    For bytes no record check has passed yet, read without the writer lock: a writer may
+    cut them off at any moment (a torn tail at its next write, a failed write of its own),
+    and reading a mapped page wholly past the end of the file raises SIGBUS, which kills
+    the process. ``pread`` reads what is there (fewer bytes once cut). Records found here
+    are never cut (a writer cuts only past the last one), so the replay decodes them from
+    the map. The bytes are read a few MiB at a time, each chunk from the end of the last
+    record found before it, so a reader far behind does not copy the whole tail at once.
+    """
+    parts = []
+    chunk = _SCAN_CHUNK
+    while start < end:
+        want = min(chunk, end - start)
+        buf = os.pread(fd, want, start)
+        last = len(buf) < want or start + want == end  # short: cut since ``end`` was taken
+        offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(buf, 0, len(buf))
+        stop = len(buf)
+        if not last:
+            if not len(offsets):  # one record (or damaged region) longer than the chunk
+                chunk *= 2
+                continue
+            # Past the last record the chunk may have cut the next one: scanned again.
+            stop = int(offsets[-1]) + int(lengths[-1])
+            keep = bad_starts < stop
+            bad_starts, bad_ends = bad_starts[keep], bad_ends[keep]
+        parts.append((offsets + start, lengths, kinds, dims, bad_starts + start, bad_ends + start))
+        if last:
+            break
+        start += stop
+    if len(parts) == 1:
+        return parts[0]
+    if not parts:
+        return _kernels.scan_records(b"", 0, 0)
+    return tuple(np.concatenate(column) for column in zip(*parts))
 
 
 class Replayer:

@@ -7,9 +7,13 @@ gives with the same store read from its data file alone (the index deleted: rebu
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import signal
 import struct
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -282,3 +286,62 @@ def test_damaged_changed_rows_rebuild_the_index(store_path, tmp_path):
     with pytest.warns(fastmem.RecoveryWarning):  # the writer rebuilds it
         fastmem.open(store_path, dim=DIM).close()
     assert _view(store_path) == _rebuilt_view(store_path, tmp_path)
+
+
+# Opens the store read-only, paused right after it mapped the index file (see below).
+PAUSED_READER = r"""
+import sys, fastmem, fastmem._index as index
+real = index.map_data
+def paused(*args, **kwargs):
+    mapped = real(*args, **kwargs)
+    print("mapped", flush=True)
+    sys.stdin.readline()
+    return mapped
+index.map_data = paused
+with fastmem.open(sys.argv[1], readonly=True) as store:
+    print(len(store), flush=True)
+"""
+
+
+def test_a_delta_its_slot_names_stays_when_the_last_sync_fails(store_path, monkeypatch):
+    """The sync after the slot write fails: the slot (in the page cache at least) names the
+    delta, so its bytes stay. Cut off, the file would end before what the slot names: a
+    reader that mapped it meanwhile would die of SIGBUS reading the delta, and every later
+    open would find the index damaged."""
+    _build(store_path, 2400)  # a delta may hold an eighth of its base
+    idx = store_path + ".idx"
+    readers: list[subprocess.Popen[str]] = []
+    real_sync = os.fdatasync
+
+    def failing_sync(fd: int) -> None:
+        if readers or not os.path.samestat(os.fstat(fd), os.stat(idx)) or _slot(store_path) is None:
+            return real_sync(fd)
+        # The slot names the new delta: a reader maps the file now, then the sync fails.
+        reader = subprocess.Popen([sys.executable, "-c", PAUSED_READER, store_path], text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        readers.append(reader)
+        assert reader.stdout.readline() == "mapped\n", reader.stderr.read()
+        raise OSError(errno.EIO, "injected: the sync after the slot write")
+
+    writer = fastmem.open(store_path, dim=DIM)
+    try:
+        writer.add_many(_items(2400, 300))  # a delta of several pages
+        monkeypatch.setattr(os, "fdatasync", failing_sync)
+        with pytest.raises(fastmem.DurabilityError):
+            writer.checkpoint()
+        monkeypatch.undo()
+        assert readers, "the sync after the slot write never ran"
+        out, err = readers[0].communicate("\n", timeout=120)
+        assert readers[0].returncode != -signal.SIGBUS, "the delta the slot names was cut"
+        assert readers[0].returncode == 0, err
+        assert out == "2700\n"
+        assert os.path.getsize(idx) >= _slot(store_path).offset + _slot(store_path).length
+    finally:
+        for reader in readers:
+            if reader.returncode is None:
+                reader.kill()
+                reader.communicate()
+        try:
+            writer.close()
+        except fastmem.DurabilityError:
+            pass

@@ -144,6 +144,71 @@ def test_writer_and_reader_processes(tmp_path, backend):
         assert store.verify().ok
 
 
+# A reader paused with a torn tail in its map of the data file (right after the map is made
+# at open or at a later call's catch-up, or before verify() scans the file); a writer cuts
+# the tail meanwhile (see the test below).
+CUT_READER = r"""
+import sys, fastmem, fastmem._engine as engine, fastmem._maintenance as maintenance
+path, where = sys.argv[1], sys.argv[2]
+
+def paused(real):
+    def call(*args, **kwargs):
+        if where == "verify":
+            pause()
+        result = real(*args, **kwargs)
+        if where != "verify":
+            pause()
+        return result
+    return call
+
+def pause():
+    print("mapped", flush=True)
+    sys.stdin.readline()  # the parent cuts the tail meanwhile
+
+if where == "open":
+    engine.map_same = paused(engine.map_same)
+store = fastmem.open(path, readonly=True, embedder=None)
+if where == "refresh":
+    engine.map_data = paused(engine.map_data)
+if where == "verify":
+    maintenance.build_index = paused(maintenance.build_index)
+    store.verify()
+print(len(store), flush=True)
+"""
+
+
+@pytest.mark.parametrize("where", ["open", "refresh", "verify"])
+def test_a_reader_survives_a_writer_cutting_the_tail_it_mapped(tmp_path, backend, where):
+    """A reader maps the data file with a torn tail (here 64 KiB of zeros: blocks allocated,
+    never written); a writer cuts the tail before the reader has read it. Bytes past the
+    new end of file must not be read through the map (that is SIGBUS, which kills the
+    process): the reader reads what is there now and sees the writer's new record."""
+    path = str(tmp_path / "cut")
+    with fastmem.open(path, embedder=None) as store:
+        store.add("before the tail")
+    with open(path + ".dat", "ab") as f:
+        f.write(bytes(64 * 1024))
+    reader = subprocess.Popen(
+        [sys.executable, "-c", CUT_READER, path, where], stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, FASTMEM_BACKEND=backend),
+    )  # fmt: skip
+    try:
+        assert reader.stdout.readline() == "mapped\n", reader.stderr.read()
+        cut = pytest.warns(fastmem.RecoveryWarning, match="interrupted write")
+        with cut, fastmem.open(path, embedder=None) as store:  # cuts the tail, under the lock
+            store.add("after the cut")
+        assert os.path.getsize(path + ".dat") < 4096  # the reader's mapped pages are gone
+        out, err = reader.communicate("\n", timeout=120)
+    finally:
+        if reader.returncode is None:
+            reader.kill()
+            reader.communicate()
+    assert reader.returncode != -signal.SIGBUS, "the reader read a cut page through its map"
+    assert reader.returncode == 0, err
+    assert out == "2\n"
+
+
 def test_threads_write_and_read_one_store(tmp_path):
     """Writer threads share one handle (add, update, forget, search, context) while reader
     threads poll their own read-only handles: ids are unique, nothing acknowledged is lost."""

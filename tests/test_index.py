@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
+from fastmem import _kernels, _replay
 from fastmem._files import build_index
 from fastmem._index import F_FLAGS, F_IMPORTANCE, F_META, MemoryIndex, update_changes
 from fastmem._vectors import to_float16
@@ -363,3 +364,32 @@ def test_random_appends_forgets_checkpoints_match_a_model(tmp_path_factory, ops)
     assert sorted(word_rows.tolist()) == [g for g in live if ids[g] % 7 == 0]
     if os.path.exists(path):
         os.remove(path)
+
+
+@pytest.mark.parametrize("chunk", [64, 700, 1 << 22])
+def test_scan_file_reads_in_chunks_what_the_map_scan_finds(tmp_path, monkeypatch, chunk):
+    """``scan_file`` (pread, chunk by chunk) finds the records and damaged regions the scan
+    of the whole map finds: records longer than a chunk, damage in the middle, a torn tail;
+    and a file cut shorter than ``end`` is scanned as it is now."""
+    path = str(tmp_path / "chunks")
+    with fastmem.open(path, embedder=None) as store:
+        for n in (10, 3000, 40, 900, 5, 2500, 60):
+            store.add(f"memory of {n} " + "words " * n)
+    with open(path + ".dat", "rb") as f:
+        dat = bytearray(f.read())
+    offsets = _kernels.scan_records(bytes(dat), fmt.DAT_HEADER_SIZE, len(dat))[0].tolist()
+    dat[offsets[2] + 30] ^= 0x40  # record 2 fails its CRC
+    dat += dat[offsets[1] : offsets[1] + 100]  # a torn append: its header claims more bytes
+    with open(path + ".dat", "wb") as f:
+        f.write(dat)
+    monkeypatch.setattr(_replay, "_SCAN_CHUNK", chunk)
+    fd = os.open(path + ".dat", os.O_RDONLY)
+    try:
+        for end in (len(dat), len(dat) + 4096):  # the second: cut since the size was taken
+            got = _replay.scan_file(fd, fmt.DAT_HEADER_SIZE, end)
+            want = _kernels.scan_records(bytes(dat), fmt.DAT_HEADER_SIZE, len(dat))
+            assert [a.tolist() for a in got] == [a.tolist() for a in want]
+        assert len(want[0]) == 6 and want[4].tolist() == [offsets[2], len(dat) - 100]
+        assert [a.tolist() for a in _replay.scan_file(fd, len(dat), len(dat))] == [[]] * 6
+    finally:
+        os.close(fd)
