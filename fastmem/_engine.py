@@ -494,12 +494,11 @@ class Engine:
         sees every write committed before it. On a store nobody else wrote to, one fstat."""
         if self._cut_pending is not None and not self._retry_cut():
             return  # the file ends with a failed write: nothing past dat_end is read
-        st = os.fstat(self._fd)
-        if st.st_nlink == 0:  # a compaction or repair replaced the file: open the new one
+        size = _kernels.file_size(self._fd)  # fstat's size, or -1: replaced by a compaction
+        if size < 0:  # or repair: open the new file
             flags = os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND
             self.swap_to(os.open(self.dat_path, flags), committed=False).release(drop_cache=False)
             return
-        size = st.st_size
         if size == self.dat_end and self.valid_end == size:
             return
         dat = map_data(self._map_fd, size) if size >= self.valid_end else None
@@ -702,8 +701,7 @@ class Engine:
     # --- reading ------------------------------------------------------------------------
 
     def live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
-        g = self.index.find(parse_id(mid))
-        row = self.index.row(g) if g >= 0 else None
+        g, row = self.index.find_row(parse_id(mid))
         if row is None or row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
             raise UnknownMemoryError(f"no memory has the id {mid!r} (never added, or forgotten)")
         return g, row
@@ -884,12 +882,12 @@ def read_payload(
     Raises:
         CorruptRecordError: the record is damaged (``precise``: with the exact reason).
     """
-    info = _kernels.check_record(buf, offset, end)
+    info = _kernels.record_payload(buf, offset, end)
     if info is None:
         if precise:
             fmt.read_record(buf, offset, end, path)  # raises the precise error
         raise CorruptRecordError(f"{path}: bad record at {offset}", path=path, offset=offset)
-    kind, dim, plen, rlen = info
-    start = fmt.payload_start(offset, dim)
-    payload = fmt.decode_payload(buf[start : start + plen], plen, rlen, offset, path)
-    return kind, dim, payload, start + plen
+    kind, dim, stored, rlen = info
+    plen = len(stored)
+    payload = fmt.decode_payload(stored, plen, rlen, offset, path)
+    return kind, dim, payload, fmt.payload_start(offset, dim) + plen

@@ -602,6 +602,19 @@ class MemoryIndex:
                 return nb + i
         return -1
 
+    def find_row(self, mid: int) -> tuple[int, tuple[Any, ...] | None]:
+        """``(find(mid), row(...))``, or ``(-1, None)``: ``get``'s lookup in one call. Once
+        the base is checked (its views built), a dense id is read straight from its row,
+        without the numpy scalars ``find`` compares (the same answer: row ``mid`` holds
+        ``mid``)."""
+        checked = self._base is not None and self._patches is None
+        if checked and 0 <= mid < self.n_base and mid <= self._base_last_id:
+            row = fmt.INDEX_ROW.unpack_from(self._base_bytes, mid * fmt.INDEX_DTYPE.itemsize)
+            if row[F_ID] == mid:
+                return mid, row
+        g = self.find(mid)
+        return g, (self.row(g) if g >= 0 else None)
+
     def _tail_sorted(self) -> np.ndarray:
         if self._tail_order is None or len(self._tail_order) != self.tail.n:
             ts = self.tail.rows["timestamp"][: self.tail.n]

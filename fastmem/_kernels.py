@@ -20,6 +20,8 @@ dot_half = _kernels_py.dot_half
 to_half = _kernels_py.to_half
 quantize_half = _kernels_py.quantize_half
 check_record = _kernels_py.check_record
+record_payload = _kernels_py.record_payload
+file_size = _kernels_py.file_size
 pack_payloads = _kernels_py.pack_payloads
 importance = _kernels_py.importance
 tokenize_batch = _kernels_py.tokenize_batch
@@ -27,9 +29,9 @@ bm25_topk = _kernels_py.bm25_topk
 merge_postings = _kernels_py.merge_postings
 sort_postings = _kernels_py.sort_postings
 
-_NAMES = ("crc32", "scan_records", "frame_records", "check_record", "pack_payloads",
-          "topk_int8", "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch",
-          "bm25_topk", "merge_postings", "sort_postings")  # fmt: skip
+_NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
+          "file_size", "pack_payloads", "topk_int8", "dot_half", "to_half", "quantize_half",
+          "importance", "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 import zlib
 from collections import Counter
@@ -246,6 +247,24 @@ def check_record(buf: Any, offset: int, end: int) -> tuple[int, int, int, int] |
         return None
     _, _, kind, dim, plen, rlen, _ = RECORD_HEADER.unpack_from(buf, offset)
     return kind, dim, plen, rlen
+
+
+def record_payload(buf: Any, offset: int, end: int) -> tuple[int, int, bytes, int] | None:
+    """``(kind, dim, payload, raw_len)`` of the valid record at ``offset`` (``payload``: its
+    stored payload bytes, a copy), else None."""
+    info = check_record(buf, offset, end)
+    if info is None:
+        return None
+    kind, dim, plen, rlen = info
+    start = offset + RECORD_HEADER_SIZE + 2 * dim
+    return kind, dim, bytes(buf[start : start + plen]), rlen
+
+
+def file_size(fd: int) -> int:
+    """The size of the file open as ``fd``, or -1 when no name links to it any more (a
+    compaction or repair replaced it)."""
+    st = os.fstat(fd)
+    return -1 if st.st_nlink == 0 else st.st_size
 
 
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)

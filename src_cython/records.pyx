@@ -12,6 +12,8 @@ from libc.stdint cimport uint32_t
 from libc.string cimport memcpy
 from libc.stdlib cimport free, malloc, realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
+from cpython.exc cimport PyErr_SetFromErrno
+from posix.stat cimport fstat, struct_stat
 from _types cimport u8, u16, u32, i64
 from _bytes cimport load_le16, load_le32, store_le16, store_le32
 
@@ -324,12 +326,13 @@ def frame_records(int kind, list payloads, const u32[::1] raw_lens, const u16[:,
     return out, lengths, crcs
 
 
-def check_record(object buf, object offset, object end):
-    """``(kind, dim, payload_len, raw_len)`` of the valid record at ``offset``, else None."""
-    # Py_buffer directly: a typed memoryview costs more than the check itself here.
+cdef object _record_info(object buf, object offset, object end, bint with_payload):
+    # check_record, or record_payload when with_payload: the payload bytes in place of
+    # their length. Py_buffer directly: a typed memoryview costs more than the check here.
     cdef Py_buffer view
     cdef i64 length, at, stop
     cdef const u8* p
+    cdef u32 dim
     PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
     try:
         # Python ints first: an offset from a damaged index row may not fit in 64 bits
@@ -342,9 +345,35 @@ def check_record(object buf, object offset, object end):
         if length == 0:
             return None
         p += at
-        return p[5], load_le16(p + 6), load_le32(p + 8), load_le32(p + 12)
+        dim = load_le16(p + 6)
+        if with_payload:
+            return (p[5], dim, PyBytes_FromStringAndSize(<const char*>p + HEADER_SIZE + 2 * dim,
+                                                         load_le32(p + 8)), load_le32(p + 12))
+        return p[5], dim, load_le32(p + 8), load_le32(p + 12)
     finally:
         PyBuffer_Release(&view)
+
+
+def check_record(object buf, object offset, object end):
+    """``(kind, dim, payload_len, raw_len)`` of the valid record at ``offset``, else None."""
+    return _record_info(buf, offset, end, False)
+
+
+def record_payload(object buf, object offset, object end):
+    """``(kind, dim, payload, raw_len)`` of the valid record at ``offset`` (``payload``: its
+    stored payload bytes, a copy), else None: ``check_record`` and the slice in one call."""
+    return _record_info(buf, offset, end, True)
+
+
+def file_size(int fd):
+    """The size of the file open as ``fd``, or -1 when no name links to it any more (a
+    compaction or repair replaced it): what the engine reads of ``os.fstat`` before every
+    call, without building an ``os.stat_result`` (which costs more than the system call)."""
+    cdef struct_stat st
+    # The GIL is kept: fstat of a local file returns at once, and releasing it costs more.
+    if fstat(fd, &st) != 0:
+        PyErr_SetFromErrno(OSError)
+    return -1 if st.st_nlink == 0 else st.st_size
 
 
 # --- msgpack payloads ---------------------------------------------------------------

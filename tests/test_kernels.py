@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+import struct
 import zlib
 
 import msgpack
@@ -65,6 +68,17 @@ def _stream(payloads, dim, seed):
     return bytes(fmt.DAT_HEADER_SIZE) + data, lengths
 
 
+def _damaged_stream(payloads, dim, seed, data, least_flips):
+    """A stream with ``least_flips`` to 4 bits flipped past the file header and where it
+    is cut (drawn from ``data``)."""
+    buf, _ = _stream(payloads, dim, seed)
+    damaged = bytearray(buf)
+    for _ in range(data.draw(st.integers(least_flips, 4))):
+        pos = data.draw(st.integers(fmt.DAT_HEADER_SIZE, len(buf) - 1))
+        damaged[pos] ^= 1 << data.draw(st.integers(0, 7))
+    return damaged, data.draw(st.integers(fmt.DAT_HEADER_SIZE, len(damaged)))
+
+
 def _same_scan(buf, start, end):
     got = ext.scan_records(buf, start, end)
     want = ref.scan_records(buf, start, end)
@@ -85,12 +99,7 @@ def test_scan_finds_every_record_of_a_clean_stream(payloads, dim, seed):
 @given(st.lists(st.binary(max_size=120), min_size=1, max_size=8), st.integers(0, 4),
        st.integers(0, 2**32), st.data())  # fmt: skip
 def test_scan_of_damaged_streams_matches_reference(payloads, dim, seed, data):
-    buf, lengths = _stream(payloads, dim, seed)
-    damaged = bytearray(buf)
-    for _ in range(data.draw(st.integers(1, 4))):
-        pos = data.draw(st.integers(fmt.DAT_HEADER_SIZE, len(buf) - 1))
-        damaged[pos] ^= 1 << data.draw(st.integers(0, 7))
-    cut = data.draw(st.integers(fmt.DAT_HEADER_SIZE, len(damaged)))
+    damaged, cut = _damaged_stream(payloads, dim, seed, data, 1)
     offsets, lens, _, _, bad_starts, bad_ends = _same_scan(bytes(damaged), fmt.DAT_HEADER_SIZE, cut)
     # Every byte is either in a valid record or in a damaged region, in order.
     spans = sorted([(int(o), int(o + n)) for o, n in zip(offsets, lens)]
@@ -119,6 +128,86 @@ def test_scan_rejects_out_of_range():
             fn(bytes(10), 5, 11)
         with pytest.raises(ValueError):
             fn(bytes(10), 6, 5)
+
+
+def _brute_record_payload(buf, offset, end):
+    """The record at ``offset`` taken apart by hand from the format's description."""
+    if not (0 <= offset and offset + 20 <= end <= len(buf)):
+        return None
+    magic, version, kind, dim, plen, rlen, crc = struct.unpack_from("<4sBBHIII", buf, offset)
+    stop = offset + 20 + 2 * dim + plen
+    if (magic != b"\x8fFMR" or version != 1 or kind not in (1, 2, 3) or dim > fmt.MAX_DIM
+            or rlen > fmt.MAX_RAW_PAYLOAD or plen > rlen or stop > end):  # fmt: skip
+        return None
+    if zlib.crc32(buf[offset + 20 : stop], zlib.crc32(buf[offset : offset + 16])) != crc:
+        return None
+    return kind, dim, bytes(buf[stop - plen : stop]), rlen
+
+
+def _same_record_payload(buf, offset, end):
+    got = ext.record_payload(buf, offset, end)
+    assert got == ref.record_payload(buf, offset, end) == _brute_record_payload(buf, offset, end)
+    info = ext.check_record(buf, offset, end)
+    assert info == ref.check_record(buf, offset, end)
+    assert (info is None) == (got is None)
+    return got
+
+
+@given(st.lists(st.binary(max_size=200), min_size=1, max_size=8), st.integers(0, 8),
+       st.integers(0, 2**32))  # fmt: skip
+def test_record_payload_of_a_clean_stream(payloads, dim, seed):
+    buf, lengths = _stream(payloads, dim, seed)
+    offsets = fmt.DAT_HEADER_SIZE + np.cumsum([0, *lengths.tolist()])[:-1]
+    for payload, offset in zip(payloads, offsets.tolist()):
+        kind, got_dim, got, raw_len = _same_record_payload(buf, offset, len(buf))
+        assert (kind, got, raw_len) == (1, payload, len(payload)) and got_dim in (0, dim)
+        assert _same_record_payload(memoryview(buf), offset, len(buf)) is not None
+
+
+@given(st.lists(st.binary(max_size=120), min_size=1, max_size=6), st.integers(0, 4),
+       st.integers(0, 2**32), st.data())  # fmt: skip
+def test_record_payload_of_damaged_and_truncated_streams(payloads, dim, seed, data):
+    # Every offset of a stream with flipped bits, cut short (a map of a truncated file) or
+    # read with an end past the bytes there are: the kernels and the brute force agree.
+    damaged, cut = _damaged_stream(payloads, dim, seed, data, 0)
+    short = bytes(damaged[:cut])
+    for offset in range(-1, cut + 2):
+        _same_record_payload(short, offset, cut)
+        _same_record_payload(short, offset, cut + 1)  # an end past the buffer: refused
+
+
+def test_record_payload_refuses_each_damaged_byte():
+    buf, _ = _stream([b"a payload of some bytes"], 3, 0)
+    at = fmt.DAT_HEADER_SIZE
+    assert _same_record_payload(buf, at, len(buf)) is not None
+    for pos in range(at, len(buf)):
+        for bit in range(8):
+            damaged = bytearray(buf)
+            damaged[pos] ^= 1 << bit
+            assert _same_record_payload(bytes(damaged), at, len(buf)) is None, (pos, bit)
+    for end in range(at, len(buf)):  # the record cut short
+        assert _same_record_payload(buf[:end], at, end) is None
+    for offset, end in ((2**70, len(buf)), (at, 2**70), (-(2**70), len(buf))):
+        assert ext.record_payload(buf, offset, end) is None is ref.record_payload(buf, offset, end)
+
+
+def test_file_size_equals_fstat(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 1234)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert ext.file_size(fd) == ref.file_size(fd) == os.fstat(fd).st_size == 1234
+        with open(path, "ab") as f:
+            f.write(b"y" * 10)  # another writer's append is seen at once
+        assert ext.file_size(fd) == ref.file_size(fd) == 1244
+        path.unlink()  # replaced or removed: no name links to it
+        assert ext.file_size(fd) == ref.file_size(fd) == -1
+    finally:
+        os.close(fd)
+    for fn in (ext.file_size, ref.file_size):
+        with pytest.raises(OSError) as raised:
+            fn(fd)
+        assert raised.value.errno == errno.EBADF
 
 
 def _topk_args(rng, n, dim):
