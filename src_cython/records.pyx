@@ -13,9 +13,28 @@ from libc.string cimport memcpy
 from libc.stdlib cimport free, malloc, realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from cpython.exc cimport PyErr_SetFromErrno
-from posix.stat cimport fstat, struct_stat
+from posix.stat cimport struct_stat
 from _types cimport u8, u16, u32, i64
 from _bytes cimport load_le16, load_le32, store_le16, store_le32
+
+cdef extern from *:
+    """
+    #include <sys/stat.h>
+    #include <sys/syscall.h>
+    #include <unistd.h>
+    /* fstat as the system call itself. Since glibc 2.33 fstat is an exported symbol
+       (fstat64@GLIBC_2.33) where it used to be an inline wrapper of __fxstat, so calling it
+       made the wheels manylinux_2_34 instead of 2_17. On x86_64 and aarch64 the kernel's
+       struct stat is glibc's; elsewhere, the library call. */
+    static int fastmem_fstat(int fd, struct stat *st) {
+    #if defined(SYS_fstat) && (defined(__x86_64__) || defined(__aarch64__))
+        return (int)syscall(SYS_fstat, fd, st);
+    #else
+        return fstat(fd, st);
+    #endif
+    }
+    """
+    int fastmem_fstat(int fd, struct_stat *st)
 
 # Kept equal to fastmem._format by tests/test_kernels.py (CONSTANTS below).
 cdef enum:
@@ -371,7 +390,7 @@ def file_size(int fd):
     call, without building an ``os.stat_result`` (which costs more than the system call)."""
     cdef struct_stat st
     # The GIL is kept: fstat of a local file returns at once, and releasing it costs more.
-    if fstat(fd, &st) != 0:
+    if fastmem_fstat(fd, &st) != 0:
         PyErr_SetFromErrno(OSError)
     return -1 if st.st_nlink == 0 else st.st_size
 
