@@ -192,6 +192,7 @@ class Engine:
         if mapped is None:  # replaced again since fd was opened: follow
             return self._build_replaced(dim)
         map_fd, dat = mapped
+        del mapped  # the map is ``dat`` alone: the failure path below lets go of it
         size = len(dat)  # less if a writer cut a failed write off meanwhile
         try:
             header = fmt.unpack_dat_header(dat, self.dat_path)
