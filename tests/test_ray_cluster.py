@@ -101,6 +101,15 @@ def fresh(cluster, name):
     try:
         for i in range(12):
             c.open(f"{name}-{i}").add_many([{"text": f"{name} {i} memory {j}"} for j in range(2)])
+        # SPREAD is best effort: a worker restarted by the test before may not take actors
+        # yet, and both shards land on the head. Start them again (same files) until one is
+        # on a worker; a hang guard, not a speed bound.
+        for _ in range(30):
+            if any(row.get("node") not in (None, "head") for row in c.status()):
+                break
+            c.shutdown()
+            time.sleep(2)
+            c.namespaces()  # starts the shard actors again
         yield c
     finally:
         c.shutdown()
