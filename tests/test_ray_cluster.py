@@ -322,7 +322,17 @@ def test_a_node_local_shard_is_unavailable_while_its_node_is_down(cluster, alone
         with pytest.raises(fray.ShardUnavailableError, match="did not answer"):
             impatient.open(name).get(mid)
         cluster.add_worker("w3")
-        assert store.get(mid).text == "kept on w3's own disk"  # the router retried until it was back
+        # The router retries until the shard is back. Ray restarts the actor once it has seen
+        # the old node die and the new one join; under CI load that passed the default 60 s
+        # once, so this handle waits longer, and says what Ray thought of the actor if not.
+        patient = local.open(name, retry_for=180)
+        try:
+            assert patient.get(mid).text == "kept on w3's own disk"
+        except fray.ShardUnavailableError as exc:
+            from ray.util.state import list_actors
+
+            actors = [(a.name, a.state, a.node_id) for a in list_actors(limit=1000) if a.name and "local" in a.name]
+            raise AssertionError(f"{exc}; Ray's view of the shard actors: {actors}") from exc
         assert local.status()[store.shard]["node"] == "w3"
     finally:
         local.shutdown()
