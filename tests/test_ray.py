@@ -308,6 +308,42 @@ def test_a_bit_rotted_backup_is_refused_and_nothing_installed(tmp_path, s3):
     assert backups.restore("frank", str(target), older["generation"])["memories"] == 5  # the way out it names
 
 
+def test_pruning_keeps_the_newest_backups_and_uploads_that_may_still_be_running(tmp_path, s3):
+    import time
+
+    backups = _backups(s3)
+    with fastmem.open(tmp_path / "a", namespace="hank", embedder=None) as store:
+        made = []
+        for i in range(4):
+            store.add(f"memory {i}")
+            made.append(backups.put(store, "hank", scratch=str(tmp_path))["generation"])
+
+    def unfinished(name):
+        backups.fs.pipe_file(backups._key("hank", name, "memory.dat"), b"half an upload")
+        return name
+
+    dead = unfinished("20000101T000000.000000Z-dead00")  # died long ago
+    running = unfinished(time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() - 60)) + ".000000Z-live00")
+    newer = unfinished("29991231T000000.000000Z-live01")
+    assert backups.prune("hank", 2) == sorted([made[0], made[1], dead])
+    assert backups.generations("hank") == [made[3], made[2]]
+    left = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in backups.fs.glob(backups._key("hank", "*")))
+    assert left == sorted([made[2], made[3], running, newer])  # an upload under way is not touched
+    assert backups.prune("hank", 2) == []
+    assert backups.restore("hank", str(tmp_path / "b" / "hank"))["memories"] == 4
+    with pytest.raises(fastmem.StoreNotFoundError, match="named"):
+        backups.restore("hank", str(tmp_path / "c" / "hank"), made[0])
+
+
+@pytest.mark.parametrize("op, keep", [("backup", 0), ("backup", "2"), ("backup", True), ("compact", 2)])
+def test_keep_is_a_positive_count_for_backups_only(op, keep, tmp_path):
+    from fastmem.ray import jobs
+
+    with pytest.raises(fastmem.InvalidInputError, match="keep"):  # before connecting: no cluster here
+        jobs.run(op, "all", params={"dest": str(tmp_path), "keep": keep}, ledger=str(tmp_path / "l.jsonl"))
+    assert not (tmp_path / "l.jsonl").exists()
+
+
 def test_backups_and_the_cold_tier_work_on_a_plain_directory_too(tmp_path):
     # fsspec's local file system makes no parent directories by itself (S3 has none to make).
     from fastmem.ray._backup import Backups
@@ -336,8 +372,8 @@ def test_a_job_that_writes_or_reads_a_destination_needs_one_before_it_starts(op,
 def test_the_command_line_takes_backup_and_restore_with_their_locations():
     from fastmem.ray.cli import _parser
 
-    backup = _parser().parse_args(["jobs", "run", "backup", "--all", "--dest", "s3://b/p"])
-    assert (backup.op, backup.all, backup.dest) == ("backup", True, "s3://b/p")
+    backup = _parser().parse_args(["jobs", "run", "backup", "--all", "--dest", "s3://b/p", "--keep", "7"])
+    assert (backup.op, backup.all, backup.dest, backup.keep) == ("backup", True, "s3://b/p", 7)
     restore = _parser().parse_args(["jobs", "run", "restore", "alice", "--from", "s3://b/p", "--generation", "g1"])
     assert (restore.op, restore.namespaces, restore.dest, restore.generation) == ("restore", ["alice"], "s3://b/p", "g1")
 

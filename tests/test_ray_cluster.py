@@ -31,6 +31,7 @@ from ray_cluster import LocalCluster
 
 import fastmem.ray as fray
 from fastmem.ray import _oplog, jobs
+from fastmem.ray._backup import Backups
 
 pytestmark = pytest.mark.xdist_group("ray-cluster")  # one cluster per test run, not per worker
 T = 6.0  # the shards' lease (watchdog) seconds
@@ -495,6 +496,9 @@ def test_node_local_stores_backed_up_while_serving_are_restored_after_a_disk_is_
         assert summary.failed == {} and summary.done == 8
         again = jobs.run("backup", "all", cluster=c, params={"dest": dest}, ledger=ledger, job=summary.job)
         assert again.skipped == 8 and again.done == 0  # the ledger: one backup per store per run
+        pruning = jobs.run("backup", "all", cluster=c, params={"dest": dest, "keep": 1}, ledger=str(tmp_path / "b2.jsonl"))
+        assert pruning.failed == {} and all(len(r["pruned"]) == 1 for r in pruning.results.values())
+        assert all(len(Backups(dest).generations(n)) == 1 for n in names)
         lost = [n for n in names if c.deployment.node_of(c.deployment.shard_of(n)) == "w3"]
         assert lost
         late = c.open(lost[0]).add("written after the backup", type="fact")  # the store served on

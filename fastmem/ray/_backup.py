@@ -6,10 +6,16 @@ and ``manifest.json`` (each file's size and SHA-256), the manifest uploaded last
 commit point, and a generation without one (an upload that died) is never restored.
 Generations are named by the backup's UTC time (``20261204T163000.123456Z-1a2b3c``), so they sort
 oldest to newest. Uploading and checking reuse the cold tier's code (``_cold``).
+
+A job given ``keep=N`` prunes each store's backups after its own upload: the complete
+generations past the newest N go (manifest first, so a prune cut short leaves a generation
+that is incomplete, never one restored half-deleted), and so do unfinished ones older than
+the oldest kept and a day old (an upload that died; a younger one may still be uploading).
 """
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import tempfile
@@ -26,6 +32,7 @@ from ._errors import BackupChecksumError, RestoreRefusedError
 
 MANIFEST = "manifest.json"
 STORE_FILES = ("memory.dat", "memory.idx")
+ABANDONED_AFTER = 86_400.0  # seconds after which an unfinished upload is taken for dead
 
 
 class Backups:
@@ -68,6 +75,24 @@ class Backups:
         found = self.fs.glob(self._key(namespace, "*", MANIFEST))
         return sorted((p.rstrip("/").split("/")[-2] for p in found), reverse=True)
 
+    def prune(self, namespace: str, keep: int, now: float | None = None) -> list[str]:
+        """Delete ``namespace``'s complete backups past the newest ``keep`` and its dead
+        unfinished uploads (see the module's docstring); returns the generations deleted."""
+        complete = self.generations(namespace)
+        if len(complete) <= keep:
+            return []
+        oldest_kept = complete[keep - 1]
+        now = time.time() if now is None else now
+        found = self.fs.glob(self._key(namespace, "*"))
+        every = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in found)
+        dead = [g for g in every if g not in complete and g < oldest_kept
+                and now - _started(g) > ABANDONED_AFTER]  # fmt: skip
+        for generation in complete[keep:]:
+            self.fs.rm_file(self._key(namespace, generation, MANIFEST))
+        for generation in complete[keep:] + dead:
+            self.fs.rm(self._key(namespace, generation), recursive=True)
+        return sorted(complete[keep:] + dead)
+
     def restore(self, namespace: str, directory: str, generation: str | None = None) -> dict[str, Any]:
         """Download ``generation`` (default: the newest complete one), check every file
         against its manifest, and only then put the files in place in ``directory``.
@@ -98,3 +123,11 @@ class Backups:
             os.replace(tmp, final)
         return {"generation": generation, "memories": manifest.get("memories"),
                 "bytes": sum(f["size"] for f in manifest["files"].values())}  # fmt: skip
+
+
+def _started(generation: str) -> float:
+    """When the backup named ``generation`` started (0 for a name that is not a backup's)."""
+    try:
+        return float(calendar.timegm(time.strptime(generation[:15], "%Y%m%dT%H%M%S")))
+    except ValueError:
+        return 0.0

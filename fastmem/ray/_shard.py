@@ -378,6 +378,8 @@ class Shard:
                 return {**entry.ops.done[job_op], "remembered": True}
         backups = Backups(str(params.get("dest") or ""), params.get("options"))
         result = backups.put(entry.store, namespace, scratch=os.path.join(self.root, "_backup"))
+        if params.get("keep"):
+            result["pruned"] = backups.prune(namespace, int(params["keep"]))
         with entry.wlock:
             entry.ops.finish(job_op, result)
         return result

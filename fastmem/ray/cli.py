@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--dest", "--from", help="export, backup: a directory or fsspec URL to write to; restore: "
                      "where the backups are")  # fmt: skip
     run.add_argument("--generation", help="restore: this backup (a name under DEST/NAMESPACE/) instead of the newest")
+    run.add_argument("--keep", type=int, help="backup: keep each store's newest KEEP backups, delete older ones")
     run.add_argument("--concurrency", type=int, help="stores in flight at once")
     return parser
 
@@ -85,6 +86,8 @@ def _run(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"dest": args.dest} if args.dest else {}
     if args.generation:
         params["generation"] = args.generation
+    if args.keep is not None:
+        params["keep"] = args.keep
     summary = jobs.run(args.op, "all" if args.all else args.namespaces, cluster=_cluster(args), job=args.job,
                        ledger=args.ledger, params=params, concurrency=args.concurrency,
                        progress=not args.json)  # fmt: skip

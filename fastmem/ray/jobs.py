@@ -95,7 +95,8 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
         job: the job's id: the same id resumes an interrupted job (default: a new one).
         ledger: the ledger file (default ``~/.cache/fastmem/ray-jobs/<job>.jsonl``).
         params: the operation's parameters (``dest`` for export, backup and restore, with
-            fsspec ``options``; ``generation`` for restore; ``embedder`` for reembed).
+            fsspec ``options``; ``keep`` for backup: each store's newest complete backups
+            to keep, older ones deleted; ``generation`` for restore; ``embedder`` for reembed).
         concurrency: stores in flight at once (default: 2 per shard, at most 64).
         timeout: seconds one store's operation may take.
         retry_for: seconds a store's shard may stay unavailable before the store is
@@ -107,6 +108,9 @@ def run(op: str, namespaces: Sequence[str] | str = "all", *, cluster: Cluster | 
         raise InvalidInputError(f"op must be one of {OPS}, not {op!r}")
     if op in ("export", "backup", "restore") and not (params or {}).get("dest"):
         raise InvalidInputError(f"{op} needs params={{'dest': URL}} (--dest): a directory or fsspec URL")
+    keep = (params or {}).get("keep")
+    if keep is not None and (op != "backup" or isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise InvalidInputError(f"keep is for backup, an int >= 1 (the newest backups kept), not {keep!r}")
     if cluster is None:
         cluster = connect(address, root, **deployment)
     job = job or f"{op}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:6]}"
