@@ -77,6 +77,7 @@ class GroupCommit:
         self._pending = threading.Event()
         self._stopping = False
         self.error: OSError | None = None
+        self.started = self.synced = 0  # fdatasync calls begun and ended (failed ones too)
         self._thread = threading.Thread(target=self._run, name="fastmem-commit", daemon=True)
         self._thread.start()
 
@@ -88,6 +89,7 @@ class GroupCommit:
             self._pending.wait()
             if not self._stopping:
                 time.sleep(self._interval)  # let the writes of the next few ms join this sync
+            self.started += 1  # before the clear: who sees it cleared sees this sync begun
             self._pending.clear()
             try:
                 os.fdatasync(self._fd)
@@ -97,6 +99,7 @@ class GroupCommit:
                 # checkpoint or close, and refuses writes after it.
                 if self.error is None:
                     self.error = exc
+            self.synced += 1
             if self._stopping:
                 return
 

@@ -80,16 +80,20 @@ def test_a_failed_cut_back_keeps_the_failed_write_out(store_path):
 
 
 def _background_sync_done(store) -> None:
-    """Wait until the group commit has synced what the store was given so far. It waits a
-    few ms before each sync (longer on a loaded machine); a fault armed before that sync
-    would hit it instead of the one under test, and the test's next add would be refused
-    before it was made (seen in CI on the 3.10 wheel, twice)."""
+    """Wait until the group commit has synced what the store was given so far: until a sync
+    begun after this call's notify has ended. It waits a few ms before each sync (longer on
+    a loaded machine); a fault armed before that sync would hit it instead of the one under
+    test (seen in CI on the 3.10 wheel, twice)."""
     commit = store._engine._commit  # noqa: SLF001 - the background syncer itself
+    commit.notify()
     hang = time.monotonic() + 120  # a guard against a hang, not a speed bound
-    while commit._pending.is_set():  # noqa: SLF001
-        assert time.monotonic() < hang, "the group commit never synced"
+    while commit._pending.is_set():  # noqa: SLF001 - cleared once a sync after it has begun
+        assert time.monotonic() < hang, "the group commit never began a sync"
         time.sleep(0.005)
-    time.sleep(0.1)  # the flag clears just before its fdatasync: let that call go through
+    begun = commit.started
+    while commit.synced < begun:
+        assert time.monotonic() < hang, "the group commit never ended its sync"
+        time.sleep(0.005)
 
 
 def test_a_failed_background_sync_is_raised_by_the_next_flush(store_path):
