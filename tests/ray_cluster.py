@@ -48,7 +48,8 @@ class Node:
                 f"--temp-dir={cluster.dir}", "--object-store-memory=78643200",
                 "--disable-usage-stats", "--include-log-monitor=false"]  # fmt: skip
         if head:
-            args += ["--head", f"--port={cluster.port}", "--include-dashboard=false", "--no-monitor"]
+            args += ["--head", f"--port={cluster.port}", "--include-dashboard=false", "--no-monitor",
+                     f"--ray-client-server-port={cluster.client_port}"]  # fmt: skip
         else:
             args += [f"--address={cluster.address}"]
         # In the environment of the node's processes (they inherit it): how pids() knows them.
@@ -129,6 +130,8 @@ class LocalCluster:
         self.head_ip = f"{host_prefix}.2"
         self.port = free_port(self.head_ip)
         self.address = f"{self.head_ip}:{self.port}"
+        self.client_port = free_port(self.head_ip)
+        self.client_address = f"ray://{self.head_ip}:{self.client_port}"  # Ray Client's proxy
         # No token: the nodes listen on loopback only. (Ray reads a driver's token once per
         # process, so a token made here would not reach a driver that imported Ray before.)
         self.auth = {"RAY_AUTH_MODE": "disabled"}

@@ -396,3 +396,34 @@ def test_fleet_jobs_are_reached_from_the_package_as_documented():
     script = "import fastmem.ray; print(callable(fastmem.ray.jobs.run))"
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
     assert out.stdout.split() == ["True"], out.stderr
+
+
+class _RefusingRay:
+    """``ray.init`` refused ``refusals`` times the way Ray Client's proxy refuses a client
+    whose server it failed to start, then accepted."""
+
+    def __init__(self, refusals: int, error: type[Exception] = ConnectionAbortedError) -> None:
+        self.refusals, self.error, self.calls = refusals, error, 0
+
+    def init(self, **kwargs):
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise self.error("Initialization failure from server:\nTraceback ...\nRuntimeError: Starting Ray client server failed.")
+
+
+def test_a_ray_client_refused_while_its_server_starts_is_tried_again(monkeypatch):
+    from fastmem.ray import _router
+
+    monkeypatch.setattr(_router.time, "sleep", lambda s: None)
+    ray = _RefusingRay(refusals=2)
+    _router._join(ray, "ray://head:10001", {})
+    assert ray.calls == 3
+    ray = _RefusingRay(refusals=3)
+    with pytest.raises(fastmem.ray.ClusterUnreachableError, match="Initialization failure .* Starting Ray client server failed"):
+        _router._join(ray, "ray://head:10001", {})
+    assert ray.calls == _router.CLIENT_TRIES
+    for address, error in (("head:6379", ConnectionAbortedError), ("ray://head:10001", ConnectionError)):
+        ray = _RefusingRay(refusals=1, error=error)  # only Ray Client's refusal is tried again
+        with pytest.raises(fastmem.ray.ClusterUnreachableError):
+            _router._join(ray, address, {})
+        assert ray.calls == 1

@@ -409,14 +409,19 @@ def _paused(cluster, shared):
     cluster.add_worker(node)
 
 
-def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared):
+@pytest.mark.parametrize("through", ["ray+gcs", "ray"])
+def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared, through):
+    """As a driver on a node of the cluster (``ray+gcs://``), and from outside it through
+    Ray Client's proxy on the head (``ray://``)."""
     mcp = pytest.importorskip("mcp", reason="the MCP SDK is not installed")
     import asyncio
 
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    location = (f"ray+gcs://{cluster.address}{shared.deployment.root}?name=shared&shards=2"
-                f"&node_ip={cluster.head_ip}&namespace=mcp-user")  # fmt: skip
+    user = f"mcp-{through.replace('+', '-')}"
+    query = f"name=shared&shards=2&namespace={user}"
+    location = (f"ray+gcs://{cluster.address}{shared.deployment.root}?{query}&node_ip={cluster.head_ip}"
+                if through == "ray+gcs" else f"{cluster.client_address}{shared.deployment.root}?{query}")  # fmt: skip
     params = StdioServerParameters(command=sys.executable, args=["-m", "fastmem", "mcp", "--store", location],
                                    env={**cluster.env, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
 
@@ -429,7 +434,7 @@ def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared):
 
     hits = asyncio.run(asyncio.wait_for(work(), 120))["hits"]
     assert [h["text"] for h in hits] == ["The user's cat is called Miso."]
-    assert [m.text for m in shared.open("mcp-user")] == ["The user's cat is called Miso."]
+    assert [m.text for m in shared.open(user)] == ["The user's cat is called Miso."]
 
 
 def test_hermes_on_a_cluster_keeps_writes_while_its_shard_is_down(cluster, alone, tmp_path, caplog):

@@ -44,12 +44,7 @@ class Cluster:
         if not ray.is_initialized():
             probe(address)
             extra = {} if node_ip_address is None else {"_node_ip_address": node_ip_address}
-            try:
-                ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False,
-                         logging_level="ERROR", **extra)  # fmt: skip
-            except (ConnectionError, RuntimeError) as exc:  # something answers there, not a Ray head
-                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise ClusterUnreachableError(f"could not join a Ray cluster at {address}: {why}") from None
+            _join(ray, address, extra)
         self._handles: dict[int, Any] = {}
 
     # --- shards ------------------------------------------------------------------------
@@ -301,6 +296,31 @@ def probe(address: str | None, timeout: float = PROBE_TIMEOUT) -> None:
             f"nothing answers at {address} ({exc or type(exc).__name__}): is the Ray head node up, and is "
             f"this its GCS address (`ray start --head --port=...`; for Ray Client, ray://HOST:10001)?"
         ) from None
+
+
+CLIENT_TRIES = 3  # Ray Client's proxy may fail to start a client's server in time under load
+
+
+def _join(ray: Any, address: str | None, extra: dict[str, Any]) -> None:
+    """``ray.init`` on ``address``. Through Ray Client (``ray://``) the head's proxy starts a
+    server process for each client and refuses the client when that start fails (seen here
+    once in three connections on a loaded machine): such a refusal is tried again.
+
+    Raises:
+        ClusterUnreachableError: something answers at ``address`` but no cluster is joined.
+    """
+    for attempt in range(1, CLIENT_TRIES + 1):
+        try:
+            ray.init(address=address, namespace=RAY_NAMESPACE, log_to_driver=False,
+                     logging_level="ERROR", **extra)  # fmt: skip
+            return
+        except (ConnectionError, RuntimeError) as exc:  # something answers there, not a Ray head
+            lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+            why = " ... ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else type(exc).__name__
+            refused = isinstance(exc, ConnectionAbortedError) and bool(lines) and "Initialization failure" in lines[0]
+            if not (refused and str(address).startswith("ray://") and attempt < CLIENT_TRIES):
+                raise ClusterUnreachableError(f"could not join a Ray cluster at {address}: {why}") from None
+            time.sleep(attempt)
 
 
 def _new_op() -> str:
