@@ -48,8 +48,7 @@ class Node:
                 f"--temp-dir={cluster.dir}", "--object-store-memory=78643200",
                 "--disable-usage-stats", "--include-log-monitor=false"]  # fmt: skip
         if head:
-            args += ["--head", f"--port={cluster.port}", "--include-dashboard=false", "--no-monitor",
-                     f"--ray-client-server-port={cluster.client_port}"]  # fmt: skip
+            args += ["--head", f"--port={cluster.port}", "--include-dashboard=false", "--no-monitor"]
         else:
             args += [f"--address={cluster.address}"]
         # In the environment of the node's processes (they inherit it): how pids() knows them.
@@ -130,8 +129,6 @@ class LocalCluster:
         self.head_ip = f"{host_prefix}.2"
         self.port = free_port(self.head_ip)
         self.address = f"{self.head_ip}:{self.port}"
-        self.client_port = free_port(self.head_ip)
-        self.client_address = f"ray://{self.head_ip}:{self.client_port}"  # Ray Client's proxy
         # No token: the nodes listen on loopback only. (Ray reads a driver's token once per
         # process, so a token made here would not reach a driver that imported Ray before.)
         self.auth = {"RAY_AUTH_MODE": "disabled"}
@@ -158,6 +155,37 @@ class LocalCluster:
         node = self._add(label, ip)
         node.wait_started()
         return node
+
+    @contextlib.contextmanager
+    def client_proxy(self):
+        """Ray Client's proxy for this cluster, started only for the tests that use it (it
+        and the server it starts per client take ~160 MB); what `ray start --head
+        --ray-client-server-port` runs. Yields its ``ray://`` address; stopped by its pid."""
+        port = free_port(self.head_ip)
+        env = {**self.env, "FASTMEM_TEST_NODE": self.head.marker.decode().partition("=")[2]}  # the head's
+        log = open(os.path.join(self.dir, "client-proxy.log"), "ab")  # noqa: SIM115 - the process's
+        proc = subprocess.Popen([sys.executable, "-m", "ray.util.client.server", f"--host={self.head_ip}",
+                                 f"--port={port}", "--mode=proxy", f"--address={self.address}"],
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)  # fmt: skip
+        try:
+            end = time.monotonic() + 60
+            while True:
+                try:
+                    socket.create_connection((self.head_ip, port), timeout=1).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > end:
+                        raise RuntimeError(f"Ray Client's proxy did not start (exit {proc.poll()})") from None
+                    time.sleep(0.2)
+            yield f"ray://{self.head_ip}:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
 
     def stop(self) -> None:
         """Every node at once: SIGTERM, 5 s to go, then SIGKILL for what is left."""

@@ -414,14 +414,22 @@ def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared, through):
     """As a driver on a node of the cluster (``ray+gcs://``), and from outside it through
     Ray Client's proxy on the head (``ray://``)."""
     mcp = pytest.importorskip("mcp", reason="the MCP SDK is not installed")
+    user = f"mcp-{through.replace('+', '-')}"
+    query = f"name=shared&shards=2&namespace={user}"
+    with contextlib.ExitStack() as stack:
+        if through == "ray+gcs":
+            location = f"ray+gcs://{cluster.address}{shared.deployment.root}?{query}&node_ip={cluster.head_ip}"
+        else:
+            location = f"{stack.enter_context(cluster.client_proxy())}{shared.deployment.root}?{query}"
+        _remember_and_search_over_mcp(mcp, cluster, location)
+    assert [m.text for m in shared.open(user)] == ["The user's cat is called Miso."]
+
+
+def _remember_and_search_over_mcp(mcp, cluster, location):
     import asyncio
 
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    user = f"mcp-{through.replace('+', '-')}"
-    query = f"name=shared&shards=2&namespace={user}"
-    location = (f"ray+gcs://{cluster.address}{shared.deployment.root}?{query}&node_ip={cluster.head_ip}"
-                if through == "ray+gcs" else f"{cluster.client_address}{shared.deployment.root}?{query}")  # fmt: skip
     params = StdioServerParameters(command=sys.executable, args=["-m", "fastmem", "mcp", "--store", location],
                                    env={**cluster.env, "PYTHONPATH": str(Path(__file__).parents[1])})  # fmt: skip
 
@@ -434,7 +442,6 @@ def test_the_mcp_server_serves_a_store_of_the_cluster(cluster, shared, through):
 
     hits = asyncio.run(asyncio.wait_for(work(), 120))["hits"]
     assert [h["text"] for h in hits] == ["The user's cat is called Miso."]
-    assert [m.text for m in shared.open(user)] == ["The user's cat is called Miso."]
 
 
 def test_hermes_on_a_cluster_keeps_writes_while_its_shard_is_down(cluster, alone, tmp_path, caplog):
