@@ -45,6 +45,7 @@ from ._index import (
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
 from ._items import Prepared, f32, parse_id
+from ._replay import read_payload
 from ._threads import at_fork
 from .errors import (
     CorruptIndexError, CorruptionError, CorruptRecordError, DimensionMismatchError,
@@ -54,7 +55,7 @@ from .errors import (
 from .namespaces import make_private_dirs
 from .types import Memory
 
-__all__ = ["Engine", "no_cyclic_gc", "read_payload"]
+__all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 # Checkpoint while writing once the rows added since the last one are this many and as many
@@ -701,6 +702,18 @@ class Engine:
 
     # --- reading ------------------------------------------------------------------------
 
+    def get(self, mid: str) -> Memory:
+        """``MemoryStore.get`` (after ``check()``): in one compiled call in the plain case,
+        else by ``live_row`` and ``decode``, which return the same memory or raise."""
+        index = self.index
+        tail = index.tail
+        memory = _kernels.read_memory(mid, index.checked_rows, tail.rows, tail.n, self.data(),
+                                      self.dat_end, Memory, f32)  # fmt: skip
+        if memory is None:
+            row = self.live_row(mid)[1]
+            memory = self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
+        return memory
+
     def live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
         g, row = self.index.find_row(parse_id(mid))
         if row is None or row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
@@ -873,22 +886,3 @@ class Engine:
         if self._fd >= 0:
             os.close(self._fd)  # releases the writer lock
             self._fd = -1
-
-
-def read_payload(
-    buf: Any, offset: int, end: int, path: str, *, precise: bool = True
-) -> tuple[int, int, dict[str, Any], int]:
-    """(kind, dim, payload, end) of the record at ``offset``, its checksum checked first.
-
-    Raises:
-        CorruptRecordError: the record is damaged (``precise``: with the exact reason).
-    """
-    info = _kernels.record_payload(buf, offset, end)
-    if info is None:
-        if precise:
-            fmt.read_record(buf, offset, end, path)  # raises the precise error
-        raise CorruptRecordError(f"{path}: bad record at {offset}", path=path, offset=offset)
-    kind, dim, stored, rlen = info
-    plen = len(stored)
-    payload = fmt.decode_payload(stored, plen, rlen, offset, path)
-    return kind, dim, payload, fmt.payload_start(offset, dim) + plen
