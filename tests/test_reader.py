@@ -402,7 +402,7 @@ def test_get_equals_the_general_path(store_path, kernels):
                 store.add("plain"),
                 store.add("Ada prefers tea ☕", type="fact", timestamp=1_700_000_000.5, session="s-1",
                           importance=0.8123, pinned=True, summary="tea",
-                          metadata={"k": [1, 2.5, "x", None, b"\x00"], "n": {"a": 1}}),  # fmt: skip
+                          metadata={"k": [1, 2.5, "x", None, b"\x00"], "n": {"a": 1}}),
                 store.add("long and compressible " * 50, embedding=[1.0, 0.0, 0.0, 0.0]),
                 store.add("forgotten"),
                 store.add("metadata changed later", metadata={"a": 1}),
