@@ -444,3 +444,37 @@ def test_get_of_a_damaged_record_raises(store_path):
         with pytest.raises(CorruptRecordError):
             store.get(mid)
         assert store.get("m1").text == "neighbour"
+
+
+@pytest.mark.parametrize("kernels", ["cython", "python"])
+def test_get_sees_what_another_process_did_at_the_next_call(store_path, kernels):
+    # Added, forgotten, changed, then the whole file replaced by a compaction: each seen by
+    # the very next get of a handle that had already read those memories.
+    import os
+    import subprocess
+    import sys
+
+    from fastmem import _kernels
+
+    previous = _kernels.BACKEND
+    _kernels.use(kernels)
+    env = {**os.environ, "FASTMEM_BACKEND": kernels}
+
+    def elsewhere(code):
+        code = f"import fastmem\nwith fastmem.open({store_path!r}) as s:\n" + code
+        subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+    try:
+        with fastmem.open(store_path) as store:
+            a, b = store.add("first"), store.add("second", metadata={"v": 1})
+            assert store.get(a).text == "first" and store.get(b).metadata == {"v": 1}
+            elsewhere(f" s.add('third')\n s.forget({a!r})\n s.update({b!r}, metadata={{'v': 2}})\n")
+            with pytest.raises(UnknownMemoryError):
+                store.get(a)
+            assert store.get(b).metadata == {"v": 2} and store.get("m2").text == "third"
+            elsewhere(" s.compact()\n")
+            assert store.get(b).metadata == {"v": 2} and store.get("m2").text == "third"
+            with pytest.raises(UnknownMemoryError):
+                store.get(a)
+    finally:
+        _kernels.use(previous)
