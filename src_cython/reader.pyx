@@ -31,7 +31,7 @@ cdef extern from "Python.h":
     int PyUnicode_KIND(object o)
     void* PyUnicode_DATA(object o)
 
-# Kept equal to fastmem._format by tests/test_kernels.py (CONSTANTS below).
+# Kept equal to fastmem._format by tests/test_reader.py (CONSTANTS below).
 cdef enum:
     ROW_SIZE = 80  # INDEX_DTYPE.itemsize; the fields' byte offsets in a row:
     AT_ID = 0

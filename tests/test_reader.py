@@ -44,6 +44,7 @@ def test_compiled_constants_match_the_format():
         assert c[at] == fmt.INDEX_DTYPE.fields[name][1]
     assert (c["FLAG_FORGOTTEN"], c["FLAG_PINNED"]) == (fmt.FLAG_FORGOTTEN, fmt.FLAG_PINNED)
     assert c["KIND_MEMORY"] == fmt.KIND_MEMORY
+    assert c["MAX_DEPTH"] == ref._MAX_DEPTH
 
 
 # --- unpack ------------------------------------------------------------------------------
