@@ -12,14 +12,15 @@ a warm-up pass each; the best and the median round are printed. fastmem returns 
 the ``(text, type, ts)`` tuple of ``SELECT text, type, ts FROM memories WHERE id = ?``:
 SQLite builds less per call. Both read from the page cache (the files were just written).
 
-Measured 2026-12-04 (2 shared cores, load 2.1-2.7 from other work; three runs each,
-alternating main and this branch; best round of each run):
-main 6e8c0df 140,068 / 148,666 / 140,581 get/s (SQLite 149,918 / 128,162 / 147,401),
-branch getfast 171,962 / 161,765 / 180,750 get/s (SQLite 142,239 / 149,206 / 159,217).
-Issue 21's goal, 250,000 get/s (4 us a call), is not reached. Of ~5.5 us a call remain,
-timed apart: the fstat system call 0.5 us, record check + CRC of a ~940-byte record
-(slicing-by-8) + slice 0.65, msgpack 0.45, building the Memory 0.45, id parse + row
-lookup 0.85, lock 0.17, the rest Python calls between them.
+Measured 2026-12-04 19:40 UTC (2 shared cores, load 4.9-6.8 from other work; three runs
+each, alternating main 16d3842 and branch getfast2; best round of each run):
+main 174,541 / 121,574 / 155,980 get/s (SQLite 156,238 / 91,460 / 125,668),
+getfast2 408,227 / 418,374 / 430,351 get/s (SQLite 150,490 / 151,109 / 158,464: 2.71-2.77x).
+Issue 21's goal, 250,000 get/s (4 us a call), is met. A call is now the lock, one fstat
+system call (the freshness check) and one compiled call from the id to the Memory
+(_kernels.read_memory: id parse, row lookup, record check and CRC, msgpack, the named
+tuple); timed apart at load ~5: fstat ~0.65 us, lock ~0.3, read_memory ~0.55.
+(Before, getfast at load 2.1-2.7: 162-181 k get/s against main 6e8c0df's 140-149 k.)
 """
 
 from __future__ import annotations

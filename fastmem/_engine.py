@@ -45,6 +45,7 @@ from ._index import (
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
 from ._items import Prepared, f32, parse_id
+from ._replay import read_payload
 from ._threads import at_fork
 from .errors import (
     CorruptIndexError, CorruptionError, CorruptRecordError, DimensionMismatchError,
@@ -54,7 +55,7 @@ from .errors import (
 from .namespaces import make_private_dirs
 from .types import Memory
 
-__all__ = ["Engine", "no_cyclic_gc", "read_payload"]
+__all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 # Checkpoint while writing once the rows added since the last one are this many and as many
@@ -475,24 +476,16 @@ class Engine:
     # --- guards -----------------------------------------------------------------------
 
     def check(self) -> None:
-        """Raise unless the handle may be used now; readers catch up with the writer."""
+        """Raise unless the handle may be used now, then apply the records other processes
+        have appended since the last call: every call sees every write committed before it.
+        On a store nobody else wrote to, one fstat. (One method, not two: it runs before
+        every call, and get takes ~3 us.)"""
         if self._generation != _fork_generation:
             raise StoreForkedError(
                 f"the store {self.path} was opened before fork(); open it again in this process"
             )
         if self.closed:
             raise StoreClosedError(f"the store {self.path} is closed; open it again")
-        self._refresh()
-
-    def check_writable(self) -> None:
-        self.check()
-        if self.readonly:
-            raise ReadOnlyError(f"{self.path} was opened with readonly=True")
-        self.raise_failed()
-
-    def _refresh(self) -> None:
-        """Apply the records other processes have appended since the last call: every call
-        sees every write committed before it. On a store nobody else wrote to, one fstat."""
         if self._cut_pending is not None and not self._retry_cut():
             return  # the file ends with a failed write: nothing past dat_end is read
         size = _kernels.file_size(self._fd)  # fstat's size, or -1: replaced by a compaction
@@ -508,6 +501,12 @@ class Engine:
             return
         self._dat, self.dat_end = dat, size
         self.valid_end = self.index.replay(dat, self.valid_end, size, self.dat_path, self._map_fd)[1]
+
+    def check_writable(self) -> None:
+        self.check()
+        if self.readonly:
+            raise ReadOnlyError(f"{self.path} was opened with readonly=True")
+        self.raise_failed()
 
     def data(self) -> mmap.mmap:
         """The data file's map, remapped when the file has grown past it."""
@@ -701,6 +700,18 @@ class Engine:
 
     # --- reading ------------------------------------------------------------------------
 
+    def get(self, mid: str) -> Memory:
+        """``MemoryStore.get`` (after ``check()``): in one compiled call in the plain case,
+        else by ``live_row`` and ``decode``, which return the same memory or raise."""
+        index = self.index
+        tail = index.tail
+        memory = _kernels.read_memory(mid, index.checked_rows, tail.rows, tail.n, self.data(),
+                                      self.dat_end, Memory, f32)  # fmt: skip
+        if memory is None:
+            row = self.live_row(mid)[1]
+            memory = self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
+        return memory
+
     def live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
         g, row = self.index.find_row(parse_id(mid))
         if row is None or row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
@@ -873,22 +884,3 @@ class Engine:
         if self._fd >= 0:
             os.close(self._fd)  # releases the writer lock
             self._fd = -1
-
-
-def read_payload(
-    buf: Any, offset: int, end: int, path: str, *, precise: bool = True
-) -> tuple[int, int, dict[str, Any], int]:
-    """(kind, dim, payload, end) of the record at ``offset``, its checksum checked first.
-
-    Raises:
-        CorruptRecordError: the record is damaged (``precise``: with the exact reason).
-    """
-    info = _kernels.record_payload(buf, offset, end)
-    if info is None:
-        if precise:
-            fmt.read_record(buf, offset, end, path)  # raises the precise error
-        raise CorruptRecordError(f"{path}: bad record at {offset}", path=path, offset=offset)
-    kind, dim, stored, rlen = info
-    plen = len(stored)
-    payload = fmt.decode_payload(stored, plen, rlen, offset, path)
-    return kind, dim, payload, fmt.payload_start(offset, dim) + plen

@@ -104,6 +104,9 @@ class MemoryIndex:
         self._base_spec_path = ""
         self._base_bytes = memoryview(b"")
         self._base_last_id = -1
+        # The base rows once checked and patched (``_views``), for ``_kernels.read_memory``
+        # to read straight; empty before.
+        self.checked_rows = memoryview(b"")
         # A contiguous copy of the base rows' scales, which never change: the vector scan
         # reads one per row, and from the 80-byte rows they would cost a fifth more memory
         # traffic than the vectors. Made by the first scan (fastmem._vsearch).
@@ -282,6 +285,7 @@ class MemoryIndex:
                 vectors = np.frombuffer(mm, np.int8, n * dim, layout.vectors).reshape(n, dim)
                 _check_base(rows, order, self._base_spec_path)
             self._base = (rows, order, vectors, rows["id"])
+            self.checked_rows = self._base_bytes
         return self._base
 
     @property

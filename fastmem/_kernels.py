@@ -22,6 +22,8 @@ quantize_half = _kernels_py.quantize_half
 check_record = _kernels_py.check_record
 record_payload = _kernels_py.record_payload
 file_size = _kernels_py.file_size
+read_memory = _kernels_py.read_memory
+unpack = _kernels_py.unpack
 pack_payloads = _kernels_py.pack_payloads
 importance = _kernels_py.importance
 tokenize_batch = _kernels_py.tokenize_batch
@@ -30,8 +32,9 @@ merge_postings = _kernels_py.merge_postings
 sort_postings = _kernels_py.sort_postings
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
-          "file_size", "pack_payloads", "topk_int8", "dot_half", "to_half", "quantize_half",
-          "importance", "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings")  # fmt: skip
+          "file_size", "read_memory", "unpack", "pack_payloads", "topk_int8", "dot_half",
+          "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk", "merge_postings",
+          "sort_postings")  # fmt: skip
 
 
 def use(backend: str) -> str:
@@ -44,7 +47,7 @@ def use(backend: str) -> str:
     BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import keyword, records, scoring, topk, vectors
+            from ._ext import keyword, reader, records, scoring, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -54,7 +57,8 @@ def use(backend: str) -> str:
                 ) from exc
         else:
             BACKEND = "cython"
-            compiled = {**vars(records), **vars(scoring), **vars(topk), **vars(vectors), **vars(keyword)}
+            compiled = {**vars(records), **vars(reader), **vars(scoring), **vars(topk), **vars(vectors),
+                        **vars(keyword)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND

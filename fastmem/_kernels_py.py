@@ -6,19 +6,28 @@ Each function here has the same signature and the same results as its compiled t
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import os
 import re
+import struct
 import zlib
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
+import lz4.block
 import msgpack
 import numpy as np
 
 from ._format import (
+    FLAG_FORGOTTEN,
+    FLAG_PINNED,
     FORMAT_VERSION,
+    INDEX_DTYPE,
+    INDEX_ROW,
+    KIND_MEMORY,
     MAX_DIM,
     MAX_RAW_PAYLOAD,
     RECORD_CRC_AT,
@@ -265,6 +274,108 @@ def file_size(fd: int) -> int:
     compaction or repair replaced it)."""
     st = os.fstat(fd)
     return -1 if st.st_nlink == 0 else st.st_size
+
+
+# --- get's read in one call ------------------------------------------------------------
+
+_ROW_ID = struct.Struct("<Q")  # a row's first field (INDEX_DTYPE "id")
+_MAX_DEPTH = 64  # arrays and maps nested in each other, the top one included
+
+
+def _no_ext(code: int, data: bytes) -> Any:
+    raise ValueError("an ext type")
+
+
+def unpack(data: Any) -> Any:
+    """``msgpack.unpackb(data, raw=False, strict_map_key=True)`` when ``data`` is plain
+    msgpack: nil, bool, int, float, str, bin, arrays and maps (with str or bytes keys),
+    containers at most ``_MAX_DEPTH`` deep, nothing after it. None for anything else (ext
+    types, damaged bytes), including an encoded None (the compiled twin decides the same)."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True, ext_hook=_no_ext)
+    except Exception:  # msgpack raises several types for damaged bytes
+        return None
+    return obj if _plain(obj, 0) else None
+
+
+def _plain(obj: Any, depth: int) -> bool:
+    if type(obj) is list:
+        return depth < _MAX_DEPTH and all(_plain(v, depth + 1) for v in obj)
+    if type(obj) is dict:
+        return depth < _MAX_DEPTH and all(
+            type(k) in (str, bytes) and _plain(v, depth + 1) for k, v in obj.items()
+        )
+    return obj is None or type(obj) in (bool, int, float, str, bytes)  # not msgpack's Timestamp
+
+
+def _find_row(rows: Any, n: int, mid: int, first: int) -> int:
+    """The row of id ``mid`` among ``n`` rows in id order, or -1: row ``mid - first`` if it
+    holds it (ids are dense until a compaction), else a binary search (as MemoryIndex.find)."""
+    ids = [_ROW_ID.unpack_from(rows, k * INDEX_DTYPE.itemsize)[0] for k in range(n)]
+    if 0 <= mid - first < n and ids[mid - first] == mid:
+        return mid - first
+    k = bisect.bisect_left(ids, mid)
+    return k if k < n and ids[k] == mid else -1
+
+
+def read_memory(mid: Any, base: Any, tail: Any, tail_n: int, dat: Any, dat_end: int,
+                memory: type, f32: Callable[[float], float]) -> Any:
+    """``MemoryStore.get``'s read in one call: the ``memory`` (a tuple subclass) of id
+    ``mid``, or None when this is not the plain case; the caller then reads it the general
+    way (``Engine.live_row`` and ``decode``), which gives the same memory or the precise error.
+
+    ``base`` holds the index's base rows (``INDEX_DTYPE``, in id order; empty until they
+    are checked), ``tail`` at least ``tail_n`` rows added since; ``dat`` is the data file,
+    valid up to ``dat_end``. The plain case: ``mid`` is "m" and 1 to 19 ASCII digits; its row
+    (in ``base`` when the id is at most the last one there, else in ``tail``) is live and has
+    no metadata record; the record it points at is valid (``check_record``), a memory record
+    of the row's length, whose payload (after lz4 when compressed) ``unpack`` decodes to a
+    dict with the row's id as "i" (an int) and a str as "x". The memory is then
+    ``(f"m{id}", x, y or "conversation", timestamp, s, f32(importance), pinned, m, u)``, the
+    letters being the payload's values (None when missing), the others the row's.
+    """
+    if not (type(memory) is type and issubclass(memory, tuple)):
+        raise TypeError("memory must be a subclass of tuple")
+    if type(mid) is not str or not 2 <= len(mid) <= 20 or mid[0] != "m":
+        return None
+    digits = mid[1:]
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    want, size = int(digits), INDEX_DTYPE.itemsize
+    n = len(base) // size
+    if n and want <= _ROW_ID.unpack_from(base, (n - 1) * size)[0]:
+        rows, at = base, _find_row(base, n, want, 0)
+    elif tail_n <= 0:
+        return None
+    else:
+        if len(memoryview(tail).cast("B")) // size < tail_n:
+            raise ValueError("tail_n is more than the tail's rows")
+        first = _ROW_ID.unpack_from(tail, 0)[0]
+        rows, at = tail, _find_row(tail, tail_n, want, first)
+    if at < 0 or not 0 < dat_end <= len(dat):
+        return None
+    row = INDEX_ROW.unpack_from(rows, at * size)
+    (rid, ts, _, offset, meta, _, length, importance, _, _, _, _, _, flags, _) = row
+    if flags & FLAG_FORGOTTEN or meta != 0 or offset >= dat_end:
+        return None
+    info = check_record(dat, offset, dat_end)
+    if info is None or info[0] != KIND_MEMORY or RECORD_HEADER_SIZE + 2 * info[1] + info[2] != length:
+        return None
+    _, dim, plen, rlen = info
+    start = offset + RECORD_HEADER_SIZE + 2 * dim
+    raw = bytes(memoryview(dat)[start : start + plen])
+    if plen != rlen:
+        try:
+            raw = lz4.block.decompress(raw, uncompressed_size=rlen)
+        except Exception:  # as decode_payload: lz4 raises several types
+            return None
+        if len(raw) != rlen:
+            return None
+    p = unpack(raw)
+    if type(p) is not dict or type(p.get("i")) is not int or p["i"] != rid or type(p.get("x")) is not str:
+        return None
+    return tuple.__new__(memory, (f"m{rid}", p["x"], p.get("y", "conversation"), ts, p.get("s"),
+                                  f32(importance), bool(flags & FLAG_PINNED), p.get("m"), p.get("u")))
 
 
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)

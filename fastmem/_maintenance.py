@@ -35,10 +35,11 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._engine import Engine, read_payload
+from ._engine import Engine
 from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, remove_compaction_files
 from ._index import F_ID, F_LENGTH, F_OFFSET, MemoryIndex, default_importance
 from ._items import f32
+from ._replay import read_payload
 from ._vectors import to_float16
 from .embed import Embedder
 from .namespaces import base_path

@@ -1,6 +1,7 @@
 """Replaying records into index rows: the row layout's field positions, the checks a
-decoded record passes before it becomes a row, :func:`scan_file`, the scan of bytes a writer
-may still cut off, and :class:`Replayer`, which turns the records a scan found into rows for
+decoded record passes before it becomes a row, :func:`read_payload` (one record, checked
+and decoded), :func:`scan_file`, the scan of bytes a writer may still cut off, and
+:class:`Replayer`, which turns the records a scan found into rows for
 ``MemoryIndex.append`` (``MemoryIndex.replay`` runs it).
 """
 
@@ -103,6 +104,25 @@ def _check_change_fields(p: dict[str, Any]) -> None:
 def _check_number(x: Any, lo: float, hi: float, name: str) -> None:
     if isinstance(x, bool) or not isinstance(x, (int, float)) or not lo <= x <= hi:  # NaN fails
         raise ValueError(f"the {name} is not a number from {lo} to {hi}")
+
+
+def read_payload(
+    buf: Any, offset: int, end: int, path: str, *, precise: bool = True
+) -> tuple[int, int, dict[str, Any], int]:
+    """(kind, dim, payload, end) of the record at ``offset``, its checksum checked first.
+
+    Raises:
+        CorruptRecordError: the record is damaged (``precise``: with the exact reason).
+    """
+    info = _kernels.record_payload(buf, offset, end)
+    if info is None:
+        if precise:
+            fmt.read_record(buf, offset, end, path)  # raises the precise error
+        raise CorruptRecordError(f"{path}: bad record at {offset}", path=path, offset=offset)
+    kind, dim, stored, rlen = info
+    plen = len(stored)
+    payload = fmt.decode_payload(stored, plen, rlen, offset, path)
+    return kind, dim, payload, fmt.payload_start(offset, dim) + plen
 
 
 def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:

@@ -32,7 +32,7 @@ from . import _format as fmt
 from . import _figures, _maintenance, context as _context, retrieval
 from ._engine import Engine, no_cyclic_gc
 from ._index import (
-    F_FLAGS, F_ID, F_OFFSET, update_changes,
+    F_FLAGS, F_ID, update_changes,
 )  # fmt: skip
 from ._items import (
     DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8, parse_id,
@@ -352,8 +352,7 @@ class MemoryStore:
         engine = self._engine
         with engine.lock:
             engine.check()
-            row = engine.live_row(mid)[1]
-            return engine.decode(row, engine.data(), row[F_OFFSET], engine.dat_end)
+            return engine.get(mid)
 
     def vector(self, mid: str) -> np.ndarray | None:
         """The embedding stored with memory ``mid`` (unit length, float16 precision, as a

@@ -16,6 +16,10 @@ from cpython.exc cimport PyErr_SetFromErrno
 from posix.stat cimport struct_stat
 from _types cimport u8, u16, u32, i64
 from _bytes cimport load_le16, load_le32, store_le16, store_le32
+from _frames cimport (
+    CRC_AT, FORMAT_VERSION, HEADER_SIZE, MAGIC_BYTE0, MAGIC_LE32, MAX_DIM, MAX_RAW_PAYLOAD,
+    _crc_update, _framed_length, _record_length, fastmem_crc_init,
+)
 
 cdef extern from *:
     """
@@ -36,54 +40,10 @@ cdef extern from *:
     """
     int fastmem_fstat(int fd, struct_stat *st)
 
-# Kept equal to fastmem._format by tests/test_kernels.py (CONSTANTS below).
-cdef enum:
-    HEADER_SIZE = 20
-    CRC_AT = 16
-    FORMAT_VERSION = 1
-    MAX_DIM = 4096
-    MAX_RAW_PAYLOAD = 2 << 20
-    MAGIC_LE32 = 0x524D468F  # b"\x8fFMR" read as a little-endian uint32
-    MAGIC_BYTE0 = 0x8F
-
 CONSTANTS = dict(HEADER_SIZE=HEADER_SIZE, CRC_AT=CRC_AT, FORMAT_VERSION=FORMAT_VERSION,
                  MAX_DIM=MAX_DIM, MAX_RAW_PAYLOAD=MAX_RAW_PAYLOAD, MAGIC=b"\x8fFMR")
 
-cdef u32 CRC_TABLE[8][256]
-
-
-cdef void _init_table() noexcept:
-    cdef u32 c, i, j
-    for i in range(256):
-        c = i
-        for j in range(8):
-            c = (c >> 1) ^ (0xEDB88320 if c & 1 else 0)
-        CRC_TABLE[0][i] = c
-    for i in range(256):
-        for j in range(1, 8):
-            CRC_TABLE[j][i] = (CRC_TABLE[j - 1][i] >> 8) ^ CRC_TABLE[0][CRC_TABLE[j - 1][i] & 0xFF]
-
-_init_table()
-
-
-cdef inline u32 _crc_update(u32 crc, const u8* p, Py_ssize_t n) noexcept nogil:
-    # Slicing-by-8 over the IEEE polynomial: equal to zlib.crc32.
-    cdef u32 a, b
-    crc = ~crc
-    while n >= 8:
-        a = load_le32(p) ^ crc
-        b = load_le32(p + 4)
-        crc = (CRC_TABLE[7][a & 0xFF] ^ CRC_TABLE[6][(a >> 8) & 0xFF]
-               ^ CRC_TABLE[5][(a >> 16) & 0xFF] ^ CRC_TABLE[4][a >> 24]
-               ^ CRC_TABLE[3][b & 0xFF] ^ CRC_TABLE[2][(b >> 8) & 0xFF]
-               ^ CRC_TABLE[1][(b >> 16) & 0xFF] ^ CRC_TABLE[0][b >> 24])
-        p += 8
-        n -= 8
-    while n > 0:
-        crc = (crc >> 8) ^ CRC_TABLE[0][(crc ^ p[0]) & 0xFF]
-        p += 1
-        n -= 1
-    return ~crc
+fastmem_crc_init()
 
 
 def crc32(const u8[::1] data, uint32_t value=0):
@@ -94,38 +54,6 @@ def crc32(const u8[::1] data, uint32_t value=0):
     with nogil:
         value = _crc_update(value, &data[0], n)
     return value
-
-
-cdef inline i64 _framed_length(const u8* p, i64 pos, i64 end) noexcept nogil:
-    # The length the header at p (= buf + pos) claims, when its fields are within the
-    # limits and the record fits before end; 0 otherwise. The CRC is not checked here.
-    cdef u32 dim, plen, rlen
-    cdef i64 length
-    if pos + HEADER_SIZE > end:
-        return 0
-    if load_le32(p) != MAGIC_LE32 or p[4] != FORMAT_VERSION or p[5] < 1 or p[5] > 3:
-        return 0
-    dim = load_le16(p + 6)
-    plen = load_le32(p + 8)
-    rlen = load_le32(p + 12)
-    if dim > MAX_DIM or rlen > MAX_RAW_PAYLOAD or plen > rlen:
-        return 0
-    length = HEADER_SIZE + 2 * <i64>dim + plen
-    return 0 if pos + length > end else length
-
-
-cdef inline i64 _record_length(const u8* buf, i64 pos, i64 end) noexcept nogil:
-    # Length of the valid record at pos, or 0. Every length is checked before it is used.
-    cdef const u8* p = buf + pos
-    cdef u32 crc
-    cdef i64 length = _framed_length(p, pos, end)
-    if length == 0:
-        return 0
-    crc = _crc_update(0, p, CRC_AT)
-    crc = _crc_update(crc, p + HEADER_SIZE, length - HEADER_SIZE)
-    if crc != load_le32(p + CRC_AT):
-        return 0
-    return length
 
 
 # --- resynchronising after damage ------------------------------------------------------

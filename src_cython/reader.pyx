@@ -1,0 +1,415 @@
+# cython: language_level=3
+"""Compiled ``get``: from a memory id to its ``Memory`` in one call.
+
+Twin of fastmem._kernels_py.read_memory; see there for the contract. Python calls between
+the id's parse, the row lookup, the record check, msgpack and the named tuple cost more
+than the work itself (issue 21), so this does them all in C, for the plain case only:
+anything else returns None and the caller takes the general path.
+"""
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.string cimport memcpy
+from _types cimport u8, u16, u32, u64, i64
+from _bytes cimport load_le16, load_le32
+from _frames cimport HEADER_SIZE, _record_length, fastmem_crc_init
+
+from lz4.block import decompress as _lz4_decompress
+
+cdef extern from *:
+    """
+    /* A tuple subclass's instance of n items, all NULL until set (as tuple.__new__ makes
+       one: tuple_subtype_new). */
+    static PyObject* fastmem_alloc_tuple(PyTypeObject* t, Py_ssize_t n) { return t->tp_alloc(t, n); }
+    """
+    object fastmem_alloc_tuple(PyTypeObject* t, Py_ssize_t n)
+
+cdef extern from "Python.h":
+    int PyUnicode_KIND(object o)
+    void* PyUnicode_DATA(object o)
+
+# Kept equal to fastmem._format by tests/test_reader.py (CONSTANTS below).
+cdef enum:
+    ROW_SIZE = 80  # INDEX_DTYPE.itemsize; the fields' byte offsets in a row:
+    AT_ID = 0
+    AT_TS = 8
+    AT_OFFSET = 24
+    AT_META = 32
+    AT_LENGTH = 48
+    AT_IMPORTANCE = 52
+    AT_FLAGS = 74
+    FLAG_FORGOTTEN = 1
+    FLAG_PINNED = 2
+    KIND_MEMORY = 1
+    MAX_DEPTH = 64  # arrays and maps in each other, the top one included; msgpack's own
+                    # limit is deeper: a deeper payload takes the general path
+
+CONSTANTS = dict(ROW_SIZE=ROW_SIZE, AT_ID=AT_ID, AT_TS=AT_TS, AT_OFFSET=AT_OFFSET,
+                 AT_META=AT_META, AT_LENGTH=AT_LENGTH, AT_IMPORTANCE=AT_IMPORTANCE,
+                 AT_FLAGS=AT_FLAGS, FLAG_FORGOTTEN=FLAG_FORGOTTEN, FLAG_PINNED=FLAG_PINNED,
+                 KIND_MEMORY=KIND_MEMORY, MAX_DEPTH=MAX_DEPTH)
+
+fastmem_crc_init()
+
+_CONVERSATION = "conversation"  # the type of a payload without "y"
+
+
+class _NotPlain(Exception):
+    """Raised inside the decoder: the payload is not plain msgpack (or is damaged)."""
+
+
+# --- msgpack, the plain types only ------------------------------------------------------
+# What msgpack.unpackb(raw, raw=False, strict_map_key=True) returns for nil, bool, int,
+# float, str, bin, array and map; ext types (and msgpack's errors) raise _NotPlain.
+
+cdef struct _In:
+    const u8* p
+    const u8* end
+
+
+cdef inline const u8* _take(_In* s, Py_ssize_t n) except NULL:
+    cdef const u8* at = s.p
+    if n < 0 or s.end - s.p < n:
+        raise _NotPlain()
+    s.p += n
+    return at
+
+
+cdef inline u64 _be(const u8* p, int width) noexcept nogil:
+    cdef u64 v = 0
+    cdef int i
+    for i in range(width):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef object _str(_In* s, Py_ssize_t n):
+    cdef const u8* p = _take(s, n)
+    try:
+        return PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    except UnicodeDecodeError:
+        raise _NotPlain() from None
+
+
+cdef Py_ssize_t _length(_In* s, u8 tag, u8 fix_base, int fix_bits, u8 t8, u8 t16, u8 t32) except -2:
+    # The length of a str/bin/array/map whose first byte is tag, or -1: not this family.
+    if fix_bits and (tag & (0xFF << fix_bits) & 0xFF) == fix_base:
+        return tag & ((1 << fix_bits) - 1)
+    if t8 and tag == t8:
+        return _take(s, 1)[0]
+    if tag == t16:
+        return <Py_ssize_t>_be(_take(s, 2), 2)
+    if tag == t32:
+        return <Py_ssize_t>_be(_take(s, 4), 4)
+    return -1
+
+
+cdef object _unpack(_In* s, int depth):
+    cdef u8 tag = _take(s, 1)[0]
+    cdef Py_ssize_t n, i
+    cdef u64 u
+    cdef u32 bits32
+    cdef float f
+    cdef double d
+    cdef list items
+    cdef dict mapping
+    if tag <= 0x7F:
+        return <long>tag
+    if tag >= 0xE0:
+        return <long>(<signed char>tag)
+    n = _length(s, tag, 0xA0, 5, 0xD9, 0xDA, 0xDB)
+    if n >= 0:
+        return _str(s, n)
+    n = _length(s, tag, 0x90, 4, 0, 0xDC, 0xDD)
+    if n >= 0:
+        if depth >= MAX_DEPTH or n > s.end - s.p:  # each item takes a byte at least
+            raise _NotPlain()
+        items = [None] * n
+        for i in range(n):
+            items[i] = _unpack(s, depth + 1)
+        return items
+    n = _length(s, tag, 0x80, 4, 0, 0xDE, 0xDF)
+    if n >= 0:
+        if depth >= MAX_DEPTH:
+            raise _NotPlain()
+        mapping = {}
+        for i in range(n):
+            key = _unpack(s, depth + 1)
+            if type(key) is not str and type(key) is not bytes:  # strict_map_key
+                raise _NotPlain()
+            mapping[key] = _unpack(s, depth + 1)
+        return mapping
+    n = _length(s, tag, 0, 0, 0xC4, 0xC5, 0xC6)
+    if n >= 0:
+        return PyBytes_FromStringAndSize(<const char*>_take(s, n), n)
+    if tag == 0xC0:
+        return None
+    if tag == 0xC2:
+        return False
+    if tag == 0xC3:
+        return True
+    if tag == 0xCA:
+        bits32 = <u32>_be(_take(s, 4), 4)
+        memcpy(&f, &bits32, 4)
+        return <double>f
+    if tag == 0xCB:
+        u = _be(_take(s, 8), 8)
+        memcpy(&d, &u, 8)
+        return d
+    if 0xCC <= tag <= 0xCF:
+        return _be(_take(s, 1 << (tag - 0xCC)), 1 << (tag - 0xCC))
+    if 0xD0 <= tag <= 0xD3:
+        n = 1 << (tag - 0xD0)
+        u = _be(_take(s, n), n)
+        if n < 8 and u >> (8 * n - 1):  # sign-extend
+            u |= <u64>0xFFFFFFFFFFFFFFFF << (8 * n)
+        return <long long>u
+    raise _NotPlain()  # 0xC1 (never used) and the ext types
+
+
+def unpack(data):
+    """``msgpack.unpackb(data, raw=False, strict_map_key=True)`` for plain msgpack (see
+    above); None when ``data`` is anything else (ext types, damaged, trailing bytes)."""
+    cdef const u8[::1] view = data
+    cdef _In s
+    if view.shape[0] == 0:
+        return None
+    s.p, s.end = &view[0], &view[0] + view.shape[0]
+    try:
+        out = _unpack(&s, 0)
+    except _NotPlain:
+        return None
+    return out if s.p == s.end else None
+
+
+# --- the row ---------------------------------------------------------------------------
+
+cdef inline u64 _le64(const u8* p) noexcept nogil:
+    return <u64>load_le32(p) | (<u64>load_le32(p + 4) << 32)
+
+
+cdef inline double _f64(const u8* p) noexcept nogil:
+    cdef u64 u = _le64(p)
+    cdef double d
+    memcpy(&d, &u, 8)
+    return d
+
+
+cdef bint _parse_id(object mid, u64* value, bint* canonical) noexcept:
+    # m<digits> (ASCII, 1 to 19 of them): parse_id's ids, but for the longest.
+    cdef const u8* p
+    cdef Py_ssize_t n, i
+    cdef u64 v = 0
+    if type(mid) is not str:
+        return False
+    n = len(<str>mid)
+    if n < 2 or n > 20 or PyUnicode_KIND(mid) != 1:
+        return False
+    p = <const u8*>PyUnicode_DATA(mid)
+    if p[0] != c"m":
+        return False
+    for i in range(1, n):
+        if p[i] < c"0" or p[i] > c"9":
+            return False
+        v = v * 10 + (p[i] - c"0")
+    value[0] = v
+    canonical[0] = p[1] != c"0" or n == 2  # f"m{id}" is this very string
+    return True
+
+
+cdef i64 _find(const u8* rows, i64 n, u64 mid, u64 first) noexcept nogil:
+    # The row of id ``mid`` among ``n`` rows in id order, or -1: row ``mid - first`` when it
+    # holds it (ids are dense until a compaction), else a binary search.
+    cdef i64 lo = 0, hi = n, at
+    if mid >= first and mid - first < <u64>n and _le64(rows + (mid - first) * ROW_SIZE + AT_ID) == mid:
+        return <i64>(mid - first)
+    while lo < hi:
+        at = (lo + hi) // 2
+        if _le64(rows + at * ROW_SIZE + AT_ID) < mid:
+            lo = at + 1
+        else:
+            hi = at
+    return lo if lo < n and _le64(rows + lo * ROW_SIZE + AT_ID) == mid else -1
+
+
+# --- the payload -----------------------------------------------------------------------
+
+cdef object _memory(const u8* row, object mid, bint canonical, const u8* dat, i64 dat_end,
+                    object memory, object f32):
+    # The Memory of ``row`` read from ``dat``, or None (see read_memory).
+    cdef i64 offset, length
+    cdef const u8* p
+    cdef u32 plen, rlen
+    cdef u16 flags = load_le16(row + AT_FLAGS)
+    cdef u64 id = _le64(row + AT_ID)
+    cdef bint has_type = False
+    cdef Py_ssize_t n, i
+    cdef Py_UCS4 name
+    cdef u8 tag
+    cdef _In s
+    if flags & FLAG_FORGOTTEN or _le64(row + AT_META) != 0:
+        return None
+    if _le64(row + AT_OFFSET) >= <u64>dat_end:
+        return None
+    offset = <i64>_le64(row + AT_OFFSET)
+    length = _record_length(dat, offset, dat_end)
+    p = dat + offset
+    if length == 0 or length != load_le32(row + AT_LENGTH) or p[5] != KIND_MEMORY:
+        return None
+    plen, rlen = load_le32(p + 8), load_le32(p + 12)
+    s.p = p + HEADER_SIZE + 2 * <i64>load_le16(p + 6)
+    s.end = s.p + plen
+    raw = None
+    if plen != rlen:  # lz4, as fastmem._format.decode_payload
+        try:
+            raw = _lz4_decompress(PyBytes_FromStringAndSize(<const char*>s.p, plen),
+                                  uncompressed_size=rlen)
+        except Exception:
+            return None
+        if type(raw) is not bytes or len(<bytes>raw) != rlen:
+            return None
+        s.p = <const u8*>PyBytes_AS_STRING(raw)
+        s.end = s.p + rlen
+    stored_id = text = type_name = session = metadata = summary = None
+    try:
+        # The top map: get's fields kept, every other value decoded and dropped (so that
+        # the bytes are checked as msgpack checks them). Later keys win, as in a dict.
+        tag = _take(&s, 1)[0]
+        n = _length(&s, tag, 0x80, 4, 0, 0xDE, 0xDF)
+        if n < 0:
+            return None
+        for i in range(n):
+            if s.end - s.p >= 2 and s.p[0] == 0xA1 and s.p[1] < 0x80:  # one ASCII char
+                name = s.p[1]
+                s.p += 2
+            else:
+                key = _unpack(&s, 1)
+                if type(key) is str:
+                    name = (<str>key)[0] if len(<str>key) == 1 else 0
+                elif type(key) is bytes:
+                    name = 0
+                else:
+                    return None
+            if name == "i":
+                stored_id = _unpack(&s, 1)
+            elif name == "x":
+                text = _unpack(&s, 1)
+            elif name == "y":
+                type_name, has_type = _unpack(&s, 1), True
+            elif name == "s":
+                session = _unpack(&s, 1)
+            elif name == "m":
+                metadata = _unpack(&s, 1)
+            elif name == "u":
+                summary = _unpack(&s, 1)
+            else:
+                _unpack(&s, 1)
+    except _NotPlain:
+        return None
+    if s.p != s.end or type(stored_id) is not int or stored_id != id or type(text) is not str:
+        return None
+    fields = (
+        mid if canonical else f"m{id}",
+        text,
+        type_name if has_type else _CONVERSATION,
+        _f64(row + AT_TS),
+        session,
+        _importance(row, f32),
+        True if flags & FLAG_PINNED else False,
+        metadata,
+        summary,
+    )
+    out = fastmem_alloc_tuple(<PyTypeObject*>memory, 9)
+    for i in range(9):
+        value = fields[i]
+        Py_INCREF(value)
+        PyTuple_SET_ITEM(out, i, value)
+    return out
+
+
+# --- importance: f32() of the row's float32, kept by its bits ---------------------------
+
+cdef enum:
+    F32_SLOTS = 64
+
+cdef u32 _f32_bits[F32_SLOTS]
+cdef PyObject* _f32_value[F32_SLOTS]
+cdef object _f32_of = None  # the function whose answers are kept
+
+
+cdef object _importance(const u8* row, object f32):
+    global _f32_of
+    cdef u32 bits = load_le32(row + AT_IMPORTANCE)
+    cdef u32 slot = ((bits * <u32>2654435761u) >> 26) & (F32_SLOTS - 1)
+    cdef float x
+    cdef int i
+    if f32 is not _f32_of:  # another function: drop the last one's answers
+        for i in range(F32_SLOTS):
+            Py_XDECREF(_f32_value[i])
+            _f32_value[i] = NULL
+        _f32_of = f32
+    if _f32_value[slot] != NULL and _f32_bits[slot] == bits:
+        return <object>_f32_value[slot]
+    memcpy(&x, &bits, 4)
+    value = f32(<double>x)
+    if f32 is _f32_of:
+        Py_INCREF(value)
+        Py_XDECREF(_f32_value[slot])
+        _f32_value[slot], _f32_bits[slot] = <PyObject*>value, bits
+    return value
+
+
+# --- the entry point ---------------------------------------------------------------------
+
+def read_memory(object mid, object base, object tail, Py_ssize_t tail_n, object dat,
+                object dat_end, object memory, object f32):
+    """The ``Memory`` of id ``mid``, or None; see fastmem._kernels_py.read_memory."""
+    cdef u64 value
+    cdef bint canonical
+    cdef Py_buffer base_view, tail_view, dat_view
+    cdef const u8* rows
+    cdef i64 n, at, end
+    if not (type(memory) is type and issubclass(memory, tuple)):
+        raise TypeError("memory must be a subclass of tuple")
+    if not _parse_id(mid, &value, &canonical):
+        return None
+    PyObject_GetBuffer(base, &base_view, PyBUF_SIMPLE)
+    try:
+        n = base_view.len // ROW_SIZE
+        rows = <const u8*>base_view.buf
+        if n and value <= _le64(rows + (n - 1) * ROW_SIZE + AT_ID):
+            at = _find(rows, n, value, 0)
+        else:
+            if tail_n <= 0:
+                return None
+            PyObject_GetBuffer(tail, &tail_view, PyBUF_SIMPLE)
+            try:
+                if tail_view.len // ROW_SIZE < tail_n:
+                    raise ValueError("tail_n is more than the tail's rows")
+                rows = <const u8*>tail_view.buf
+                at = _find(rows, tail_n, value, _le64(rows + AT_ID))
+                return _read_row(rows, at, mid, canonical, dat, dat_end, memory, f32)
+            finally:
+                PyBuffer_Release(&tail_view)
+        return _read_row(rows, at, mid, canonical, dat, dat_end, memory, f32)
+    finally:
+        PyBuffer_Release(&base_view)
+
+
+cdef object _read_row(const u8* rows, i64 at, object mid, bint canonical, object dat,
+                      object dat_end, object memory, object f32):
+    cdef Py_buffer view
+    cdef i64 end
+    if at < 0:
+        return None
+    PyObject_GetBuffer(dat, &view, PyBUF_SIMPLE)
+    try:
+        if not (0 < dat_end <= view.len):
+            return None
+        end = dat_end
+        return _memory(rows + at * ROW_SIZE, mid, canonical, <const u8*>view.buf, end, memory, f32)
+    finally:
+        PyBuffer_Release(&view)
