@@ -16,6 +16,8 @@ int8 MiniLM from its token ids ([CLS] + passage + [SEP]); the vectors are kept i
 - ``max``: variant (b): the base store, and the vector side of ``retrieval.rank`` (its
   candidates and its cosines) replaced by a side matrix of every passage's vector, passage ->
   message row; a message scores as its best passage.
+- ``paired``: no context: each variant measured so far against ``base``, question by
+  question, with a bootstrap interval (:func:`paired`).
 - ``vectors``: no context: the vector side alone (:func:`vector_only`).
 - ``max-excerpt``: ``max``, and a long message that the context cuts shows its best passage
   by vector (with "…" marks) instead of the keyword excerpt.
@@ -198,12 +200,13 @@ def patch_search(sides: dict[str, Side], excerpts: bool) -> None:
         context_mod.excerpt = best_passage
 
 
-def shown(convs: list, budget: int, cache: str, tokenizer) -> tuple[float, float]:
+def shown(convs: list, budget: int, cache: str, tokenizer) -> tuple[float, float, list[float]]:
     """Of the gold messages over 256 wordpieces: the share in the context whole, and the share
-    there whole or as an excerpt (which the measure does not credit: only whole texts count)."""
+    there whole or as an excerpt (which the measure does not credit: only whole texts count);
+    and each question's recall, in order (for :func:`paired`)."""
     import tempfile
 
-    whole, present = [], []
+    whole, present, recall = [], [], []
     for name, msgs, qs in convs:
         with (
             tempfile.TemporaryDirectory() as tmp,
@@ -219,13 +222,39 @@ def shown(convs: list, budget: int, cache: str, tokenizer) -> tuple[float, float
                 ctx = store.context(question, budget=budget)
                 text = norm(ctx.text)
                 got = {store.get(item.id).metadata["id"] for item in ctx.items}
+                texts = [norm(m["text"]) for m in msgs if m["metadata"]["id"] in ids]
+                recall.append(sum(t in text for t in texts) / len(ids))
                 for i in ids:
                     if i in long:
                         whole.append(
                             norm(next(m["text"] for m in msgs if m["metadata"]["id"] == i)) in text
                         )
                         present.append(i in got)
-    return float(np.mean(whole)), float(np.mean(present))
+    return float(np.mean(whole)), float(np.mean(present)), recall
+
+
+def paired(cache: Path) -> list[str]:
+    """Each measured variant against today, and (b) against its control, question by
+    question: the mean difference and a 95% bootstrap interval over the questions (10,000
+    resamples, seed 0)."""
+    runs = {
+        f.stem[len("per-question-") :]: np.array(json.loads(f.read_text()))
+        for f in sorted(cache.glob("per-question-*.json"))
+    }
+    pairs = [(name, "base-balanced") for name in runs if name != "base-balanced"]
+    pairs += [(name, "first-cut") for name in ("max-balanced", "max-excerpt-balanced")]
+    out = []
+    for name, against in pairs:
+        if name not in runs or against not in runs:
+            continue
+        diff = runs[name] - runs[against]
+        picks = np.random.default_rng(0).integers(0, len(diff), size=(10_000, len(diff)))
+        lo, hi = np.percentile(diff[picks].mean(axis=1), [2.5, 97.5])
+        out.append(
+            f"{name} against {against}: {diff.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]; "
+            f"{int((diff > 0).sum())} questions up, {int((diff < 0).sum())} down"
+        )
+    return out
 
 
 def vector_only(convs: list, cache: Path, embedder, k: int = 20) -> list[str]:
@@ -263,7 +292,7 @@ def main() -> None:
     parser.add_argument(
         "--variant",
         required=True,
-        choices=("base", "mean", "first", "max", "max-excerpt", "vectors"),
+        choices=("base", "mean", "first", "max", "max-excerpt", "vectors", "paired"),
     )
     parser.add_argument("--data", default=str(DEFAULT_DATA))
     parser.add_argument("--budget", type=int, default=1300)
@@ -302,6 +331,9 @@ def main() -> None:
             )
             sides[f"conv{name}"] = side
             cost.append(c)
+    if args.variant == "paired":
+        print("\n".join(paired(cache)))
+        return
     if args.variant == "vectors":
         print("\n".join(vector_only(convs, cache, embedder)))
         return
@@ -317,7 +349,8 @@ def main() -> None:
         use = {k: s.first_only() if args.variant == "first" else s for k, s in sides.items()}
         patch_search(use, args.variant == "max-excerpt")
     result = run_fastmem(convs, args.budget, store_cache)
-    long_whole, long_present = shown(convs, args.budget, store_cache, tokenizer)
+    long_whole, long_present, per_question = shown(convs, args.budget, store_cache, tokenizer)
+    (cache / f"per-question-{args.variant}-{args.split}.json").write_text(json.dumps(per_question))
     n_msg = sum(c["messages"] for c in cost)
     lines = [
         (
