@@ -394,23 +394,37 @@ def build(
 
 # The best matches whose speakers may be the query's subject.
 SPEAKER_ROWS = 16
+# A question holding one of these words is asked in the first person: about the user's own
+# messages (those starting ``USER_PREFIX``, the chat role's name, in any case).
+FIRST_PERSON = frozenset({"i", "me", "my", "mine", "myself"})
+USER_PREFIX = "user: "
 
 
 def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozenset[str] | None:
     """The speaker prefixes (``"Melanie: "``) of ``ranked`` whose name the query holds as a
-    word, written the same way and capitalised (a person, not a role like ``user``);
+    word, written the same way and capitalised (a person, not a role like ``user``); for a
+    question in the first person with none named, the user's (``"user: "``, any case);
     ``None`` when there is none.
 
     In a conversation between people, a question about one of them ("What does Melanie do
     to relax?") is answered by that person's own turns, while search alone also ranks the
     other speaker's replies next to them (they share the words) and the turns around them.
+    A question in the first person ("When did I say the deadline was?") is the user asking
+    what they said or did: their own messages hold it, not the assistant's replies that
+    repeat its words.
     """
     words = set(_WORD.findall(query))
+    first_person = not FIRST_PERSON.isdisjoint(w.lower() for w in words)
     named = set()
+    user = set()
     for hit in ranked:
         m = _SPEAKER.match(engine.cached_memory(hit.row).text)
         if m and m.group(0)[:1].isupper() and m.group(0)[:-2] in words:
             named.add(m.group(0))
+        elif m and first_person and m.group(0).lower() == USER_PREFIX:
+            user.add(m.group(0))
+    if not named:
+        named = user
     return frozenset(named) or None
 
 

@@ -608,6 +608,36 @@ def test_day_headers_name_the_session_only_when_sessions_share_the_day(store_pat
                      "beta plan for lisbon", "## 19 Nov 2023", "gamma plan for lisbon"]  # fmt: skip
 
 
+def test_a_question_in_the_first_person_gets_the_users_own_messages_first(store_path):
+    # The assistant repeats the words of each of the user's messages: search ranks them
+    # alike, and the budget holds only half. "Where did I go" asks what the user said: their
+    # own messages go in first (``other_speaker=0``); a question about "the user" names no
+    # one, and in a conversation without a ``user`` role "I" is nobody in it.
+    t0 = 1_700_000_000.0
+    pairs = [(f"I went hiking in the {place} last week.", f"Hiking in the {place} last week sounds great!")
+             for place in ["Alps", "Tatras", "Dolomites", "Pyrenees", "Rockies", "Andes"]]  # fmt: skip
+    for roles, query, focused in ((("user", "assistant"), "Where did I go hiking last week?", True),
+                                  (("User", "Assistant"), "where have i been hiking lately?", True),
+                                  (("user", "assistant"), "Where did the user go hiking last week?", False),
+                                  (("Bob", "Ann"), "Where did I go hiking last week?", False)):  # fmt: skip
+        turns = [f"{who}: {text}" for pair in pairs for who, text in zip(roles, pair)]
+        budget = sum(count(t) + 1 for t in turns) // 2 + 8
+        path = f"{store_path}-{roles[0]}-{len(query)}"
+        policy = ContextPolicy(recent=0, other_speaker=0.0)
+        with fastmem.open(path, embedder=WordHashEmbedder(), summarizer=None, policy=policy) as store:
+            for i, text in enumerate(turns):
+                store.add(text, session="s1", timestamp=t0 + 60 * i)
+            for i in range(10):  # relevance is relative: the least relevant candidate gets 0
+                store.add(f"Unrelated note {i} on groceries.", session="s2", timestamp=t0 + 9000 + i)
+            ctx = store.context(query, budget=budget)
+        firsts = [i.text.split(":")[0] for i in ctx.items]
+        assert ctx.tokens <= budget
+        if focused:
+            assert firsts.count(roles[0]) == 6, (query, firsts)  # every place the user went
+        else:
+            assert 0 < firsts.count(roles[0]) < 6 and len(set(firsts)) == 2, (query, firsts)
+
+
 def test_passages_are_cut_only_for_long_memories_the_packer_reaches(store_path, monkeypatch):
     import fastmem.context as context_module
 
