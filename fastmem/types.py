@@ -120,7 +120,8 @@ class ContextPolicy:
     as ``user``), or is asked in the first person ("I", "my") and the best matches include the
     user's own messages (``user: ``), the other speakers' found memories go in at
     ``other_speaker`` times their priority: a question about one person is answered by that
-    person's own turns (1: off).
+    person's own turns; a question naming a speaker is also ranked with the embedding of the
+    query without that name, as the speaker's own turns say "I" (1: both off).
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """
