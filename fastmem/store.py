@@ -547,9 +547,9 @@ class MemoryStore:
         with engine.lock:
             engine.check()
             now = time.time()
-            ranked, degraded = retrieval.rank(
-                engine.index, query, self.policy.candidates, policy=self.policy,
-                vector=vector, degraded=degraded, session=session, now=now,
+            ranked, degraded = _context.ranking(
+                engine, self.policy, query, vector=vector, degraded=degraded, session=session,
+                now=now, embedder=self._embedder,
             )  # fmt: skip
             text, tokens, items = _context.build(
                 engine, self.policy, ranked, budget=budget, counter=counter,

@@ -117,8 +117,11 @@ class ContextPolicy:
     ``(DENSITY_TOKENS / tokens) ** length_penalty`` for those longer than
     ``DENSITY_TOKENS`` (0: by relevance alone). When the query names a speaker of the best
     matches (the ``"Name: "`` a conversation turn starts with, a proper name, not a role such
-    as ``user``), the other speakers' found memories go in at ``other_speaker`` times their
-    priority: a question about one person is answered by that person's own turns (1: off).
+    as ``user``), or is asked in the first person ("I", "my") and the best matches include the
+    user's own messages (``user: ``), the other speakers' found memories go in at
+    ``other_speaker`` times their priority: a question about one person is answered by that
+    person's own turns; a question naming a speaker is also ranked with the embedding of the
+    query without that name, as the speaker's own turns say "I" (1: both off).
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """

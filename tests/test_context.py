@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import os
 import subprocess
 import sys
@@ -606,6 +607,94 @@ def test_day_headers_name_the_session_only_when_sessions_share_the_day(store_pat
         lines = store.context("plan for lisbon", budget=500).text.splitlines()
     assert lines == ["## a · 14 Nov 2023", "alpha plan for lisbon", "## b · 14 Nov 2023",
                      "beta plan for lisbon", "## 19 Nov 2023", "gamma plan for lisbon"]  # fmt: skip
+
+
+def test_a_question_in_the_first_person_gets_the_users_own_messages_first(store_path):
+    # The assistant repeats the words of each of the user's messages: search ranks them
+    # alike, and the budget holds only half. "Where did I go" asks what the user said: their
+    # own messages go in first (``other_speaker=0``); a question about "the user" names no
+    # one, and in a conversation without a ``user`` role "I" is nobody in it.
+    t0 = 1_700_000_000.0
+    pairs = [(f"I went hiking in the {place} last week.", f"Hiking in the {place} last week sounds great!")
+             for place in ["Alps", "Tatras", "Dolomites", "Pyrenees", "Rockies", "Andes"]]  # fmt: skip
+    for roles, query, focused in ((("user", "assistant"), "Where did I go hiking last week?", True),
+                                  (("User", "Assistant"), "where have i been hiking lately?", True),
+                                  (("user", "assistant"), "Where did the user go hiking last week?", False),
+                                  (("Bob", "Ann"), "Where did I go hiking last week?", False)):  # fmt: skip
+        turns = [f"{who}: {text}" for pair in pairs for who, text in zip(roles, pair)]
+        budget = sum(count(t) + 1 for t in turns) // 2 + 8
+        path = f"{store_path}-{roles[0]}-{len(query)}"
+        policy = ContextPolicy(recent=0, other_speaker=0.0)
+        with fastmem.open(path, embedder=WordHashEmbedder(), summarizer=None, policy=policy) as store:
+            for i, text in enumerate(turns):
+                store.add(text, session="s1", timestamp=t0 + 60 * i)
+            for i in range(10):  # relevance is relative: the least relevant candidate gets 0
+                store.add(f"Unrelated note {i} on groceries.", session="s2", timestamp=t0 + 9000 + i)
+            ctx = store.context(query, budget=budget)
+        firsts = [i.text.split(":")[0] for i in ctx.items]
+        assert ctx.tokens <= budget
+        if focused:
+            assert firsts.count(roles[0]) == 6, (query, firsts)  # every place the user went
+        else:
+            assert 0 < firsts.count(roles[0]) < 6 and len(set(firsts)) == 2, (query, firsts)
+
+
+class ConceptEmbedder:
+    """Test embedder that reads a turn as a model does a speaker's "I": its ``Name: ``
+    prefix carries nothing; a name written in the text is its own direction, and the
+    words of a topic share one."""
+
+    name = "test/concept"
+    dim = 16
+    AXES = {"bob": 0, "ann": 1, "bake": 2, "baked": 2, "bread": 2, "cake": 2, "weather": 3}
+
+    def encode(self, texts):
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            for word in re.findall(r"[a-z]+", re.sub(r"^\w+: ", "", text).lower()):
+                out[i, self.AXES.get(word, 4 + len(word) % 11)] += 1.0 if word in self.AXES else 0.5
+            out[i, 15] += 1e-3  # never all zeros
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_a_question_naming_a_speaker_is_embedded_without_the_name(store_path):
+    # Ann greets Bob by name in every turn; Bob's own turns say what he baked, never his
+    # name. "What did Bob bake?" embedded whole sits between the two; without the name,
+    # on Bob's baking. The budget holds about six turns.
+    t0 = 1_700_000_000.0
+    turns = []
+    for i in range(12):
+        turns += [f"Ann: Bob, good to see you Bob, hi Bob number {i}.", f"Bob: Hello Ann, nice weather {i}."]
+    for thing in ("sourdough bread", "a lemon cake for my niece", "rye bread with seeds"):
+        turns += [f"Bob: Yesterday I baked {thing}.", "Ann: Nice weather today."]
+    budget = 6 * max(count(t) + 1 for t in turns) + 16
+    found = {}
+    for other_speaker in (0.7, 1.0):  # 1: the speaker focus off, and the name kept
+        policy = ContextPolicy(recent=0, other_speaker=other_speaker, candidates=8)
+        with fastmem.open(f"{store_path}-{other_speaker}", embedder=ConceptEmbedder(), summarizer=None,
+                          policy=policy) as store:  # fmt: skip
+            for i, text in enumerate(turns):
+                store.add(text, session="s1", timestamp=t0 + 60 * i)
+            ctx = store.context("What did Bob bake?", budget=budget)
+        assert ctx.tokens <= budget
+        found[other_speaker] = sum("baked" in i.text for i in ctx.items)
+    assert found[0.7] == 3, found  # all he baked
+    assert found[1.0] < 3, found
+
+
+def test_without_names_drops_the_named_speakers_and_their_possessive(store_path):
+    from fastmem.context import without_names
+    from fastmem.retrieval import Ranked
+
+    with fastmem.open(store_path, embedder=None, summarizer=None) as store:
+        rows = [store.add(t) for t in ("Melanie: I paint.", "Caroline: I run.", "user: I code.")]
+        engine = store._engine
+        ranked = [Ranked(engine.index.find(int(r[1:])), 1.0, None, 1.0) for r in rows]
+        assert without_names(engine, ranked, "What did Melanie's kids paint?") == "What did kids paint?"
+        assert without_names(engine, ranked, "Did Caroline and Melanie meet?") == "Did and meet?"
+        assert without_names(engine, ranked, "What did Bob paint?") is None  # not a speaker here
+        assert without_names(engine, ranked, "What did I code?") is None  # the user is no name
+        assert without_names(engine, ranked, "Melanie?") is None  # nothing left to embed
 
 
 def test_passages_are_cut_only_for_long_memories_the_packer_reaches(store_path, monkeypatch):
