@@ -30,6 +30,7 @@ from . import _format as fmt
 from . import retrieval
 from ._engine import Engine
 from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash
+from ._items import parse_id
 from ._stopwords import QUERY_STOP_WORDS
 from ._threads import Background
 from .embed import Embedder
@@ -38,7 +39,7 @@ from .retrieval import Ranked, importance_scores, sole_match
 from .tokens import TokenCounter
 from .types import Context, ContextItem, ContextPolicy, Level
 
-__all__ = ["Preload", "build", "excerpt", "level1_rows", "pack", "pinned_rows", "ranking", "render"]
+__all__ = ["Preload", "answer", "build", "excerpt", "level1_rows", "pack", "pinned_rows", "render"]
 
 # What a memory whose tokens were never counted (a store written before token counts) is
 # taken to cost when the pinned and recent shares are filled: a summary's bound.
@@ -444,34 +445,61 @@ def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | Non
     return rest if _WORD.search(rest) else None
 
 
-def ranking(
+def answer(
     engine: Engine, policy: ContextPolicy, query: str, *, vector: np.ndarray | None,
-    degraded: bool, session: str | None, now: float, embedder: Embedder | None,
-) -> tuple[list[Ranked], bool]:  # fmt: skip
-    """Level 3 for a context: :func:`~fastmem.retrieval.rank` (``vector`` and ``degraded``
-    are :func:`~fastmem.retrieval.embed_query`'s), and when the query names a speaker of its
-    best matches, ranked again with the embedding of the query without that name
-    (:func:`without_names`; the keyword side keeps the whole query).
+    degraded: bool, embedder: Embedder | None, session: str | None, budget: int,
+    counter: TokenCounter, stored_counts: bool, exclude: set[str], touch: bool,
+) -> tuple[str, int, list[ContextItem], bool]:  # fmt: skip
+    """``MemoryStore.context`` under the engine's lock: level 3 by
+    :func:`~fastmem.retrieval.rank` (``vector`` and ``degraded`` are
+    :func:`~fastmem.retrieval.embed_query`'s), then :func:`build`; the memories used
+    counted as accesses when ``touch``. Returns ``(text, tokens, items, degraded)``.
 
-    A speaker's own turns say "I", not their name: the name pulls the query's embedding
-    towards the other speakers' turns that address or mention them. On LoCoMo dev, the
-    evidence of a question naming one speaker ranks, among that speaker's turns, in the
-    first 30 for 54% of the multi-hop evidence with the name and 74% without it. The
-    second embedding is made under the caller's lock: only such queries pay it, and the
-    model is loaded (it made the first). ``other_speaker`` 1 turns this off with the
-    speaker focus.
+    When the query names a speaker of its best matches, it is ranked again with the
+    embedding of the query without that name (:func:`without_names`; the keyword side
+    keeps the whole query). A speaker's own turns say "I", not their name: the name pulls
+    the query's embedding towards the other speakers' turns that address or mention them.
+    On LoCoMo dev, the evidence of a question naming one speaker ranks, among that
+    speaker's turns, in the first 30 for 54% of the multi-hop evidence with the name and
+    74% without it. The lock is let go while that second embedding is made, as for the
+    first (a slow model holds up no other thread). ``other_speaker`` 1 turns this off with
+    the speaker focus.
     """
-    index = engine.index
-    first = retrieval.rank(index, query, policy.candidates, policy=policy, vector=vector,
-                           degraded=degraded, session=session, now=now)  # fmt: skip
-    if vector is None or embedder is None or policy.other_speaker >= 1:
-        return first
-    rest = without_names(engine, first[0], query)
-    if rest is None:
-        return first
-    return retrieval.rank(index, query, policy.candidates, policy=policy,
-                          vector=retrieval.query_vector(embedder, rest), degraded=degraded,
-                          session=session, now=now)  # fmt: skip
+    with engine.lock:
+        engine.check()
+        first = _rank(engine, policy, query, vector, degraded, session)
+        second = vector is not None and embedder is not None and policy.other_speaker < 1
+        rest = without_names(engine, first[0], query) if second else None
+        if rest is None:
+            return _pack(engine, policy, query, first, session, budget, counter, stored_counts, exclude, touch)
+    assert embedder is not None
+    vector = retrieval.query_vector(embedder, rest)
+    with engine.lock:
+        engine.check()
+        ranked = _rank(engine, policy, query, vector, degraded, session)
+        return _pack(engine, policy, query, ranked, session, budget, counter, stored_counts, exclude, touch)
+
+
+def _rank(
+    engine: Engine, policy: ContextPolicy, query: str, vector: np.ndarray | None, degraded: bool,
+    session: str | None,
+) -> tuple[list[Ranked], bool]:  # fmt: skip
+    return retrieval.rank(engine.index, query, policy.candidates, policy=policy, vector=vector,
+                          degraded=degraded, session=session, now=time.time())  # fmt: skip
+
+
+def _pack(
+    engine: Engine, policy: ContextPolicy, query: str, ranked: tuple[list[Ranked], bool],
+    session: str | None, budget: int, counter: TokenCounter, stored_counts: bool,
+    exclude: set[str], touch: bool,
+) -> tuple[str, int, list[ContextItem], bool]:  # fmt: skip
+    text, tokens, items = build(engine, policy, ranked[0], budget=budget, counter=counter,
+                                stored_counts=stored_counts, exclude=engine.rows_of(exclude),
+                                query=query, session=session)  # fmt: skip
+    if touch:
+        index = engine.index
+        index.touch([index.find(parse_id(item.id)) for item in items], time.time())
+    return text, tokens, items, ranked[1]
 
 
 def _candidates(

@@ -35,7 +35,7 @@ from ._index import (
     F_FLAGS, F_ID, update_changes,
 )  # fmt: skip
 from ._items import (
-    DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8, parse_id,
+    DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8,
     check_batch, check_ids, check_open, check_search, prepare, summarize_and_count, vectors_for,
 )  # fmt: skip
 from .embed import (  # light: the model's libraries load in its thread
@@ -543,21 +543,11 @@ class MemoryStore:
         if self._embedder is not None:  # a model still loading: wait a little (not locked)
             ready_within(self._embedder, self.policy.embedder_wait)
         vector, degraded = retrieval.embed_query(self._embedder, query)  # not locked either
-        engine = self._engine
-        with engine.lock:
-            engine.check()
-            now = time.time()
-            ranked, degraded = _context.ranking(
-                engine, self.policy, query, vector=vector, degraded=degraded, session=session,
-                now=now, embedder=self._embedder,
-            )  # fmt: skip
-            text, tokens, items = _context.build(
-                engine, self.policy, ranked, budget=budget, counter=counter,
-                stored_counts=counter is self.tokens, exclude=engine.rows_of(excluded_ids),
-                query=query, session=session,
-            )  # fmt: skip
-            if not self.readonly:
-                engine.index.touch([engine.index.find(parse_id(item.id)) for item in items], now)
+        text, tokens, items, degraded = _context.answer(
+            self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
+            session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,
+            exclude=excluded_ids, touch=not self.readonly,
+        )  # fmt: skip
         return _context.new_context(text, tokens, budget, items, counter.name, degraded, started)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
