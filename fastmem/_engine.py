@@ -44,7 +44,7 @@ from ._index import (
 )  # fmt: skip
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
-from ._items import Prepared, f32, parse_id
+from ._items import Batch, f32, parse_id
 from ._threads import at_fork
 from .errors import (
     CorruptIndexError, CorruptionError, CorruptRecordError, DimensionMismatchError,
@@ -518,12 +518,12 @@ class Engine:
 
     # --- writing ------------------------------------------------------------------------
 
-    def commit_memories(self, prepared: list[Prepared], vectors16: np.ndarray | None) -> list[str]:
+    def commit_memories(self, batch: Batch, vectors16: np.ndarray | None) -> list[str]:
         """Append the prepared memories as one write and apply them to the index, as one
         step: on any failure the file is cut back and the index reloaded (nothing was
         acknowledged, and the next ids are the same ones). Returns their ids."""
         index = self.index
-        n = len(prepared)
+        n = len(batch)
         if vectors16 is not None:
             if not index.dim:
                 index.set_dim(vectors16.shape[1])
@@ -533,8 +533,7 @@ class Engine:
                 )
         first_id = index.next_id
         n_types = len(index.user_types)
-        payloads = [item.payload for item in prepared]
-        texts = [payload["x"] for payload in payloads]
+        payloads = batch.payloads
         for j, payload in enumerate(payloads):
             payload["i"] = first_id + j
         token_counts = [p.get("k", _UNKNOWN_TOKENS) for p in payloads]
@@ -547,18 +546,15 @@ class Engine:
                 data, raw_len = fmt.compress_payload(raw)
                 stored.append(data)
                 raw_lens.append(raw_len)
-        known = index.type_codes
-        codes = []
-        for item in prepared:
-            code = known.get(item.type_name)
-            codes.append(index.type_code(item.type_name, create=True) if code is None else code)
+        codes = [index.type_code(name, create=True) for name in batch.type_names]
         rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
         rows["id"] = np.arange(first_id, first_id + n)
-        rows["timestamp"] = [p["t"] for p in payloads]
-        rows["type"] = codes
-        rows["session"] = [0 if item.session is None else session_hash(item.session) for item in prepared]
-        rows["importance"] = [item.importance for item in prepared]
-        rows["flags"] = [item.flags for item in prepared]
+        rows["timestamp"] = batch.timestamps
+        rows["type"] = np.array(codes, dtype=np.uint16)[batch.type_index]
+        hashes = [0] + [session_hash(session) for session in batch.sessions]
+        rows["session"] = np.array(hashes, dtype=np.uint64)[batch.session_index]
+        rows["importance"] = batch.importance
+        rows["flags"] = batch.flags
         rows["text_tokens"], rows["summary_tokens"] = np.array(token_counts, dtype=np.uint32).T
         has_vector = None
         if vectors16 is not None:
@@ -575,7 +571,7 @@ class Engine:
         try:
             rows["length"] = lengths
             rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
-            index.append(rows, vectors16, texts)
+            index.append(rows, vectors16, batch.texts)
             index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
         except BaseException:
             self._undo_append(start)

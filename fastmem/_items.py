@@ -16,6 +16,7 @@ import msgpack
 import numpy as np
 
 from . import _format as fmt
+from . import _kernels
 from ._index import default_importance
 from ._vectors import to_float16
 from .embed import Embedder
@@ -225,6 +226,26 @@ def prepare(i: int, item: Any, now: float) -> Prepared:
     return Prepared(payload, type_name, session, importance, fmt.FLAG_PINNED if pinned else 0,
                     get("embedding"))
 
+
+class Batch:
+    """The checked items of one ``add_many``: payloads, and the columns of their index rows.
+
+    ``type_names`` and ``sessions`` list the distinct values in order of first use;
+    ``type_index`` gives each item's index into ``type_names`` and ``session_index`` into
+    ``sessions`` counting from 1 (0: no session). ``flags`` gains ``FLAG_HAS_VECTOR`` in
+    :func:`vectors_for`."""
+
+    __slots__ = ("payloads", "texts", "embeddings", "type_names", "type_index", "sessions",
+                 "session_index", "importance", "flags", "timestamps")  # fmt: skip
+
+    def __init__(self, items: list[Any], now: float) -> None:
+        (self.payloads, self.texts, self.embeddings, self.type_names, self.type_index,
+         self.sessions, self.session_index, self.importance, self.flags,
+         self.timestamps) = _kernels.prepare_batch(items, now, prepare)  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
 def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer | None,
                         tokens: TokenCounter) -> None:
     """Give each payload its summary (unless it has one) and its token counts, once.
@@ -258,37 +279,40 @@ def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer |
         payload["k"] = [n_text, n_summary]
 
 
-def vectors_for(prepared: list[Prepared], embedder: Embedder | None, dim: int) -> np.ndarray | None:
+def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:
     """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere):
     the items without an embedding are embedded in one call."""
-    given = [j for j, p in enumerate(prepared) if p.embedding is not None]
-    missing = [j for j, p in enumerate(prepared) if p.embedding is None]
-    if missing and embedder is not None:
-        encoded = embedder.encode([prepared[j].payload["x"] for j in missing])
+    embeddings = batch.embeddings
+    given = [j for j, e in enumerate(embeddings) if e is not None]
+    if len(given) < len(embeddings) and embedder is not None:
+        missing = [j for j, e in enumerate(embeddings) if e is None]
+        encoded = embedder.encode([batch.texts[j] for j in missing])
         for j, vec in zip(missing, encoded):
-            prepared[j].embedding = vec
-        given = list(range(len(prepared)))
+            embeddings[j] = vec
+        given = list(range(len(embeddings)))
     if not given:
         return None
+    rows = embeddings if len(given) == len(embeddings) else [embeddings[j] for j in given]
+    stacked = _kernels.gather_vectors(rows, dim)  # the common case: float32 arrays, one copy
     try:
-        half = to_float16([prepared[j].embedding for j in given], dim)
+        half = to_float16(rows if stacked is None else stacked, dim)
     except InvalidInputError as exc:
         row = getattr(exc, "row", None)
         if row is not None:
             raise InvalidInputError(f"item {given[row]}: {exc}") from None
         for j in given:  # find the item to name in the message
             try:
-                to_float16([prepared[j].embedding], dim)
+                to_float16([embeddings[j]], dim)
             except InvalidInputError as item_exc:
                 raise type(item_exc)(f"item {j}: {item_exc}") from None
         raise InvalidInputError("embeddings have different lengths") from None
-    if len(given) == len(prepared):
+    if len(given) == len(embeddings):
         vectors = half
+        batch.flags |= fmt.FLAG_HAS_VECTOR
     else:
-        vectors = np.zeros((len(prepared), half.shape[1]), dtype="<f2")
+        vectors = np.zeros((len(embeddings), half.shape[1]), dtype="<f2")
         vectors[given] = half
-    for j in given:
-        prepared[j].flags |= fmt.FLAG_HAS_VECTOR
+        batch.flags[given] |= fmt.FLAG_HAS_VECTOR
     return vectors
 
 
