@@ -57,9 +57,6 @@ from .types import Memory
 __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
-# Checkpoint while writing once the rows added since the last one are this many and as many
-# as it holds: a bulk load holds at most half its rows in memory (issue 21: peak RSS).
-CHECKPOINT_TAIL_ROWS = 1 << 18
 _UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # A write waiting for the lock polls it (flock has no timeout), first often, since writes
 # hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
@@ -577,7 +574,7 @@ class Engine:
             self._undo_append(start)
             raise
         self.valid_end = self.dat_end
-        if index.tail.n >= max(CHECKPOINT_TAIL_ROWS, index.n_base):
+        if index.tail.n >= index.tail_limit():
             self.checkpoint()
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
 
