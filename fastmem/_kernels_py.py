@@ -546,7 +546,8 @@ def gather_vectors(vectors: list[Any], dim: int) -> np.ndarray | None:
     """The vectors stacked into one C-ordered float32 (n, length) array, when every one is a
     1-D, C-contiguous, native-order float32 ``numpy.ndarray`` (no subclass) of length
     ``dim`` (with ``dim`` 0: of the first one's length, at most ``MAX_DIM``); else None, and
-    the caller converts them the general way (which names what is wrong)."""
+    the caller converts them the general way (which names what is wrong). The compiled twin
+    returns consecutive rows of one buffer as a read-only view of it instead of a copy."""
     if not vectors:
         return None
     length = dim

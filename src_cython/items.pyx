@@ -176,11 +176,21 @@ def prepare_batch(list items, double now, object fallback):
             importance_a, flags_a, timestamps_a)
 
 
+cdef inline object _base(cnp.ndarray a):
+    cdef PyObject* base = cnp.PyArray_BASE(a)
+    return None if base == NULL else <object>base
+
+
 def gather_vectors(list vectors, Py_ssize_t dim):
     """The vectors as one float32 (n, length) array, or None; see
-    fastmem._kernels_py.gather_vectors."""
+    fastmem._kernels_py.gather_vectors. Rows that lie one after the other in one buffer
+    (the rows of one 2-D array, as a model's batch gives them) are returned as a read-only
+    view of that buffer, not copied."""
     cdef Py_ssize_t n = len(vectors), i, d = dim
     cdef cnp.ndarray a
+    cdef char* first
+    cdef object base
+    cdef bint consecutive = True
     if n == 0:
         return None
     for i in range(n):
@@ -195,6 +205,17 @@ def gather_vectors(list vectors, Py_ssize_t dim):
             d = cnp.PyArray_DIMS(a)[0]
         if cnp.PyArray_DIMS(a)[0] != d or d > MAX_DIM or d == 0:
             return None
+        if i == 0:
+            first, base = <char*>cnp.PyArray_DATA(a), _base(a)
+        elif consecutive:
+            # Views of one buffer (the same base object; numpy makes every view's base the
+            # object that owns the memory), each row right after the one before: the whole
+            # span lies in that buffer.
+            consecutive = (base is not None and _base(a) is base
+                           and <char*>cnp.PyArray_DATA(a) == first + i * d * <Py_ssize_t>sizeof(f32))
+    if consecutive and n > 1:
+        return np.lib.stride_tricks.as_strided(vectors[0], shape=(n, d), strides=(d * sizeof(f32), sizeof(f32)),
+                                               writeable=False)
     cdef cnp.ndarray out = np.empty((n, d), dtype=np.float32)
     cdef char* dst = <char*>cnp.PyArray_DATA(out)
     cdef Py_ssize_t row_bytes = d * sizeof(f32)

@@ -177,3 +177,23 @@ def test_gather_vectors_agrees_with_the_reference(makers, dim, seed):
 def test_gather_vectors_refuses_an_overlong_vector():
     v = np.ones(fmt.MAX_DIM + 1, np.float32)
     assert ext.gather_vectors([v], 0) is None and ref.gather_vectors([v], 0) is None
+
+
+@given(st.lists(st.integers(0, 9), max_size=8), st.booleans(), st.integers(0, 3))
+def test_gather_vectors_of_rows_of_one_array(picks, consecutive, start):
+    """Rows of one 2-D array (a model's batch): consecutive ones come back as a read-only
+    view of it, any others as a copy; the values are the rows' either way."""
+    rows = np.random.default_rng(start).standard_normal((14, 4)).astype(np.float32)
+    if consecutive:
+        picks = list(range(start, start + len(picks)))
+    vectors = [rows[i] for i in picks]
+    got, want = ext.gather_vectors(vectors, 4), ref.gather_vectors(vectors, 4)
+    if not picks:
+        assert got is None and want is None
+        return
+    assert np.array_equal(got, rows[picks]) and np.array_equal(want, rows[picks])
+    assert got.flags.c_contiguous and got.dtype == np.float32
+    if len(picks) > 1 and all(b == a + 1 for a, b in zip(picks, picks[1:])):
+        assert np.shares_memory(got, rows) and not got.flags.writeable
+    else:
+        assert not np.shares_memory(got, rows)
