@@ -39,9 +39,29 @@ def test_compiled_constants_match_the_format():
     assert c["MAGIC"] == fmt.RECORD_MAGIC
 
 
+@pytest.fixture(params=["pclmul", "table"])
+def crc_path(request):
+    """The CRC: folded with PCLMULQDQ (where the processor has it), and the table alone."""
+    used = ext.use_pclmul(request.param == "pclmul")
+    if request.param == "pclmul" and not used:
+        pytest.skip("this processor has no PCLMULQDQ")
+    yield request.param
+    ext.use_pclmul(True)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
-def test_crc32_equals_zlib(data, start):
+def test_crc32_equals_zlib(crc_path, data, start):
     assert ext.crc32(data, start) == zlib.crc32(data, start) == ref.crc32(data, start)
+
+
+def test_crc32_equals_zlib_at_every_length_around_the_folds(crc_path):
+    """Lengths on both sides of the 64-byte fold and the 16-byte steps, at odd offsets."""
+    data = np.random.default_rng(5).integers(0, 256, 600, dtype=np.uint8).tobytes()
+    for start in (0, 1, 7):
+        for n in range(0, 300):
+            chunk = data[start : start + n]
+            assert ext.crc32(chunk, 0xDEADBEEF) == zlib.crc32(chunk, 0xDEADBEEF), (start, n)
 
 
 def _records(draw_payloads, dim, rng):

@@ -5,6 +5,9 @@ import numpy as np
 import numpy.typing as npt
 
 CONSTANTS: dict[str, Any]
+HAVE_PCLMUL: bool
+
+def use_pclmul(enabled: bool) -> bool: ...
 
 def crc32(data: Any, value: int = 0) -> int: ...
 def scan_records(
