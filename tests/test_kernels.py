@@ -39,14 +39,20 @@ def test_compiled_constants_match_the_format():
     assert c["MAGIC"] == fmt.RECORD_MAGIC
 
 
+def _instructions(request, use, fast):
+    """Run with the processor's ``fast`` instructions (skipped where it has none), or
+    without them; switched back on after."""
+    used = use(request.param == fast)
+    if request.param == fast and not used:
+        pytest.skip(f"this processor has no {fast.upper()}")
+    yield request.param
+    use(True)
+
+
 @pytest.fixture(params=["pclmul", "table"])
 def crc_path(request):
     """The CRC: folded with PCLMULQDQ (where the processor has it), and the table alone."""
-    used = ext.use_pclmul(request.param == "pclmul")
-    if request.param == "pclmul" and not used:
-        pytest.skip("this processor has no PCLMULQDQ")
-    yield request.param
-    ext.use_pclmul(True)
+    yield from _instructions(request, ext.use_pclmul, "pclmul")
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -414,11 +420,7 @@ float32_rows = hnp.arrays(
 def conversions(request):
     """The float <-> half conversions: F16C instructions (where the processor has them)
     and the portable C ones."""
-    used = vectors_ext.use_f16c(request.param == "f16c")
-    if request.param == "f16c" and not used:
-        pytest.skip("this processor has no F16C")
-    yield request.param
-    vectors_ext.use_f16c(True)
+    yield from _instructions(request, vectors_ext.use_f16c, "f16c")
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
