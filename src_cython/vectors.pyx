@@ -11,7 +11,7 @@ import numpy as np
 
 from libc.math cimport sqrt, isfinite
 from libc.stdlib cimport malloc, free
-from _types cimport i8, u16, i32, i64, f32, f64
+from _types cimport i8, u16, i64, f32, f64
 
 cdef extern from "_half.h" nogil:
     void fm_floats_to_halves_scalar(const f32* inp, u16* out, Py_ssize_t n)
@@ -122,8 +122,6 @@ def quantize_half(const u16[:, ::1] half):
     cdef f32[::1] scales = s_out
     cdef f32 peak, inv, r
     cdef u16 peak_bits, b
-    cdef i8* qrow
-    cdef const u16* hrow
     # 1.5 * 2**23: adding then subtracting it rounds a float below 2**22 to the nearest
     # integer, ties to even, as numpy's rint does (no -ffast-math, no FMA contraction).
     cdef f32 magic = 12582912.0
@@ -136,11 +134,9 @@ def quantize_half(const u16[:, ::1] half):
                 to_floats(&half[i, 0], v, dim)
                 # Finite halves order by magnitude as their bits do: an integer max, which
                 # compiles without branches (float compares here mispredict on every sign).
-                # Through a row pointer (a memoryview's strides kept it a scalar chain).
-                hrow = &half[i, 0]
                 peak_bits = 0
                 for j in range(dim):
-                    b = hrow[j] & 0x7FFF
+                    b = half[i, j] & 0x7FFF
                     peak_bits = b if b > peak_bits else peak_bits
                 to_floats(&peak_bits, &peak, 1)
                 if peak > 0:
@@ -148,12 +144,9 @@ def quantize_half(const u16[:, ::1] half):
                     inv = <f32>127 / peak
                 else:
                     inv = 1
-                qrow = &q[i, 0]
-                for j in range(dim):  # float compares and an int32 cast: the loop vectorizes
+                for j in range(dim):
                     r = (v[j] * inv + magic) - magic
-                    r = 127 if r > 127 else r
-                    r = -127 if r < -127 else r
-                    qrow[j] = <i8><i32>r
+                    q[i, j] = <i8>(127 if r > 127 else (-127 if r < -127 else r))
     finally:
         free(v)
     return q_out, s_out
