@@ -50,6 +50,7 @@ STAGES = (
     ("  count_many", "  of which count_many"),
     ("commit_memories", "commit_memories"),
     ("  pack_payloads", "  pack_payloads"),
+    ("  pack_memories", "  pack_memories (payloads with ids and counts)"),
     ("  frame_records", "  frame_records"),
     ("  write", "  write (_append)"),
     ("  index.append", "  index.append"),
@@ -68,7 +69,7 @@ def main() -> None:
     for name in ("prepare", "vectors_for", "summarize_and_count"):
         if hasattr(store_module, name):
             setattr(store_module, name, timed(name, getattr(store_module, name)))
-    for name in ("prepare_batch", "gather_vectors", "pack_payloads", "frame_records"):
+    for name in ("prepare_batch", "gather_vectors", "pack_payloads", "pack_memories", "frame_records"):
         if hasattr(_kernels, name):
             label = name if name == "prepare_batch" else f"  {name}"
             setattr(_kernels, name, timed(label, getattr(_kernels, name)))
@@ -98,10 +99,10 @@ def main() -> None:
     accounted = 0.0
     for key, label in STAGES:
         if key in during:
-            print(f"  {label:44s} {during[key] / n * 1e6:6.2f} µs/memory")
+            print(f"  {label:48s} {during[key] / n * 1e6:6.2f} µs/memory")
             accounted += 0 if key.startswith(" ") else during[key]
-    print(f"  {'rest of add_many':44s} {(c1 - c0 - accounted) / n * 1e6:6.2f} µs/memory")
-    print(f"  {'add_many in all':44s} {(c1 - c0) / n * 1e6:6.2f} µs/memory"
+    print(f"  {'rest of add_many':48s} {(c1 - c0 - accounted) / n * 1e6:6.2f} µs/memory")
+    print(f"  {'add_many in all':48s} {(c1 - c0) / n * 1e6:6.2f} µs/memory"
           f"{' (CPU time of this thread)' if '--cpu' in sys.argv else ''}")
     for ext in (".dat", ".idx"):
         os.remove(path + ext)

@@ -57,7 +57,6 @@ from .types import Memory
 __all__ = ["Engine", "no_cyclic_gc", "read_payload"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
-_UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # A write waiting for the lock polls it (flock has no timeout), first often, since writes
 # hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
 # idle for up to a millisecond at every handoff between processes.
@@ -530,19 +529,11 @@ class Engine:
                 )
         first_id = index.next_id
         n_types = len(index.user_types)
-        payloads = batch.payloads
-        for j, payload in enumerate(payloads):
-            payload["i"] = first_id + j
-        token_counts = [p.get("k", _UNKNOWN_TOKENS) for p in payloads]
-        stored, raw_lens = [], []
-        for raw in _kernels.pack_payloads(payloads):
-            if len(raw) < fmt.COMPRESS_MIN:  # most memories: no call to make
-                stored.append(raw)
-                raw_lens.append(len(raw))
-            else:
-                data, raw_len = fmt.compress_payload(raw)
-                stored.append(data)
-                raw_lens.append(raw_len)
+        stored, raw_lens = _kernels.pack_memories(
+            batch.payloads, first_id, batch.text_tokens, batch.summary_tokens
+        )
+        for j in np.flatnonzero(raw_lens >= fmt.COMPRESS_MIN):  # most memories: no call to make
+            stored[j], raw_lens[j] = fmt.compress_payload(stored[j])
         codes = [index.type_code(name, create=True) for name in batch.type_names]
         rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
         rows["id"] = np.arange(first_id, first_id + n)
@@ -552,12 +543,12 @@ class Engine:
         rows["session"] = np.array(hashes, dtype=np.uint64)[batch.session_index]
         rows["importance"] = batch.importance
         rows["flags"] = batch.flags
-        rows["text_tokens"], rows["summary_tokens"] = np.array(token_counts, dtype=np.uint32).T
+        rows["text_tokens"], rows["summary_tokens"] = batch.text_tokens, batch.summary_tokens
         has_vector = None
         if vectors16 is not None:
             has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
         data, lengths, crcs = _kernels.frame_records(
-            fmt.KIND_MEMORY, stored, np.array(raw_lens, dtype=np.uint32),
+            fmt.KIND_MEMORY, stored, raw_lens,
             None if vectors16 is None else vectors16.view(np.uint16), has_vector,
         )  # fmt: skip
         try:

@@ -233,32 +233,38 @@ class Batch:
     ``type_names`` and ``sessions`` list the distinct values in order of first use;
     ``type_index`` gives each item's index into ``type_names`` and ``session_index`` into
     ``sessions`` counting from 1 (0: no session). ``flags`` gains ``FLAG_HAS_VECTOR`` in
-    :func:`vectors_for`."""
+    :func:`vectors_for`; ``text_tokens`` and ``summary_tokens`` are
+    :func:`summarize_and_count`'s."""
 
     __slots__ = ("payloads", "texts", "embeddings", "type_names", "type_index", "sessions",
-                 "session_index", "importance", "flags", "timestamps")  # fmt: skip
+                 "session_index", "importance", "flags", "timestamps", "text_tokens",
+                 "summary_tokens")  # fmt: skip
 
     def __init__(self, items: list[Any], now: float) -> None:
         (self.payloads, self.texts, self.embeddings, self.type_names, self.type_index,
          self.sessions, self.session_index, self.importance, self.flags,
          self.timestamps) = _kernels.prepare_batch(items, now, prepare)  # fmt: skip
+        # Set by summarize_and_count's result: the token counts of texts and summaries.
+        self.text_tokens = self.summary_tokens = np.zeros(0, dtype=np.uint32)
 
     def __len__(self) -> int:
         return len(self.payloads)
 
 def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer | None,
-                        tokens: TokenCounter) -> None:
-    """Give each payload its summary (unless it has one) and its token counts, once.
+                        tokens: TokenCounter) -> tuple[np.ndarray, np.ndarray]:
+    """Give each payload its summary (unless it has one); returns the token counts of the
+    texts and of the summaries (0: none), as uint32 arrays: the payloads' ``"k"``.
 
     Every text is encoded once, in one batch. The default summarizer (:class:`KeySentences`
     counting with ``tokens``) returns no summary for a text of at most its ``max_tokens``
     tokens: such texts are not passed to it, so they are not encoded a second time."""
     text_counts = tokens.count_many([p["x"] for p in payloads])
     if summarizer is not None:
-        todo = [p for p in payloads if "u" not in p]
         if isinstance(summarizer, KeySentences) and summarizer.count == tokens.count:
-            short = {id(p) for p, n in zip(payloads, text_counts) if n <= summarizer.max_tokens}
-            todo = [p for p in todo if id(p) not in short]
+            limit = summarizer.max_tokens
+            todo = [p for p, n in zip(payloads, text_counts) if n > limit and "u" not in p]
+        else:
+            todo = [p for p in payloads if "u" not in p]
         made = summarizer.summarize([p["x"] for p in todo]) if todo else []
         if not isinstance(made, list) or len(made) != len(todo):
             raise InvalidInputError("the summarizer must return a list: one summary or None per text")
@@ -272,11 +278,10 @@ def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer |
                 check_utf8(summary, "the summary")
                 payload["u"] = summary
     summaries = [(j, p["u"]) for j, p in enumerate(payloads) if "u" in p]
-    summary_counts = [0] * len(payloads)
-    for (j, _), n in zip(summaries, tokens.count_many([u for _, u in summaries])):
-        summary_counts[j] = n
-    for payload, n_text, n_summary in zip(payloads, text_counts, summary_counts):
-        payload["k"] = [n_text, n_summary]
+    summary_counts = np.zeros(len(payloads), dtype=np.uint32)
+    if summaries:
+        summary_counts[[j for j, _ in summaries]] = tokens.count_many([u for _, u in summaries])
+    return np.array(text_counts, dtype=np.uint32), summary_counts
 
 
 def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:

@@ -23,6 +23,7 @@ check_record = _kernels_py.check_record
 record_payload = _kernels_py.record_payload
 file_size = _kernels_py.file_size
 pack_payloads = _kernels_py.pack_payloads
+pack_memories = _kernels_py.pack_memories
 importance = _kernels_py.importance
 tokenize_batch = _kernels_py.tokenize_batch
 bm25_topk = _kernels_py.bm25_topk
@@ -32,9 +33,9 @@ prepare_batch = _kernels_py.prepare_batch
 gather_vectors = _kernels_py.gather_vectors
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
-          "file_size", "pack_payloads", "topk_int8", "dot_half", "to_half", "quantize_half",
-          "importance", "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings",
-          "prepare_batch", "gather_vectors")  # fmt: skip
+          "file_size", "pack_payloads", "pack_memories", "topk_int8", "dot_half", "to_half",
+          "quantize_half", "importance", "tokenize_batch", "bm25_topk", "merge_postings",
+          "sort_postings", "prepare_batch", "gather_vectors")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -276,6 +276,22 @@ def pack_payloads(payloads: list[dict[str, Any]]) -> list[bytes]:
     return [_packer.pack(p) for p in payloads]
 
 
+def pack_memories(
+    payloads: list[dict[str, Any]], first_id: int, text_tokens: np.ndarray, summary_tokens: np.ndarray
+) -> tuple[list[bytes], np.ndarray]:
+    """The records' payloads of a batch of memories: each payload dict packed as
+    ``pack_payloads`` packs it, with ``"i"`` (its first key) set to ``first_id + j`` and
+    ``"k"`` (last, unless already there) to ``[text_tokens[j], summary_tokens[j]]``, and
+    their lengths (uint32). The dicts are not changed."""
+    if len(text_tokens) != len(payloads) or len(summary_tokens) != len(payloads):
+        raise ValueError("payloads and token counts differ in length")
+    out = [
+        _packer.pack({**p, "i": first_id + j, "k": [int(a), int(b)]})
+        for j, (p, a, b) in enumerate(zip(payloads, text_tokens, summary_tokens))
+    ]
+    return out, np.array([len(raw) for raw in out], dtype=np.uint32)
+
+
 def importance(
     base: np.ndarray,
     flags: np.ndarray,

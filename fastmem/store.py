@@ -255,7 +255,8 @@ class MemoryStore:
             now = time.time()
             batch = Batch(items, now)
             vectors16 = vectors_for(batch, self._embedder, dim)
-            summarize_and_count(batch.payloads, self._summarizer, self.tokens)
+            counts = summarize_and_count(batch.payloads, self._summarizer, self.tokens)
+            batch.text_tokens, batch.summary_tokens = counts
         with engine.writing(), no_cyclic_gc():
             return engine.commit_memories(batch, vectors16)
 

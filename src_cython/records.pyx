@@ -553,3 +553,48 @@ def pack_payloads(list payloads):
     finally:
         free(b.data)
     return out
+
+
+def pack_memories(list payloads, unsigned long long first_id, const u32[::1] text_tokens,
+                  const u32[::1] summary_tokens):
+    """msgpack bytes of each memory payload with its id and token counts, and their lengths;
+    see fastmem._kernels_py.pack_memories."""
+    cdef Py_ssize_t n = len(payloads), j
+    if text_tokens.shape[0] != n or summary_tokens.shape[0] != n:
+        raise ValueError("payloads and token counts differ in length")
+    cdef _Buf b
+    cdef list out = []
+    cdef dict p
+    lengths = np.empty(n, dtype=np.uint32)
+    cdef u32[::1] lens = lengths
+    b.data, b.size, b.cap = NULL, 0, 0
+    try:
+        for j in range(n):
+            p = payloads[j]
+            b.size = 0
+            _put_len(&b, len(p) + ("i" not in p) + ("k" not in p), 0x80, 16, 0, 0xDE, 0xDF)
+            for key, value in p.items():
+                _pack(&b, key, 1)
+                if key == "i":
+                    _pack(&b, first_id + j, 1)
+                elif key == "k":
+                    _pack_counts(&b, text_tokens[j], summary_tokens[j])
+                else:
+                    _pack(&b, value, 1)
+            if "i" not in p:
+                _pack(&b, "i", 1)
+                _pack(&b, first_id + j, 1)
+            if "k" not in p:
+                _pack(&b, "k", 1)
+                _pack_counts(&b, text_tokens[j], summary_tokens[j])
+            out.append(PyBytes_FromStringAndSize(<char*>b.data, b.size))
+            lens[j] = <u32>b.size
+    finally:
+        free(b.data)
+    return out, lengths
+
+
+cdef int _pack_counts(_Buf* b, u32 text, u32 summary) except -1:
+    _put_byte(b, 0x92)  # a list of two
+    _pack(b, text, 1)
+    return _pack(b, summary, 1)

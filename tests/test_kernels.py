@@ -474,6 +474,20 @@ def test_pack_payloads_equals_msgpack(payloads):
     assert got == [msgpack.packb(p, use_bin_type=True) for p in payloads]
 
 
+@given(st.lists(st.dictionaries(st.sampled_from(["i", "t", "x", "k", "u", "m"]), msgpack_values, max_size=6),
+                max_size=5), st.integers(0, 2**62), st.data())
+def test_pack_memories_equals_msgpack_with_id_and_counts(payloads, first_id, data):
+    counts = [hnp.arrays(np.uint32, len(payloads)) for _ in range(2)]
+    text, summary = data.draw(counts[0]), data.draw(counts[1])
+    got = ext.pack_memories(payloads, first_id, text, summary)
+    want = [msgpack.packb({**p, "i": first_id + j, "k": [int(a), int(b)]}, use_bin_type=True)
+            for j, (p, a, b) in enumerate(zip(payloads, text, summary))]  # fmt: skip
+    assert got[0] == want and got[1].tolist() == [len(w) for w in want]
+    assert ref.pack_memories(payloads, first_id, text, summary)[0] == want
+    with pytest.raises(ValueError):
+        ext.pack_memories(payloads, first_id, text[:-1] if len(text) else np.zeros(1, np.uint32), summary)
+
+
 def test_pack_payloads_refuses_what_msgpack_refuses():
     for bad in ({"x": object()}, {"x": 2**64}, {"x": -(2**63) - 1}, {"x": {"y": set()}}):
         for pack in (ext.pack_payloads, ref.pack_payloads):
