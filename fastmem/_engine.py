@@ -44,7 +44,7 @@ from ._index import (
 )  # fmt: skip
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
-from ._items import Prepared, f32, parse_id
+from ._items import Batch, f32, parse_id
 from ._replay import read_payload
 from ._threads import at_fork
 from .errors import (
@@ -58,10 +58,6 @@ from .types import Memory
 __all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
-# Checkpoint while writing once the rows added since the last one are this many and as many
-# as it holds: a bulk load holds at most half its rows in memory (issue 21: peak RSS).
-CHECKPOINT_TAIL_ROWS = 1 << 18
-_UNKNOWN_TOKENS = (fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS)
 # A write waiting for the lock polls it (flock has no timeout), first often, since writes
 # hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
 # idle for up to a millisecond at every handoff between processes.
@@ -517,12 +513,12 @@ class Engine:
 
     # --- writing ------------------------------------------------------------------------
 
-    def commit_memories(self, prepared: list[Prepared], vectors16: np.ndarray | None) -> list[str]:
+    def commit_memories(self, batch: Batch, vectors16: np.ndarray | None) -> list[str]:
         """Append the prepared memories as one write and apply them to the index, as one
         step: on any failure the file is cut back and the index reloaded (nothing was
         acknowledged, and the next ids are the same ones). Returns their ids."""
         index = self.index
-        n = len(prepared)
+        n = len(batch)
         if vectors16 is not None:
             if not index.dim:
                 index.set_dim(vectors16.shape[1])
@@ -532,38 +528,26 @@ class Engine:
                 )
         first_id = index.next_id
         n_types = len(index.user_types)
-        payloads = [item.payload for item in prepared]
-        texts = [payload["x"] for payload in payloads]
-        for j, payload in enumerate(payloads):
-            payload["i"] = first_id + j
-        token_counts = [p.get("k", _UNKNOWN_TOKENS) for p in payloads]
-        stored, raw_lens = [], []
-        for raw in _kernels.pack_payloads(payloads):
-            if len(raw) < fmt.COMPRESS_MIN:  # most memories: no call to make
-                stored.append(raw)
-                raw_lens.append(len(raw))
-            else:
-                data, raw_len = fmt.compress_payload(raw)
-                stored.append(data)
-                raw_lens.append(raw_len)
-        known = index.type_codes
-        codes = []
-        for item in prepared:
-            code = known.get(item.type_name)
-            codes.append(index.type_code(item.type_name, create=True) if code is None else code)
+        stored, raw_lens = _kernels.pack_memories(
+            batch.payloads, first_id, batch.text_tokens, batch.summary_tokens
+        )
+        for j in np.flatnonzero(raw_lens >= fmt.COMPRESS_MIN):  # most memories: no call to make
+            stored[j], raw_lens[j] = fmt.compress_payload(stored[j])
+        codes = [index.type_code(name, create=True) for name in batch.type_names]
         rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
         rows["id"] = np.arange(first_id, first_id + n)
-        rows["timestamp"] = [p["t"] for p in payloads]
-        rows["type"] = codes
-        rows["session"] = [0 if item.session is None else session_hash(item.session) for item in prepared]
-        rows["importance"] = [item.importance for item in prepared]
-        rows["flags"] = [item.flags for item in prepared]
-        rows["text_tokens"], rows["summary_tokens"] = np.array(token_counts, dtype=np.uint32).T
+        rows["timestamp"] = batch.timestamps
+        rows["type"] = np.array(codes, dtype=np.uint16)[batch.type_index]
+        hashes = [0] + [session_hash(session) for session in batch.sessions]
+        rows["session"] = np.array(hashes, dtype=np.uint64)[batch.session_index]
+        rows["importance"] = batch.importance
+        rows["flags"] = batch.flags
+        rows["text_tokens"], rows["summary_tokens"] = batch.text_tokens, batch.summary_tokens
         has_vector = None
         if vectors16 is not None:
             has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
         data, lengths, crcs = _kernels.frame_records(
-            fmt.KIND_MEMORY, stored, np.array(raw_lens, dtype=np.uint32),
+            fmt.KIND_MEMORY, stored, raw_lens,
             None if vectors16 is None else vectors16.view(np.uint16), has_vector,
         )  # fmt: skip
         try:
@@ -574,13 +558,13 @@ class Engine:
         try:
             rows["length"] = lengths
             rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
-            index.append(rows, vectors16, texts)
+            index.append(rows, vectors16, batch.texts)
             index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
         except BaseException:
             self._undo_append(start)
             raise
         self.valid_end = self.dat_end
-        if index.tail.n >= max(CHECKPOINT_TAIL_ROWS, index.n_base):
+        if index.tail.n >= index.tail_limit():
             self.checkpoint()
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
 

@@ -59,8 +59,19 @@ def _pwrite(fd: int, data: Any, offset: int) -> None:
 _BUILTIN_CODES = {name: code for code, name in enumerate(fmt.BUILTIN_TYPES)}
 
 
+# The engine checkpoints while writing (the tail then starts again, empty) once the rows
+# added since the last one are this many and as many as it holds: a bulk load holds at most
+# half its rows in memory (issue 21: peak RSS).
+CHECKPOINT_TAIL_ROWS = 1 << 18
+# An append of this many rows or more (a bulk write) reserves room for the tail's whole
+# life at once: np.zeros maps pages that cost memory only when first written, and doubling
+# instead copies every row again and again (at 1 M memories it was ~1/5 of add_many).
+_BULK_ROWS = 256
+
+
 class _Tail:
-    """Rows added since the last checkpoint, in arrays that double when full."""
+    """Rows added since the last checkpoint, in arrays that double when full (or take the
+    room they are told to reserve)."""
 
     def __init__(self, dim: int) -> None:
         self.n = 0
@@ -68,10 +79,10 @@ class _Tail:
         self.rows = _NO_ROWS  # allocated by the first append: an open needs none
         self.vectors = np.zeros((0, dim), dtype=np.int8)
 
-    def append(self, rows: np.ndarray, vectors: np.ndarray) -> None:
+    def append(self, rows: np.ndarray, vectors: np.ndarray, reserve: int = 0) -> None:
         end = self.n + len(rows)
         if end > len(self.rows):
-            cap = max(end, 2 * len(self.rows), 64)
+            cap = max(end, 2 * len(self.rows), 64, reserve)
             grown = np.zeros(cap, dtype=fmt.INDEX_DTYPE)
             grown[: self.n] = self.rows[: self.n]
             self.rows = grown
@@ -709,9 +720,14 @@ class MemoryIndex:
                 q[has], rows["scale"][has] = quantize(vectors16[has])
         else:
             q = np.zeros((len(rows), self.dim), dtype=np.int8)
-        self.tail.append(rows, q)
+        bulk = len(rows) >= _BULK_ROWS
+        self.tail.append(rows, q, self.tail_limit() + len(rows) if bulk else 0)
         self.live += int(np.count_nonzero((rows["flags"] & fmt.FLAG_FORGOTTEN) == 0))
         self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
+
+    def tail_limit(self) -> int:
+        """The tail's row count at which the engine checkpoints."""
+        return max(CHECKPOINT_TAIL_ROWS, self.n_base)
 
     def note_applied(self, offset: int, length: int, crc: int) -> None:
         """Record that the record at ``offset`` is reflected in the rows."""

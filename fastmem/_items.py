@@ -16,6 +16,7 @@ import msgpack
 import numpy as np
 
 from . import _format as fmt
+from . import _kernels
 from ._index import default_importance
 from ._vectors import to_float16
 from .embed import Embedder
@@ -225,19 +226,45 @@ def prepare(i: int, item: Any, now: float) -> Prepared:
     return Prepared(payload, type_name, session, importance, fmt.FLAG_PINNED if pinned else 0,
                     get("embedding"))
 
+
+class Batch:
+    """The checked items of one ``add_many``: payloads, and the columns of their index rows.
+
+    ``type_names`` and ``sessions`` list the distinct values in order of first use;
+    ``type_index`` gives each item's index into ``type_names`` and ``session_index`` into
+    ``sessions`` counting from 1 (0: no session). ``flags`` gains ``FLAG_HAS_VECTOR`` in
+    :func:`vectors_for`; ``text_tokens`` and ``summary_tokens`` are
+    :func:`summarize_and_count`'s."""
+
+    __slots__ = ("payloads", "texts", "embeddings", "type_names", "type_index", "sessions",
+                 "session_index", "importance", "flags", "timestamps", "text_tokens",
+                 "summary_tokens")  # fmt: skip
+
+    def __init__(self, items: list[Any], now: float) -> None:
+        (self.payloads, self.texts, self.embeddings, self.type_names, self.type_index,
+         self.sessions, self.session_index, self.importance, self.flags,
+         self.timestamps) = _kernels.prepare_batch(items, now, prepare)  # fmt: skip
+        # Set by summarize_and_count's result: the token counts of texts and summaries.
+        self.text_tokens = self.summary_tokens = np.zeros(0, dtype=np.uint32)
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
 def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer | None,
-                        tokens: TokenCounter) -> None:
-    """Give each payload its summary (unless it has one) and its token counts, once.
+                        tokens: TokenCounter) -> tuple[np.ndarray, np.ndarray]:
+    """Give each payload its summary (unless it has one); returns the token counts of the
+    texts and of the summaries (0: none), as uint32 arrays: the payloads' ``"k"``.
 
     Every text is encoded once, in one batch. The default summarizer (:class:`KeySentences`
     counting with ``tokens``) returns no summary for a text of at most its ``max_tokens``
     tokens: such texts are not passed to it, so they are not encoded a second time."""
     text_counts = tokens.count_many([p["x"] for p in payloads])
     if summarizer is not None:
-        todo = [p for p in payloads if "u" not in p]
         if isinstance(summarizer, KeySentences) and summarizer.count == tokens.count:
-            short = {id(p) for p, n in zip(payloads, text_counts) if n <= summarizer.max_tokens}
-            todo = [p for p in todo if id(p) not in short]
+            limit = summarizer.max_tokens
+            todo = [p for p, n in zip(payloads, text_counts) if n > limit and "u" not in p]
+        else:
+            todo = [p for p in payloads if "u" not in p]
         made = summarizer.summarize([p["x"] for p in todo]) if todo else []
         if not isinstance(made, list) or len(made) != len(todo):
             raise InvalidInputError("the summarizer must return a list: one summary or None per text")
@@ -251,44 +278,46 @@ def summarize_and_count(payloads: list[dict[str, Any]], summarizer: Summarizer |
                 check_utf8(summary, "the summary")
                 payload["u"] = summary
     summaries = [(j, p["u"]) for j, p in enumerate(payloads) if "u" in p]
-    summary_counts = [0] * len(payloads)
-    for (j, _), n in zip(summaries, tokens.count_many([u for _, u in summaries])):
-        summary_counts[j] = n
-    for payload, n_text, n_summary in zip(payloads, text_counts, summary_counts):
-        payload["k"] = [n_text, n_summary]
+    summary_counts = np.zeros(len(payloads), dtype=np.uint32)
+    if summaries:
+        summary_counts[[j for j, _ in summaries]] = tokens.count_many([u for _, u in summaries])
+    return np.array(text_counts, dtype=np.uint32), summary_counts
 
 
-def vectors_for(prepared: list[Prepared], embedder: Embedder | None, dim: int) -> np.ndarray | None:
+def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:
     """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere):
     the items without an embedding are embedded in one call."""
-    given = [j for j, p in enumerate(prepared) if p.embedding is not None]
-    missing = [j for j, p in enumerate(prepared) if p.embedding is None]
-    if missing and embedder is not None:
-        encoded = embedder.encode([prepared[j].payload["x"] for j in missing])
+    embeddings = batch.embeddings
+    given = [j for j, e in enumerate(embeddings) if e is not None]
+    if len(given) < len(embeddings) and embedder is not None:
+        missing = [j for j, e in enumerate(embeddings) if e is None]
+        encoded = embedder.encode([batch.texts[j] for j in missing])
         for j, vec in zip(missing, encoded):
-            prepared[j].embedding = vec
-        given = list(range(len(prepared)))
+            embeddings[j] = vec
+        given = list(range(len(embeddings)))
     if not given:
         return None
+    rows = embeddings if len(given) == len(embeddings) else [embeddings[j] for j in given]
+    stacked = _kernels.gather_vectors(rows, dim)  # the common case: float32 arrays, one copy
     try:
-        half = to_float16([prepared[j].embedding for j in given], dim)
+        half = to_float16(rows if stacked is None else stacked, dim)
     except InvalidInputError as exc:
         row = getattr(exc, "row", None)
         if row is not None:
             raise InvalidInputError(f"item {given[row]}: {exc}") from None
         for j in given:  # find the item to name in the message
             try:
-                to_float16([prepared[j].embedding], dim)
+                to_float16([embeddings[j]], dim)
             except InvalidInputError as item_exc:
                 raise type(item_exc)(f"item {j}: {item_exc}") from None
         raise InvalidInputError("embeddings have different lengths") from None
-    if len(given) == len(prepared):
+    if len(given) == len(embeddings):
         vectors = half
+        batch.flags |= fmt.FLAG_HAS_VECTOR
     else:
-        vectors = np.zeros((len(prepared), half.shape[1]), dtype="<f2")
+        vectors = np.zeros((len(embeddings), half.shape[1]), dtype="<f2")
         vectors[given] = half
-    for j in given:
-        prepared[j].flags |= fmt.FLAG_HAS_VECTOR
+        batch.flags[given] |= fmt.FLAG_HAS_VECTOR
     return vectors
 
 

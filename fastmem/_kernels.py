@@ -25,16 +25,19 @@ file_size = _kernels_py.file_size
 read_memory = _kernels_py.read_memory
 unpack = _kernels_py.unpack
 pack_payloads = _kernels_py.pack_payloads
+pack_memories = _kernels_py.pack_memories
 importance = _kernels_py.importance
 tokenize_batch = _kernels_py.tokenize_batch
 bm25_topk = _kernels_py.bm25_topk
 merge_postings = _kernels_py.merge_postings
 sort_postings = _kernels_py.sort_postings
+prepare_batch = _kernels_py.prepare_batch
+gather_vectors = _kernels_py.gather_vectors
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
-          "file_size", "read_memory", "unpack", "pack_payloads", "topk_int8", "dot_half",
-          "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk", "merge_postings",
-          "sort_postings")  # fmt: skip
+          "file_size", "read_memory", "unpack", "pack_payloads", "pack_memories", "topk_int8",
+          "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk",
+          "merge_postings", "sort_postings", "prepare_batch", "gather_vectors")  # fmt: skip
 
 
 def use(backend: str) -> str:
@@ -47,7 +50,7 @@ def use(backend: str) -> str:
     BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import keyword, reader, records, scoring, topk, vectors
+            from ._ext import items, keyword, reader, records, scoring, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -58,7 +61,7 @@ def use(backend: str) -> str:
         else:
             BACKEND = "cython"
             compiled = {**vars(records), **vars(reader), **vars(scoring), **vars(topk), **vars(vectors),
-                        **vars(keyword)}
+                        **vars(keyword), **vars(items)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND

@@ -387,6 +387,22 @@ def pack_payloads(payloads: list[dict[str, Any]]) -> list[bytes]:
     return [_packer.pack(p) for p in payloads]
 
 
+def pack_memories(
+    payloads: list[dict[str, Any]], first_id: int, text_tokens: np.ndarray, summary_tokens: np.ndarray
+) -> tuple[list[bytes], np.ndarray]:
+    """The records' payloads of a batch of memories: each payload dict packed as
+    ``pack_payloads`` packs it, with ``"i"`` (its first key) set to ``first_id + j`` and
+    ``"k"`` (last, unless already there) to ``[text_tokens[j], summary_tokens[j]]``, and
+    their lengths (uint32). The dicts are not changed."""
+    if len(text_tokens) != len(payloads) or len(summary_tokens) != len(payloads):
+        raise ValueError("payloads and token counts differ in length")
+    out = [
+        _packer.pack({**p, "i": first_id + j, "k": [int(a), int(b)]})
+        for j, (p, a, b) in enumerate(zip(payloads, text_tokens, summary_tokens))
+    ]
+    return out, np.array([len(raw) for raw in out], dtype=np.uint32)
+
+
 def importance(
     base: np.ndarray,
     flags: np.ndarray,
@@ -612,3 +628,61 @@ def sort_postings(
     order = np.argsort(terms, kind="stable")
     return (terms[order].astype(np.uint64), rows[order].astype(np.uint32),
             tf[order].astype(np.uint16))  # fmt: skip
+
+
+# --- add_many's items --------------------------------------------------------------------
+
+
+def prepare_batch(items: list[Any], now: float, fallback: Any) -> tuple[Any, ...]:
+    """Check the items of an ``add_many`` batch and build their payloads and row columns.
+
+    ``fallback(i, item, now)`` (``fastmem._items.prepare``) checks one item, raising the
+    error that names it, and returns its ``Prepared``; this reference calls it for every
+    item (the compiled twin only for item shapes it does not take itself). Returns
+    ``(payloads, texts, embeddings, type_names, type_index, sessions, session_index,
+    importance, flags, timestamps)``: per item its payload dict, text and embedding (or
+    None); the distinct type names in order of first use and each item's index into them
+    (uint32); the distinct sessions likewise, each item's index counting from 1 (0: no
+    session); the importance (float64), flags (uint16) and timestamp (float64) columns.
+    """
+    n = len(items)
+    payloads, texts, embeddings = [], [], []
+    type_ids: dict[str, int] = {}
+    session_ids: dict[str, int] = {}
+    type_index = np.empty(n, dtype=np.uint32)
+    session_index = np.empty(n, dtype=np.uint32)
+    importance = np.empty(n, dtype=np.float64)
+    flags = np.empty(n, dtype=np.uint16)
+    timestamps = np.empty(n, dtype=np.float64)
+    for i, item in enumerate(items):
+        prepared = fallback(i, item, now)
+        payloads.append(prepared.payload)
+        texts.append(prepared.payload["x"])
+        embeddings.append(prepared.embedding)
+        type_index[i] = type_ids.setdefault(prepared.type_name, len(type_ids))
+        session = prepared.session
+        session_index[i] = 0 if session is None else session_ids.setdefault(session, len(session_ids) + 1)
+        importance[i] = prepared.importance
+        flags[i] = prepared.flags
+        timestamps[i] = prepared.payload["t"]
+    return (payloads, texts, embeddings, list(type_ids), type_index, list(session_ids),
+            session_index, importance, flags, timestamps)  # fmt: skip
+
+
+def gather_vectors(vectors: list[Any], dim: int) -> np.ndarray | None:
+    """The vectors stacked into one C-ordered float32 (n, length) array, when every one is a
+    1-D, C-contiguous, native-order float32 ``numpy.ndarray`` (no subclass) of length
+    ``dim`` (with ``dim`` 0: of the first one's length, at most ``MAX_DIM``); else None, and
+    the caller converts them the general way (which names what is wrong). The compiled twin
+    returns consecutive rows of one buffer as a read-only view of it instead of a copy."""
+    if not vectors:
+        return None
+    length = dim
+    for v in vectors:
+        if (type(v) is not np.ndarray or v.ndim != 1 or v.dtype != np.float32
+                or not v.dtype.isnative or not v.flags.c_contiguous):  # fmt: skip
+            return None
+        length = length or len(v)
+        if len(v) != length or not 0 < length <= MAX_DIM:
+            return None
+    return np.stack(vectors)

@@ -36,7 +36,7 @@ from ._index import (
 )  # fmt: skip
 from ._items import (
     DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8,
-    check_batch, check_ids, check_open, check_search, prepare, summarize_and_count, vectors_for,
+    Batch, check_batch, check_ids, check_open, check_search, summarize_and_count, vectors_for,
 )  # fmt: skip
 from .embed import (  # light: the model's libraries load in its thread
     Embedder, default_embedder, embedder_for_existing, ready_within,
@@ -253,11 +253,12 @@ class MemoryStore:
         # wait only for the append.
         with no_cyclic_gc():
             now = time.time()
-            prepared = [prepare(i, item, now) for i, item in enumerate(items)]
-            vectors16 = vectors_for(prepared, self._embedder, dim)
-            summarize_and_count([p.payload for p in prepared], self._summarizer, self.tokens)
+            batch = Batch(items, now)
+            vectors16 = vectors_for(batch, self._embedder, dim)
+            counts = summarize_and_count(batch.payloads, self._summarizer, self.tokens)
+            batch.text_tokens, batch.summary_tokens = counts
         with engine.writing(), no_cyclic_gc():
-            return engine.commit_memories(prepared, vectors16)
+            return engine.commit_memories(batch, vectors16)
 
     def check_items(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Check items as ``add_many`` would, writing nothing: what an import does before

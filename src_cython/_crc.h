@@ -109,6 +109,18 @@ static void fastmem_crc_init(void) {
                 ^ fastmem_crc_table[0][fastmem_crc_table[j - 1][i] & 0xFF];
 }
 
+/* Whether runs are folded with the instructions: 0 turns them off (the tests run the
+   table alone too), 1 back on where the CPU has them. Returns whether they are in use. */
+static int fastmem_crc_use_clmul(int enabled) {
+#ifdef FASTMEM_CRC_CLMUL
+    fastmem_crc_clmul = enabled && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    return fastmem_crc_clmul;
+#else
+    (void)enabled;
+    return 0;
+#endif
+}
+
 static inline uint32_t fastmem_load_le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }

@@ -32,6 +32,25 @@ cdef int _cmp_u64(const void* a, const void* b) noexcept nogil:
     return (x > y) - (x < y)
 
 
+# A memory's terms are sorted to count repeats: most memories have tens of tokens, which
+# an inlined insertion sort orders several times faster than qsort's call per comparison
+# (the order, hence the output, is the same: equal terms are equal numbers).
+cdef enum:
+    INSERTION_SORT_MAX = 64
+
+
+cdef inline void _insertion_sort(u64* a, Py_ssize_t n) noexcept nogil:
+    cdef Py_ssize_t i, j
+    cdef u64 v
+    for i in range(1, n):
+        v = a[i]
+        j = i
+        while j > 0 and a[j - 1] > v:
+            a[j] = a[j - 1]
+            j -= 1
+        a[j] = v
+
+
 def tokenize_batch(list texts):
     """(terms u64, docs u32, tf u16, doc_len u32) of the texts' lowercase forms."""
     cdef Py_ssize_t n = len(texts), i, j, length, cap = 0, longest = 0, count, out = 0, run
@@ -80,7 +99,10 @@ def tokenize_batch(list texts):
                 else:
                     j += 1
             l_out[i] = <u32>count
-            qsort(buf, count, sizeof(u64), _cmp_u64)
+            if count <= INSERTION_SORT_MAX:
+                _insertion_sort(buf, count)
+            else:
+                qsort(buf, count, sizeof(u64), _cmp_u64)
             j = 0
             while j < count:
                 run = j + 1

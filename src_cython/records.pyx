@@ -18,7 +18,7 @@ from _types cimport u8, u16, u32, i64
 from _bytes cimport load_le16, load_le32, store_le16, store_le32
 from _frames cimport (
     CRC_AT, FORMAT_VERSION, HEADER_SIZE, MAGIC_BYTE0, MAGIC_LE32, MAX_DIM, MAX_RAW_PAYLOAD,
-    _crc_update, _framed_length, _record_length, fastmem_crc_init,
+    _crc_update, _framed_length, _record_length, fastmem_crc_init, fastmem_crc_use_clmul,
 )
 
 cdef extern from *:
@@ -44,6 +44,13 @@ CONSTANTS = dict(HEADER_SIZE=HEADER_SIZE, CRC_AT=CRC_AT, FORMAT_VERSION=FORMAT_V
                  MAX_DIM=MAX_DIM, MAX_RAW_PAYLOAD=MAX_RAW_PAYLOAD, MAGIC=b"\x8fFMR")
 
 fastmem_crc_init()
+HAVE_PCLMUL = bool(fastmem_crc_use_clmul(1))
+
+
+def use_pclmul(bint enabled):
+    """Fold the CRC with PCLMULQDQ (when the processor has it) or use the table alone;
+    returns whether PCLMULQDQ is in use. The tests run both."""
+    return bool(fastmem_crc_use_clmul(enabled))
 
 
 def crc32(const u8[::1] data, uint32_t value=0):
@@ -458,3 +465,48 @@ def pack_payloads(list payloads):
     finally:
         free(b.data)
     return out
+
+
+def pack_memories(list payloads, unsigned long long first_id, const u32[::1] text_tokens,
+                  const u32[::1] summary_tokens):
+    """msgpack bytes of each memory payload with its id and token counts, and their lengths;
+    see fastmem._kernels_py.pack_memories."""
+    cdef Py_ssize_t n = len(payloads), j
+    if text_tokens.shape[0] != n or summary_tokens.shape[0] != n:
+        raise ValueError("payloads and token counts differ in length")
+    cdef _Buf b
+    cdef list out = []
+    cdef dict p
+    lengths = np.empty(n, dtype=np.uint32)
+    cdef u32[::1] lens = lengths
+    b.data, b.size, b.cap = NULL, 0, 0
+    try:
+        for j in range(n):
+            p = payloads[j]
+            b.size = 0
+            _put_len(&b, len(p) + ("i" not in p) + ("k" not in p), 0x80, 16, 0, 0xDE, 0xDF)
+            for key, value in p.items():
+                _pack(&b, key, 1)
+                if key == "i":
+                    _pack(&b, first_id + j, 1)
+                elif key == "k":
+                    _pack_counts(&b, text_tokens[j], summary_tokens[j])
+                else:
+                    _pack(&b, value, 1)
+            if "i" not in p:
+                _pack(&b, "i", 1)
+                _pack(&b, first_id + j, 1)
+            if "k" not in p:
+                _pack(&b, "k", 1)
+                _pack_counts(&b, text_tokens[j], summary_tokens[j])
+            out.append(PyBytes_FromStringAndSize(<char*>b.data, b.size))
+            lens[j] = <u32>b.size
+    finally:
+        free(b.data)
+    return out, lengths
+
+
+cdef int _pack_counts(_Buf* b, u32 text, u32 summary) except -1:
+    _put_byte(b, 0x92)  # a list of two
+    _pack(b, text, 1)
+    return _pack(b, summary, 1)

@@ -39,15 +39,32 @@ def test_compiled_constants_match_the_format():
     assert c["MAGIC"] == fmt.RECORD_MAGIC
 
 
+def _instructions(request, use, fast):
+    """Run with the processor's ``fast`` instructions (skipped where it has none), or
+    without them; switched back on after."""
+    used = use(request.param == fast)
+    if request.param == fast and not used:
+        pytest.skip(f"this processor has no {fast.upper()}")
+    yield request.param
+    use(True)
+
+
+@pytest.fixture(params=["pclmul", "table"])
+def crc_path(request):
+    """The CRC: folded with PCLMULQDQ (where the processor has it), and the table alone."""
+    yield from _instructions(request, ext.use_pclmul, "pclmul")
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
-def test_crc32_equals_zlib(data, start):
+def test_crc32_equals_zlib(crc_path, data, start):
     assert ext.crc32(data, start) == zlib.crc32(data, start) == ref.crc32(data, start)
 
 
-def test_crc32_of_every_length_and_alignment():
+def test_crc32_of_every_length_and_alignment(crc_path):
     # Runs of 64 bytes or more are folded with carry-less multiplies where the CPU has them
     # (src_cython/_crc.h), what is left over and shorter runs go through the table: every
-    # split between the two, at every alignment.
+    # split between the two, at every alignment; and the table alone.
     data = np.random.default_rng(5).integers(0, 256, 720, dtype=np.uint8).tobytes()
     for start in range(16):
         for n in range(600):
@@ -406,11 +423,7 @@ float32_rows = hnp.arrays(
 def conversions(request):
     """The float <-> half conversions: F16C instructions (where the processor has them)
     and the portable C ones."""
-    used = vectors_ext.use_f16c(request.param == "f16c")
-    if request.param == "f16c" and not used:
-        pytest.skip("this processor has no F16C")
-    yield request.param
-    vectors_ext.use_f16c(True)
+    yield from _instructions(request, vectors_ext.use_f16c, "f16c")
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -462,6 +475,20 @@ def test_pack_payloads_equals_msgpack(payloads):
     got = ext.pack_payloads(payloads)
     assert got == ref.pack_payloads(payloads)
     assert got == [msgpack.packb(p, use_bin_type=True) for p in payloads]
+
+
+@given(st.lists(st.dictionaries(st.sampled_from(["i", "t", "x", "k", "u", "m"]), msgpack_values, max_size=6),
+                max_size=5), st.integers(0, 2**62), st.data())
+def test_pack_memories_equals_msgpack_with_id_and_counts(payloads, first_id, data):
+    counts = [hnp.arrays(np.uint32, len(payloads)) for _ in range(2)]
+    text, summary = data.draw(counts[0]), data.draw(counts[1])
+    got = ext.pack_memories(payloads, first_id, text, summary)
+    want = [msgpack.packb({**p, "i": first_id + j, "k": [int(a), int(b)]}, use_bin_type=True)
+            for j, (p, a, b) in enumerate(zip(payloads, text, summary))]  # fmt: skip
+    assert got[0] == want and got[1].tolist() == [len(w) for w in want]
+    assert ref.pack_memories(payloads, first_id, text, summary)[0] == want
+    with pytest.raises(ValueError):
+        ext.pack_memories(payloads, first_id, text[:-1] if len(text) else np.zeros(1, np.uint32), summary)
 
 
 def test_pack_payloads_refuses_what_msgpack_refuses():

@@ -601,7 +601,7 @@ def test_batched_counts_and_summaries_equal_one_text_at_a_time():
     payloads = [{"x": t} for t in texts]
     payloads[5]["u"] = "given summary"
     summarizer = KeySentences(SUMMARY_TOKENS, tokens.count)
-    summarize_and_count(payloads, summarizer, tokens)
+    text_counts, summary_counts = summarize_and_count(payloads, summarizer, tokens)
     for i, (text, payload) in enumerate(zip(texts, payloads)):
         summary = "given summary" if i == 5 else summarizer.summarize([text])[0]
         if summary is not None and i != 5:
@@ -609,7 +609,8 @@ def test_batched_counts_and_summaries_equal_one_text_at_a_time():
             summary = summary if summary and summary != text else None
         assert payload.get("u") == summary, i
         count = len(tokens.encode(text))
-        assert payload["k"] == [count, 0 if summary is None else len(tokens.encode(summary))], i
+        want = [count, 0 if summary is None else len(tokens.encode(summary))]
+        assert [text_counts[i], summary_counts[i]] == want, i
     assert sum("u" in p for p in payloads) > 100  # long texts were summarized
 
 

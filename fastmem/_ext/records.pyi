@@ -5,6 +5,9 @@ import numpy as np
 import numpy.typing as npt
 
 CONSTANTS: dict[str, Any]
+HAVE_PCLMUL: bool
+
+def use_pclmul(enabled: bool) -> bool: ...
 
 def crc32(data: Any, value: int = 0) -> int: ...
 def scan_records(
@@ -28,3 +31,9 @@ def check_record(buf: Any, offset: int, end: int) -> tuple[int, int, int, int] |
 def record_payload(buf: Any, offset: int, end: int) -> tuple[int, int, bytes, int] | None: ...
 def file_size(fd: int) -> int: ...
 def pack_payloads(payloads: list[dict[str, Any]]) -> list[bytes]: ...
+def pack_memories(
+    payloads: list[dict[str, Any]],
+    first_id: int,
+    text_tokens: npt.NDArray[np.uint32],
+    summary_tokens: npt.NDArray[np.uint32],
+) -> tuple[list[bytes], npt.NDArray[np.uint32]]: ...

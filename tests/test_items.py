@@ -1,0 +1,199 @@
+"""add_many's batch kernels (``prepare_batch``, ``gather_vectors``): the compiled twins
+against the Python references (which check each item with ``fastmem._items.prepare``),
+good and bad items alike, and a store built from a mix of items byte for byte against the
+one fastmem wrote before the kernels existed (``fixtures/add_many``)."""
+
+from __future__ import annotations
+
+import sys
+from collections import UserDict
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import fastmem
+from fastmem import _format as fmt
+from fastmem import _items
+from fastmem import _kernels_py as ref
+
+ext = pytest.importorskip("fastmem._ext.items")
+
+FIXTURES = Path(__file__).parent / "fixtures"
+sys.path.insert(0, str(FIXTURES))
+import build_add_many  # noqa: E402
+
+NOW = 1_767_300_000.5
+
+
+def test_compiled_constants_match_the_format():
+    c = ext.CONSTANTS
+    assert c["MAX_TEXT_BYTES"] == fmt.MAX_TEXT_BYTES
+    assert c["MAX_TYPE_CHARS"] == fmt.MAX_TYPE_CHARS
+    assert c["MAX_SESSION_CHARS"] == fmt.MAX_SESSION_CHARS
+    assert c["MAX_TIMESTAMP"] == fmt.MAX_TIMESTAMP
+    assert c["FLAG_PINNED"] == fmt.FLAG_PINNED
+    assert c["MAX_DIM"] == fmt.MAX_DIM
+    assert c["DEFAULT_IMPORTANCE"] == fmt.DEFAULT_IMPORTANCE
+    assert c["DEFAULT_USER_TYPE_IMPORTANCE"] == fmt.DEFAULT_USER_TYPE_IMPORTANCE
+    assert c["ADD_KEYS"] == _items.ADD_KEYS
+
+
+def test_a_mix_of_items_writes_the_bytes_fastmem_wrote_before(tmp_path, backend):
+    """The fixture was written item by item, before prepare_batch; each backend (the
+    autouse ``backend`` fixture) writes the same data and index files."""
+    with pytest.warns(fastmem.RecoveryWarning):  # the pre-made header has no index yet
+        build_add_many.build(str(tmp_path / "store"))
+    for name in ("store.dat", "store.idx"):
+        want = (FIXTURES / "add_many" / name).read_bytes()
+        assert (tmp_path / name).read_bytes() == want, f"{name} ({backend})"
+
+
+# --- both backends: the same results, or the same error -----------------------------------
+
+GOOD_TEXT = st.one_of(st.text(min_size=1, max_size=12), st.sampled_from(["hello", "naïve café", "東京"]))
+GOOD = {
+    "text": GOOD_TEXT,
+    "type": st.sampled_from([None, "conversation", "fact", "plan", "tool_result", "journal", "ñ",
+                             "t" * 64]),
+    "timestamp": st.one_of(st.none(), st.floats(0, fmt.MAX_TIMESTAMP), st.integers(0, 2**40)),
+    "session": st.sampled_from([None, "s1", "s2", "sesión", "s" * 256]),
+    "importance": st.one_of(st.none(), st.floats(0, 1), st.sampled_from([0.3, 0.5, 0.7, 0.9, 0, 1])),
+    "pinned": st.booleans(),
+    "metadata": st.one_of(st.none(), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
+    "summary": st.one_of(st.none(), GOOD_TEXT),
+    "embedding": st.sampled_from([None, [1.0, 2.0], np.ones(3, np.float32)]),
+}  # fmt: skip
+# Values at and beyond each check's edge, and of every wrong type, for any key.
+EDGES = [
+    "", " ", " \t\n", "\x1c\x1f", "\x00", "\x85", "\u3000", "x" * 65, "y" * 257, "\ud800",
+    "ok\udfff", "x" * (fmt.MAX_TEXT_BYTES + 1), "é" * (fmt.MAX_TEXT_BYTES // 2 + 1), -0.0, -1e-300,
+    1.0000000000000002, fmt.MAX_TIMESTAMP, fmt.MAX_TIMESTAMP * (1 + 2**-52), np.float64(0.5),
+    np.float32(0.25), np.int64(1), 2**70, [1.0, 2.0], {"a": 1}, {1: 2}, object(),
+    type("Str", (str,), {})("sub"), type("Float", (float,), {})(0.5), None, True, False, 0, 1, -1,
+    0.0, 1.0, 0.3, 0.9, float("nan"), float("inf"), -float("inf"), "a", "fact", "conversation",
+    "t" * 64, "s" * 256, b"x", "\x7f", "\x7fz", "a\x00",
+]  # fmt: skip
+BAD = st.one_of(
+    st.text(max_size=4), st.binary(max_size=4), st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-2, 2), st.sampled_from(EDGES),
+)
+
+
+@st.composite
+def items(draw):
+    """A valid item, often with one or two keys (or an unknown key) given a bad value, and
+    now and then not a dict at all."""
+    item = {"text": draw(GOOD["text"])}
+    for key in draw(st.lists(st.sampled_from(sorted(GOOD)), max_size=5, unique=True)):
+        value = draw(GOOD[key], label=key)
+        if value is not None or draw(st.booleans()):  # None given, or left out
+            item[key] = value
+    for _ in range(draw(st.sampled_from([0, 0, 1, 1, 1, 2]))):
+        item[draw(st.sampled_from([*sorted(GOOD), "colour"]))] = draw(BAD, label="bad")
+    if draw(st.booleans()) and draw(st.booleans()):
+        del item["text"]
+    shape = draw(st.integers(0, 19))
+    if shape == 0:
+        return UserDict(item)  # a Mapping, not a dict
+    if shape == 1:
+        return draw(BAD)
+    if shape == 2:
+        return type("Items", (dict,), {})(item)  # a dict subclass
+    return item
+
+
+def _outcome(prepare_batch, batch):
+    try:
+        out = prepare_batch(list(batch), NOW, _items.prepare)
+    except fastmem.FastmemError as exc:
+        return "error", type(exc), str(exc), getattr(exc, "item", None)
+    payloads, texts, embeddings, type_names, type_index, sessions, session_index, imp, flags, ts = out
+    arrays = (type_index, session_index, imp, flags, ts)
+    return (
+        "ok",
+        [msgpack.packb(p, use_bin_type=True) for p in payloads],  # key order and value types
+        [(type(t), t) for t in texts], [id(e) for e in embeddings], type_names, sessions,
+        [(a.dtype.str, a.tolist()) for a in arrays],
+    )
+
+
+@pytest.mark.parametrize("key", [*sorted(GOOD), "colour"])
+def test_prepare_batch_agrees_with_the_reference_at_every_edge(key):
+    """Each edge value in each key of otherwise valid items (alone, after a good item,
+    and beside a pin, an importance and a session), and as the item itself."""
+    bases = [{"text": "fine"}, {"text": "fine", "type": "fact", "session": "s", "pinned": True,
+                                "importance": 0.5, "timestamp": 1.5}]  # fmt: skip
+    for value in EDGES:
+        for base in bases:
+            item = {**base, key: value}
+            for batch in ([item], [{"text": "first"}, item]):
+                assert _outcome(ext.prepare_batch, batch) == _outcome(ref.prepare_batch, batch), (key, value)
+    for value in EDGES:
+        assert _outcome(ext.prepare_batch, [value]) == _outcome(ref.prepare_batch, [value])
+
+
+@given(st.lists(items(), max_size=6))
+def test_prepare_batch_agrees_with_the_reference(batch):
+    assert _outcome(ext.prepare_batch, batch) == _outcome(ref.prepare_batch, batch)
+
+
+def test_prepare_batch_raises_for_the_first_bad_item_in_order():
+    batch = [{"text": "fine"}, {"text": "fine", "importance": 2.0}, {"text": ""}]
+    for kernel in (ext.prepare_batch, ref.prepare_batch):
+        with pytest.raises(fastmem.InvalidInputError, match="importance must be a finite number"):
+            kernel(batch, NOW, _items.prepare)
+
+
+VECTOR_SHAPES = st.sampled_from([
+    lambda rng: rng.standard_normal(8).astype(np.float32),
+    lambda rng: rng.standard_normal(8).astype(np.float32),  # the common case, twice as often
+    lambda rng: rng.standard_normal(8),  # float64
+    lambda rng: rng.standard_normal(8).astype(">f4"),  # not native
+    lambda rng: rng.standard_normal(16).astype(np.float32)[::2],  # not contiguous
+    lambda rng: rng.standard_normal(4).astype(np.float32),  # another length
+    lambda rng: rng.standard_normal((1, 8)).astype(np.float32),  # 2-D
+    lambda rng: np.zeros(0, np.float32),
+    lambda rng: [1.0] * 8,
+    lambda rng: np.ma.masked_array(np.ones(8, np.float32)),  # a subclass
+])  # fmt: skip
+
+
+@given(st.lists(VECTOR_SHAPES, max_size=5), st.sampled_from([0, 4, 8, fmt.MAX_DIM]), st.integers(0, 99))
+def test_gather_vectors_agrees_with_the_reference(makers, dim, seed):
+    rng = np.random.default_rng(seed)
+    vectors = [make(rng) for make in makers]
+    got, want = ext.gather_vectors(vectors, dim), ref.gather_vectors(vectors, dim)
+    if want is None:
+        assert got is None
+    else:
+        assert got.dtype == want.dtype == np.float32 and got.flags.c_contiguous
+        assert np.array_equal(got, want) and got.shape == (len(vectors), dim or len(vectors[0]))
+
+
+def test_gather_vectors_refuses_an_overlong_vector():
+    v = np.ones(fmt.MAX_DIM + 1, np.float32)
+    assert ext.gather_vectors([v], 0) is None and ref.gather_vectors([v], 0) is None
+
+
+@given(st.lists(st.integers(0, 9), max_size=8), st.booleans(), st.integers(0, 3))
+def test_gather_vectors_of_rows_of_one_array(picks, consecutive, start):
+    """Rows of one 2-D array (a model's batch): consecutive ones come back as a read-only
+    view of it, any others as a copy; the values are the rows' either way."""
+    rows = np.random.default_rng(start).standard_normal((14, 4)).astype(np.float32)
+    if consecutive:
+        picks = list(range(start, start + len(picks)))
+    vectors = [rows[i] for i in picks]
+    got, want = ext.gather_vectors(vectors, 4), ref.gather_vectors(vectors, 4)
+    if not picks:
+        assert got is None and want is None
+        return
+    assert np.array_equal(got, rows[picks]) and np.array_equal(want, rows[picks])
+    assert got.flags.c_contiguous and got.dtype == np.float32
+    if len(picks) > 1 and all(b == a + 1 for a, b in zip(picks, picks[1:])):
+        assert np.shares_memory(got, rows) and not got.flags.writeable
+    else:
+        assert not np.shares_memory(got, rows)
