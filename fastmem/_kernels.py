@@ -28,10 +28,12 @@ tokenize_batch = _kernels_py.tokenize_batch
 bm25_topk = _kernels_py.bm25_topk
 merge_postings = _kernels_py.merge_postings
 sort_postings = _kernels_py.sort_postings
+Cl100kCounter = _kernels_py.Cl100kCounter
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
           "file_size", "pack_payloads", "topk_int8", "dot_half", "to_half", "quantize_half",
-          "importance", "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings")  # fmt: skip
+          "importance", "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings",
+          "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:
@@ -44,7 +46,7 @@ def use(backend: str) -> str:
     BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import keyword, records, scoring, topk, vectors
+            from ._ext import bpe, keyword, records, scoring, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -54,7 +56,8 @@ def use(backend: str) -> str:
                 ) from exc
         else:
             BACKEND = "cython"
-            compiled = {**vars(records), **vars(scoring), **vars(topk), **vars(vectors), **vars(keyword)}
+            compiled = {**vars(records), **vars(scoring), **vars(topk), **vars(vectors),
+                        **vars(keyword), **vars(bpe)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND

@@ -12,6 +12,7 @@ import os
 import re
 import zlib
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -27,7 +28,6 @@ from ._format import (
     RECORD_KINDS,
     RECORD_MAGIC,
 )
-
 
 
 def crc32(data: Any, value: int = 0) -> int:
@@ -501,3 +501,34 @@ def sort_postings(
     order = np.argsort(terms, kind="stable")
     return (terms[order].astype(np.uint64), rows[order].astype(np.uint32),
             tf[order].astype(np.uint16))  # fmt: skip
+
+
+# cl100k_base's split pattern, as tiktoken holds it; the compiled counter implements exactly
+# this one by hand and refuses an encoding with any other.
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+    r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+
+
+class Cl100kCounter:
+    """Exact token counts in a tiktoken encoding with cl100k_base's pattern: tiktoken itself,
+    ``len(encoding.encode_ordinary(text))``. The compiled twin splits and merges ASCII text
+    on its own and must count the same.
+
+    Raises:
+        ValueError: the encoding's split pattern is not cl100k_base's.
+    """
+
+    def __init__(self, encoding: Any) -> None:
+        if encoding._pat_str != CL100K_PATTERN:
+            raise ValueError("not cl100k_base's pattern: this counter would split it wrongly")
+        self._encode = encoding.encode_ordinary
+
+    def count(self, text: str) -> int:
+        """The number of tokens of ``text`` (special tokens counted as plain text)."""
+        return len(self._encode(text))
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        """The token count of each text in ``texts``."""
+        return [len(self._encode(t)) for t in texts]
