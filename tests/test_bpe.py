@@ -180,6 +180,15 @@ def test_long_pieces(counter: Any, encoding: Any) -> None:
     assert_counts(counter, encoding, texts)
 
 
+def test_a_batch_of_pieces_alike_but_for_their_end(counter: Any, encoding: Any) -> None:
+    """Pieces of the same length and the same first 8 bytes, more than a batch's memo of
+    merged pieces has slots: each counted as itself, never as another that took its slot."""
+    rng = random.Random(9)
+    texts = [" qzxjvkwp" + "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 7)))
+             for _ in range(40_000)]  # fmt: skip
+    assert counter.count_many(texts) == oracle(encoding, texts)
+
+
 def test_non_ascii_goes_to_tiktoken(counter: Any, encoding: Any) -> None:
     texts = ["caf\u00e9 au lait", "\u4f60\u597d\uff0c\u4e16\u754c", "emoji \U0001f600 here",
              "\u00a0non-breaking", "zero\u200bwidth", "it\u2019s", "line\u2028sep", "\x85next",
