@@ -33,11 +33,12 @@ merge_postings = _kernels_py.merge_postings
 sort_postings = _kernels_py.sort_postings
 prepare_batch = _kernels_py.prepare_batch
 gather_vectors = _kernels_py.gather_vectors
+Cl100kCounter = _kernels_py.Cl100kCounter
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
           "file_size", "read_memory", "unpack", "pack_payloads", "pack_memories", "topk_int8",
           "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk",
-          "merge_postings", "sort_postings", "prepare_batch", "gather_vectors")  # fmt: skip
+          "merge_postings", "sort_postings", "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:
@@ -50,7 +51,7 @@ def use(backend: str) -> str:
     BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import items, keyword, reader, records, scoring, topk, vectors
+            from ._ext import bpe, items, keyword, reader, records, scoring, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -61,7 +62,7 @@ def use(backend: str) -> str:
         else:
             BACKEND = "cython"
             compiled = {**vars(records), **vars(reader), **vars(scoring), **vars(topk), **vars(vectors),
-                        **vars(keyword), **vars(items)}
+                        **vars(keyword), **vars(items), **vars(bpe)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND

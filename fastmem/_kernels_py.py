@@ -14,7 +14,7 @@ import re
 import struct
 import zlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import lz4.block
@@ -36,7 +36,6 @@ from ._format import (
     RECORD_KINDS,
     RECORD_MAGIC,
 )
-
 
 
 def crc32(data: Any, value: int = 0) -> int:
@@ -686,3 +685,32 @@ def gather_vectors(vectors: list[Any], dim: int) -> np.ndarray | None:
         if len(v) != length or not 0 < length <= MAX_DIM:
             return None
     return np.stack(vectors)
+# cl100k_base's split pattern, as tiktoken holds it; the compiled counter implements exactly
+# this one by hand and refuses an encoding with any other.
+CL100K_PATTERN = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
+    r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+
+
+class Cl100kCounter:
+    """Exact token counts in a tiktoken encoding with cl100k_base's pattern: tiktoken itself,
+    ``len(encoding.encode_ordinary(text))``. The compiled twin splits and merges ASCII text
+    on its own and must count the same.
+
+    Raises:
+        ValueError: the encoding's split pattern is not cl100k_base's.
+    """
+
+    def __init__(self, encoding: Any) -> None:
+        if encoding._pat_str != CL100K_PATTERN:
+            raise ValueError("not cl100k_base's pattern: this counter would split it wrongly")
+        self._encode = encoding.encode_ordinary
+
+    def count(self, text: str) -> int:
+        """The number of tokens of ``text`` (special tokens counted as plain text)."""
+        return len(self._encode(text))
+
+    def count_many(self, texts: Sequence[str]) -> list[int]:
+        """The token count of each text in ``texts``."""
+        return [len(self._encode(t)) for t in texts]

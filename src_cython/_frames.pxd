@@ -6,6 +6,7 @@ from _bytes cimport load_le16, load_le32
 
 cdef extern from "_crc.h":
     void fastmem_crc_init() noexcept nogil
+    int fastmem_crc_use_clmul(int enabled) noexcept nogil
     u32 _crc_update "fastmem_crc_update"(u32 crc, const u8* p, i64 n) noexcept nogil
 
 cdef enum:

