@@ -403,11 +403,17 @@ FIRST_PERSON = frozenset({"i", "me", "my", "mine", "myself"})
 USER_PREFIX = "user: "
 
 
+def speaker_of(memory: Any) -> re.Match[str] | None:
+    """The ``"Name: "`` prefix of a conversation turn; a memory of another type has no
+    speaker (a fact written "Trip: ..." is no turn of someone called Trip)."""
+    return _SPEAKER.match(memory.text) if memory.type == "conversation" else None
+
+
 def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozenset[str] | None:
     """The speaker prefixes (``"Melanie: "``) of ``ranked`` whose name the query holds as a
     word, written the same way and capitalised (a person, not a role like ``user``); for a
     question in the first person with none named, the user's (``"user: "``, any case);
-    ``None`` when there is none.
+    ``None`` when there is none. Only conversation turns have speakers (:func:`speaker_of`).
 
     In a conversation between people, a question about one of them ("What does Melanie do
     to relax?") is answered by that person's own turns, while search alone also ranks the
@@ -421,7 +427,7 @@ def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozense
     named = set()
     user = set()
     for hit in ranked:
-        m = _SPEAKER.match(engine.cached_memory(hit.row).text)
+        m = speaker_of(engine.cached_memory(hit.row))
         if m and m.group(0)[:1].isupper() and m.group(0)[:-2] in words:
             named.add(m.group(0))
         elif m and first_person and m.group(0).lower() == USER_PREFIX:
@@ -573,7 +579,7 @@ def _candidates(
         if long and not whole:  # its passage (cut by the packer if it gets that far), at most ``cap``
             text_tokens = min(text_tokens, cap)
         if focus and level == Level.FOUND:
-            speaker = _SPEAKER.match(memory.text)
+            speaker = speaker_of(memory)
             if speaker and speaker.group(0) not in focus:
                 priority *= policy.other_speaker
         if level == Level.FOUND and g != sole and policy.length_penalty and text_tokens > DENSITY_TOKENS:

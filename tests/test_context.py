@@ -639,6 +639,28 @@ def test_a_question_in_the_first_person_gets_the_users_own_messages_first(store_
             assert 0 < firsts.count(roles[0]) < 6 and len(set(firsts)) == 2, (query, firsts)
 
 
+def test_the_speaker_focus_reads_prefixes_of_conversation_turns_only(store_path):
+    # A fact written as "Trip: ..." is no turn of a speaker called Trip: a question in the
+    # first person must not demote it as it does the assistant's replies.
+    t0 = 1_700_000_000.0
+    pairs = [(f"I went hiking in the {place} last week.", f"Hiking in the {place} last week sounds great!")
+             for place in ["Alps", "Tatras", "Dolomites", "Pyrenees", "Rockies", "Andes"]]  # fmt: skip
+    turns = [f"{who}: {text}" for pair in pairs for who, text in zip(("user", "assistant"), pair)]
+    budget = sum(count(t) + 1 for t in turns) // 2 + 8
+    policy = ContextPolicy(recent=0, other_speaker=0.0)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), summarizer=None, policy=policy) as store:
+        for i, text in enumerate(turns):
+            store.add(text, session="s1", timestamp=t0 + 60 * i)
+        fact = store.add("Trip: I went hiking in the Alps last week with my sister.", type="fact",
+                         timestamp=t0 + 5000)  # fmt: skip
+        for i in range(10):
+            store.add(f"Unrelated note {i} on groceries.", session="s2", timestamp=t0 + 9000 + i)
+        ctx = store.context("Where did I go hiking last week with my sister?", budget=budget)
+    assert ctx.tokens <= budget
+    assert fact in [i.id for i in ctx.items], [i.text for i in ctx.items]
+    assert not any(i.text.startswith("assistant: ") for i in ctx.items)  # the focus still holds
+
+
 class ConceptEmbedder:
     """Test embedder that reads a turn as a model does a speaker's "I": its ``Name: ``
     prefix carries nothing; a name written in the text is its own direction, and the
