@@ -11,6 +11,7 @@ from libc.math cimport log
 from libc.stdlib cimport free, malloc, qsort
 
 from _types cimport u8, u16, u32, i64, u64, f64
+from _heap cimport worse, sift_down, sift_up
 
 cdef u64 FNV_OFFSET = 0xCBF29CE484222325ULL
 cdef u64 FNV_PRIME = 0x100000001B3ULL
@@ -116,42 +117,6 @@ def tokenize_batch(list texts):
     finally:
         free(buf)
     return terms[:out], docs[:out], tfs[:out], lens
-
-
-cdef inline bint _worse(f64 sa, i64 ra, f64 sb, i64 rb) noexcept nogil:
-    # (sa, ra) ranks below (sb, rb): lower score, or the same score and a higher row.
-    return sa < sb or (sa == sb and ra > rb)
-
-
-cdef inline void _sift_down(f64* hs, i64* hr, Py_ssize_t size, Py_ssize_t i) noexcept nogil:
-    # Min-heap on rank: the root is the worst of the kept rows.
-    cdef Py_ssize_t child
-    cdef f64 s
-    cdef i64 r
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            return
-        if child + 1 < size and _worse(hs[child + 1], hr[child + 1], hs[child], hr[child]):
-            child += 1
-        if not _worse(hs[child], hr[child], hs[i], hr[i]):
-            return
-        s = hs[i]; hs[i] = hs[child]; hs[child] = s
-        r = hr[i]; hr[i] = hr[child]; hr[child] = r
-        i = child
-
-
-cdef inline void _sift_up(f64* hs, i64* hr, Py_ssize_t i) noexcept nogil:
-    cdef Py_ssize_t parent
-    cdef f64 s
-    cdef i64 r
-    while i > 0:
-        parent = (i - 1) // 2
-        if not _worse(hs[i], hr[i], hs[parent], hr[parent]):
-            return
-        s = hs[i]; hs[i] = hs[parent]; hs[parent] = s
-        r = hr[i]; hr[i] = hr[parent]; hr[parent] = r
-        i = parent
 
 
 cdef u32 DEAD = 0x80000000u  # doc_len's top bit: the row is forgotten
@@ -269,11 +234,11 @@ def bm25_topk(
                     hs[size] = s
                     hr[size] = r
                     size += 1
-                    _sift_up(hs, hr, size - 1)
-                elif _worse(hs[0], hr[0], s, r):
+                    sift_up(hs, hr, size - 1)
+                elif worse(hs[0], hr[0], s, r):
                     hs[0] = s
                     hr[0] = r
-                    _sift_down(hs, hr, size, 0)
+                    sift_down(hs, hr, size, 0)
         out_rows = np.empty(size, dtype=np.int64)
         out_scores = np.empty(size, dtype=np.float64)
         for i in range(size - 1, -1, -1):  # pop the worst into the back: best first
@@ -281,7 +246,7 @@ def bm25_topk(
             out_scores[i] = hs[0]
             hs[0] = hs[i]
             hr[0] = hr[i]
-            _sift_down(hs, hr, i, 0)
+            sift_down(hs, hr, i, 0)
         return out_rows, out_scores
     finally:
         for i in range(touched_n):  # leave scratch zeroed even after an error

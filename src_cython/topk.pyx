@@ -26,6 +26,7 @@ import numpy as np
 from cython.parallel import prange
 
 from _types cimport i8, u8, u16, i32, i64, u64, f32, f64
+from _heap cimport worse, sift_down, sift_up
 
 cdef extern from "_half.h" nogil:
     f32 fm_half_to_float(u16 h)
@@ -95,54 +96,18 @@ if os.environ.get("FASTMEM_SIMD"):
     set_simd(os.environ["FASTMEM_SIMD"])
 
 
-cdef inline bint _worse(f64 sa, i64 ra, f64 sb, i64 rb) noexcept nogil:
-    # (sa, ra) ranks below (sb, rb): lower score, or the same score and a higher row.
-    return sa < sb or (sa == sb and ra > rb)
-
-
-cdef inline void _sift_down(f64* hs, i64* hr, Py_ssize_t size, Py_ssize_t i) noexcept nogil:
-    # Min-heap on rank: the root is the worst of the kept rows.
-    cdef Py_ssize_t child
-    cdef f64 s
-    cdef i64 r
-    while True:
-        child = 2 * i + 1
-        if child >= size:
-            return
-        if child + 1 < size and _worse(hs[child + 1], hr[child + 1], hs[child], hr[child]):
-            child += 1
-        if not _worse(hs[child], hr[child], hs[i], hr[i]):
-            return
-        s = hs[i]; hs[i] = hs[child]; hs[child] = s
-        r = hr[i]; hr[i] = hr[child]; hr[child] = r
-        i = child
-
-
-cdef inline void _sift_up(f64* hs, i64* hr, Py_ssize_t i) noexcept nogil:
-    cdef Py_ssize_t parent
-    cdef f64 s
-    cdef i64 r
-    while i > 0:
-        parent = (i - 1) // 2
-        if not _worse(hs[i], hr[i], hs[parent], hr[parent]):
-            return
-        s = hs[i]; hs[i] = hs[parent]; hs[parent] = s
-        r = hr[i]; hr[i] = hr[parent]; hr[parent] = r
-        i = parent
-
-
 cdef inline Py_ssize_t _push(f64* hs, i64* hr, Py_ssize_t size, Py_ssize_t cap,
                              f64 score, i64 row) noexcept nogil:
     # Keep (score, row) if it ranks among the best `cap`; returns the new heap size.
     if size < cap:
         hs[size] = score
         hr[size] = row
-        _sift_up(hs, hr, size)
+        sift_up(hs, hr, size)
         return size + 1
-    if _worse(hs[0], hr[0], score, row):
+    if worse(hs[0], hr[0], score, row):
         hs[0] = score
         hr[0] = row
-        _sift_down(hs, hr, size, 0)
+        sift_down(hs, hr, size, 0)
     return size
 
 
@@ -221,7 +186,7 @@ cdef Py_ssize_t _scan_chunk(const Scan* s, Py_ssize_t start, Py_ssize_t stop, Py
             if s.scales_out != NULL:
                 s.scales_out[row] = scale
             score = <f64>dots[i] * <f64>scale
-            if size == cap and not _worse(hs[0], hr[0], score, row):
+            if size == cap and not worse(hs[0], hr[0], score, row):
                 continue  # the common case: not among the best so far
             if not _flags_ok(s, row):  # flags only now: rarely read
                 continue
