@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import warnings
+from collections.abc import Callable
 
 import numpy as np
 
@@ -256,13 +257,18 @@ def random_inputs(n: int, seed: int = 0) -> list[bytes]:
     return out
 
 
-def main() -> None:
+def command_line(one_input: Callable[[bytes], None], seed_inputs: Callable[[], list[bytes]]) -> None:
+    """Both targets' command line: ``--random N [SEED]`` feeds ``one_input`` N inputs of the plain
+    mutator (no atheris needed); otherwise atheris fuzzes it, from ``seed_inputs`` when the corpus
+    folder is empty."""
     if len(sys.argv) >= 3 and sys.argv[1] == "--random":
         n = int(sys.argv[2])
         for data in random_inputs(n, seed=int(sys.argv[3]) if len(sys.argv) > 3 else 0):
             one_input(data)
         print(f"Done {n} runs (random mutator)")
         return
+    import atheris  # imported (instrumenting fastmem) by the target run as __main__
+
     corpus = [a for a in sys.argv[1:] if not a.startswith("-")]
     if corpus and not os.listdir(corpus[0]):
         for i, data in enumerate(seed_inputs()):
@@ -271,6 +277,5 @@ def main() -> None:
     atheris.Setup(sys.argv, one_input)
     atheris.Fuzz()
 
-
 if __name__ == "__main__":
-    main()
+    command_line(one_input, seed_inputs)

@@ -164,24 +164,9 @@ def seed_inputs() -> list[bytes]:
 
 def main() -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    if len(sys.argv) >= 3 and sys.argv[1] == "--random":
-        import fuzz_open
+    import fuzz_open
 
-        seeds = seed_inputs()
-        fuzz_open._state["dat"], fuzz_open._state["idx"] = seeds[0][1:], seeds[1][1:]
-        n = int(sys.argv[2])
-        for data in fuzz_open.random_inputs(n, seed=int(sys.argv[3]) if len(sys.argv) > 3 else 0):
-            one_input(bytes([data[0] % 4]) + data[1:])
-        print(f"Done {n} runs (random mutator)")
-        return
-    corpus = [a for a in sys.argv[1:] if not a.startswith("-")]
-    if corpus and not os.listdir(corpus[0]):
-        for i, data in enumerate(seed_inputs()):
-            with open(os.path.join(corpus[0], f"seed-{i}"), "wb") as f:
-                f.write(data)
-    atheris.Setup(sys.argv, one_input)
-    atheris.Fuzz()
-
+    fuzz_open.command_line(one_input, seed_inputs)
 
 if __name__ == "__main__":
     main()
