@@ -573,6 +573,47 @@ def test_a_query_with_an_identifier_finds_the_memory_holding_it(store_path):
         assert store.search(query, 1)[0].id != target  # the boost is what finds it
 
 
+def test_a_query_naming_a_day_finds_what_was_written_that_day(store_path, monkeypatch):
+    from fastmem import retrieval
+
+    day = 86400.0
+    t0 = 1_685_750_400.0  # 3 June 2023, 00:00 UTC
+    query = "What did Ann cook for the family dinner on 3 June, 2023?"
+    policy = ContextPolicy(recent=0)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=policy) as store:
+        for i in range(40):  # other days, closer to the question's words
+            store.add(f"Ann: we talked about what to cook for the family dinner, take {i}",
+                      session=f"s{i}", timestamp=t0 - (i + 1) * 3 * day)  # fmt: skip
+        target = store.add("Ann: I made a lasagne tonight.", session="june", timestamp=t0 + 3600)
+        store.add("Ann: I made a curry tonight.", session="later", timestamp=t0 + 2 * day)
+        assert store.search(query, 1)[0].id == target
+        assert target in [i.id for i in store.context(query, budget=60).items]
+        in_may = store.search("What did Ann cook in June 2023?", 2)
+        assert target in [h.id for h in in_may]  # a month names every day of it
+        monkeypatch.setattr(retrieval, "periods", lambda q: [])
+        assert target not in [h.id for h in store.search(query, 10)]  # the date is what finds it
+
+
+def test_the_dates_a_query_names_are_read_as_utc_days_or_months():
+    from datetime import datetime, timezone
+
+    from fastmem.retrieval import periods
+
+    def days(q):
+        iso = "%Y-%m-%d"
+        return [tuple(datetime.fromtimestamp(t, timezone.utc).strftime(iso) for t in s)
+                for s in periods(q)]  # fmt: skip
+
+    assert days("on 1 May, 2022") == days("May 1st, 2022") == days("the 1st of may 2022") == \
+        days("on 2022-05-01") == [("2022-05-01", "2022-05-02")]  # fmt: skip
+    assert days("in December 2023?") == [("2023-12-01", "2024-01-01")]
+    two = [("2024-01-02", "2024-01-03"), ("2024-09-03", "2024-09-04")]
+    assert days("between 2 Jan 2024 and Sept 3, 2024") == two
+    assert days("in June 2023 and on 4 June 2023") == [("2023-06-04", "2023-06-05")]  # the day
+    for q in ("in 2023", "on May 3", "it may 2023 be", "2023-13-45", "9999-12-31", "Who?"):
+        assert periods(q) == [], q
+
+
 def test_identifiers_are_recognised():
     from fastmem.retrieval import has_identifier
 
