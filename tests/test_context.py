@@ -590,7 +590,11 @@ def test_a_query_naming_a_day_finds_what_was_written_that_day(store_path, monkey
         assert target in [i.id for i in store.context(query, budget=60).items]
         in_may = store.search("What did Ann cook in June 2023?", 2)
         assert target in [h.id for h in in_may]  # a month names every day of it
+    with fastmem.open(store_path, embedder=None, policy=policy) as store:  # keywords only
+        assert store.search(query, 1)[0].id == target
         monkeypatch.setattr(retrieval, "periods", lambda q: [])
+        assert store.search(query, 1)[0].id != target
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=policy) as store:
         assert target not in [h.id for h in store.search(query, 10)]  # the date is what finds it
 
 
