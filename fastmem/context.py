@@ -440,10 +440,12 @@ def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozense
 def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | None:
     """``query`` without the names (and their ``'s``) of the speakers it names among the
     best matches of ``ranked`` (:func:`named_speakers`); ``None`` when it names none, or
-    nothing but the names would be left."""
+    nothing but the names would be left. Only a capitalised name is one: the user a
+    question in the first person is about is not named by the word "user" ("How do I add
+    user login?" asks about logins, not about the speaker)."""
     words = set(_WORD.findall(query))
     named = named_speakers(engine, ranked[:SPEAKER_ROWS], query) or frozenset()
-    names = [speaker[:-2] for speaker in named if speaker[:-2] in words]
+    names = [s[:-2] for s in named if s[:1].isupper() and s[:-2] in words]
     if not names:
         return None
     name = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")(?:['\u2019]s)?\b")

@@ -761,6 +761,7 @@ def test_without_names_drops_the_named_speakers_and_their_possessive(store_path)
         assert without_names(engine, ranked, "Did Caroline and Melanie meet?") == "Did and meet?"
         assert without_names(engine, ranked, "What did Bob paint?") is None  # not a speaker here
         assert without_names(engine, ranked, "What did I code?") is None  # the user is no name
+        assert without_names(engine, ranked, "How do I add user login?") is None  # nor "user"
         assert without_names(engine, ranked, "Melanie?") is None  # nothing left to embed
 
 
