@@ -484,16 +484,17 @@ def answer(
     vector = retrieval.query_vector(embedder, rest)
     with engine.lock:
         engine.check()
-        ranked = _rank(engine, policy, query, vector, degraded, session)
+        ranked = _rank(engine, policy, query, vector, degraded, session, own_turns=True)
         return _pack(engine, policy, query, ranked, session, budget, counter, stored_counts, exclude, touch)
 
 
 def _rank(
     engine: Engine, policy: ContextPolicy, query: str, vector: np.ndarray | None, degraded: bool,
-    session: str | None,
+    session: str | None, own_turns: bool = False,
 ) -> tuple[list[Ranked], bool]:  # fmt: skip
     return retrieval.rank(engine.index, query, policy.candidates, policy=policy, vector=vector,
-                          degraded=degraded, session=session, now=time.time())  # fmt: skip
+                          degraded=degraded, session=session, now=time.time(),
+                          own_turns=own_turns)  # fmt: skip
 
 
 def _pack(

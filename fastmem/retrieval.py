@@ -120,6 +120,7 @@ def embed_query(embedder: Embedder | None, query: str) -> tuple[np.ndarray | Non
 def rank(
     index: MemoryIndex, query: str, k: int, *, policy: ContextPolicy, vector: np.ndarray | None,
     degraded: bool, session: str | None, now: float, where: Filters = NO_FILTERS,
+    own_turns: bool = False,
 ) -> tuple[list[Ranked], bool]:  # fmt: skip
     """Level 3: rows ranked for ``query``, best first, with relevance from 0 to 1.
 
@@ -128,6 +129,11 @@ def rank(
     weighted); each score is then smoothed with its neighbours' (an answer often sits
     next to the turn that matches the question) and importance, recency and the
     current session add small bonuses.
+
+    ``own_turns``: the query is about one speaker of a conversation (``context.answer``
+    knows): a strong match also lifts the memories two rows away in its session, as it
+    lifts those next to it. In a dialogue those are its speaker's own previous and next
+    turns, past the other speaker's reply, which the speaker focus then demotes.
 
     ``vector`` and ``degraded`` are :func:`embed_query`'s. Returns ``(ranked, degraded)``:
     ``degraded`` when the embedder was not loaded yet and the store holds vectors (the
@@ -161,7 +167,7 @@ def rank(
     found = np.unique(np.concatenate(parts)).astype(np.int64)
     if not len(found):
         return [], degraded
-    cand, prev, nxt = with_neighbours(index, found, where)
+    cand, prev, nxt = with_neighbours(index, found, where, 2 if own_turns else 1)
     score = np.zeros(len(cand))
     cosines = None
     if vector is not None:
@@ -178,6 +184,12 @@ def rank(
     before = np.where(prev >= 0, smooth[np.maximum(prev, 0)], -np.inf)
     after = np.where(nxt >= 0, smooth[np.maximum(nxt, 0)], -np.inf)
     fused = np.maximum(smooth, np.maximum(before, after) - policy.neighbour_gap)
+    if own_turns:  # the speaker's own turns around a match: lifted as its next row is
+        sessions = index.gather(cand, ("session",))["session"]
+        before, after = (_neighbour_positions(cand, sessions, step) for step in (-2, 2))
+        before = np.where(before >= 0, smooth[np.maximum(before, 0)], -np.inf)
+        after = np.where(after >= 0, smooth[np.maximum(after, 0)], -np.inf)
+        fused = np.maximum(fused, np.maximum(before, after) - policy.neighbour_gap)
     fused += bonuses(index, cand, policy, session, now)
     if id_scores is not None and len(id_rows):
         # The memories holding the query's identifiers go up by a share of the whole
@@ -311,12 +323,13 @@ def _within(index: MemoryIndex, rows: np.ndarray, spans: list[tuple[float, float
 
 
 def with_neighbours(
-    index: MemoryIndex, found: np.ndarray, where: Filters
+    index: MemoryIndex, found: np.ndarray, where: Filters, reach: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``found`` plus the live memory before and after each in the same session (rows
+    """``found`` plus the live memories up to ``reach`` rows before and after each (rows
     are in the order memories were added) that pass the filters, sorted; and for each,
-    the position of its neighbour before and after in the result (-1: none)."""
-    near = np.concatenate([found - 1, found, found + 1])
+    the position of the row before and after it in the same session in the result (-1:
+    none)."""
+    near = np.concatenate([found + step for step in range(-reach, reach + 1)])
     near = np.unique(near[(near >= 0) & (near < len(index))])
     fields = index.gather(near, ("flags", "timestamp", "session", "type"))
     kept = where.mask(fields)

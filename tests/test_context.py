@@ -749,6 +749,30 @@ def test_a_question_naming_a_speaker_is_embedded_without_the_name(store_path):
     assert found[1.0] < 3, found
 
 
+def test_a_question_about_one_speaker_lifts_their_own_turns_around_a_match(store_path, monkeypatch):
+    from fastmem import retrieval
+
+    turns = []
+    for i in range(15):
+        turns += [f"Ann: How was work today, day {i}?", f"Bob: Busy with the reports, day {i}."]
+    turns += ["Ann: Did you make it there?", "Bob: Yes, I went to the garden party on Saturday.",
+              "Ann: Nice! And then?", "Bob: I won first prize with my lemon cake."]  # fmt: skip
+    for i in range(15):
+        turns += [f"Ann: Any plans for day {i + 20}?", f"Bob: Just the usual, day {i + 20}."]
+    query = "What happened to Bob at the garden party?"
+    policy = ContextPolicy(recent=0)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=policy) as store:
+        for i, text in enumerate(turns):
+            store.add(text, session="s1", timestamp=1e9 + 60 * i)
+        ctx = store.context(query, budget=60)
+        assert "Bob: I won first prize with my lemon cake." in ctx.text.splitlines()
+        real = retrieval.rank
+        without = {"own_turns": False}
+        monkeypatch.setattr(retrieval, "rank", lambda *a, **k: real(*a, **{**k, **without}))
+        ctx = store.context(query, budget=60)
+        assert "Bob: I won first prize with my lemon cake." not in ctx.text.splitlines()
+
+
 def test_without_names_drops_the_named_speakers_and_their_possessive(store_path):
     from fastmem.context import without_names
     from fastmem.retrieval import Ranked
