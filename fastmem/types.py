@@ -124,7 +124,9 @@ class ContextPolicy:
     user's own messages (``user: ``), the other speakers' found memories go in at
     ``other_speaker`` times their priority: a question about one person is answered by that
     person's own turns; a question naming a speaker is also ranked with the embedding of the
-    query without that name, as the speaker's own turns say "I" (1: both off).
+    query without that name, as the speaker's own turns say "I", and there a match lifts
+    the rows two away (in a dialogue, that speaker's own previous and next turns) as it
+    lifts its neighbours (1: all three off).
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """
