@@ -1,6 +1,6 @@
 """How fast the memory engine answers: open, the first context after a restart, context().
 
-    python benchmarks/context_speed.py [--sizes 100k] [--queries 200]
+    python benchmarks/context_speed.py [--sizes 100k] [--queries 200] [--dated]
 
 On the shared workload's stores (``workload.py``: pseudo-English texts, random 384-d
 vectors, so the recall of these contexts means nothing, only their cost), with the default
@@ -11,7 +11,9 @@ embedder (all-MiniLM-L6-v2, fastmem's numpy runtime):
   the wall time from interpreter start, and whether that context was degraded (built
   before the model had loaded), then the time until a full-quality context;
 * ``context()`` — p50/p95 over distinct questions in a warm process, the query embedding
-  included (each question is new: the query cache never answers).
+  included (each question is new: the query cache never answers). ``--dated``: each
+  question also names a day of the workload's year ("... on 14 March, 2024?"), which
+  ``context()`` searches as a period (``retrieval.periods``).
 """
 
 from __future__ import annotations
@@ -59,25 +61,29 @@ print(json.dumps({"first": t1 - t0, "degraded": ctx.degraded, "tokens": ctx.toke
 """
 
 
-def questions(count: int, seed: int) -> list[str]:
+def questions(count: int, seed: int, dated: bool = False) -> list[str]:
     words = workload.vocabulary()[0]
     rng = np.random.default_rng(seed)
-    return [
-        "What did we say about " + " ".join(words[i] for i in rng.integers(0, 3000, 3)) + "?"
-        for _ in range(count)
-    ]
+    out = []
+    for _ in range(count):
+        about = " ".join(words[i] for i in rng.integers(0, 3000, 3))
+        day = time.gmtime(workload.T0 + rng.random() * workload.YEAR) if dated else None
+        when = time.strftime(" on %d %B, %Y", day).replace(" 0", " ") if day else ""
+        out.append(f"What did we say about {about}{when}?")
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="100k")
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--dated", action="store_true", help="questions that name a day")
     args = parser.parse_args()
     import fastmem
 
     source = workload.fastmem_source()
     for n in workload.parse_sizes(args.sizes):
-        qs = questions(args.queries + 10, seed=n)  # new to the process's query cache
+        qs = questions(args.queries + 10, seed=n, dated=args.dated)  # new to the query cache
         path, _ = workload.cached_store(n, log=print)
         opens = [workload.run_child(OPEN_CHILD, path, source)["seconds"] for _ in range(5)]
         first = workload.run_child(FIRST_CONTEXT_CHILD, path, source, qs[0])

@@ -440,10 +440,12 @@ def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozense
 def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | None:
     """``query`` without the names (and their ``'s``) of the speakers it names among the
     best matches of ``ranked`` (:func:`named_speakers`); ``None`` when it names none, or
-    nothing but the names would be left."""
+    nothing but the names would be left. Only a capitalised name is one: the user a
+    question in the first person is about is not named by the word "user" ("How do I add
+    user login?" asks about logins, not about the speaker)."""
     words = set(_WORD.findall(query))
     named = named_speakers(engine, ranked[:SPEAKER_ROWS], query) or frozenset()
-    names = [speaker[:-2] for speaker in named if speaker[:-2] in words]
+    names = [s[:-2] for s in named if s[:1].isupper() and s[:-2] in words]
     if not names:
         return None
     name = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")(?:['\u2019]s)?\b")
@@ -482,16 +484,17 @@ def answer(
     vector = retrieval.query_vector(embedder, rest)
     with engine.lock:
         engine.check()
-        ranked = _rank(engine, policy, query, vector, degraded, session)
+        ranked = _rank(engine, policy, query, vector, degraded, session, own_turns=True)
         return _pack(engine, policy, query, ranked, session, budget, counter, stored_counts, exclude, touch)
 
 
 def _rank(
     engine: Engine, policy: ContextPolicy, query: str, vector: np.ndarray | None, degraded: bool,
-    session: str | None,
+    session: str | None, own_turns: bool = False,
 ) -> tuple[list[Ranked], bool]:  # fmt: skip
     return retrieval.rank(engine.index, query, policy.candidates, policy=policy, vector=vector,
-                          degraded=degraded, session=session, now=time.time())  # fmt: skip
+                          degraded=degraded, session=session, now=time.time(),
+                          own_turns=own_turns)  # fmt: skip
 
 
 def _pack(

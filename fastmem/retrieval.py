@@ -14,10 +14,12 @@ tuned on a hand-built index:
 
 from __future__ import annotations
 
+import calendar
 import math
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
+from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +44,7 @@ __all__ = [
     "identifiers",
     "importance_scores",
     "keyword_search",
+    "periods",
     "query_vector",
     "rank",
     "sole_match",
@@ -117,6 +120,7 @@ def embed_query(embedder: Embedder | None, query: str) -> tuple[np.ndarray | Non
 def rank(
     index: MemoryIndex, query: str, k: int, *, policy: ContextPolicy, vector: np.ndarray | None,
     degraded: bool, session: str | None, now: float, where: Filters = NO_FILTERS,
+    own_turns: bool = False,
 ) -> tuple[list[Ranked], bool]:  # fmt: skip
     """Level 3: rows ranked for ``query``, best first, with relevance from 0 to 1.
 
@@ -125,6 +129,11 @@ def rank(
     weighted); each score is then smoothed with its neighbours' (an answer often sits
     next to the turn that matches the question) and importance, recency and the
     current session add small bonuses.
+
+    ``own_turns``: the query is about one speaker of a conversation (``context.answer``
+    knows): a strong match also lifts the memories two rows away in its session, as it
+    lifts those next to it. In a dialogue those are its speaker's own previous and next
+    turns, past the other speaker's reply, which the speaker focus then demotes.
 
     ``vector`` and ``degraded`` are :func:`embed_query`'s. Returns ``(ranked, degraded)``:
     ``degraded`` when the embedder was not loaded yet and the store holds vectors (the
@@ -148,10 +157,17 @@ def rank(
     parts.append(kw_rows)
     id_rows, id_scores = _identifier_matches(index, query, k, where, policy)
     parts.append(id_rows)
+    spans = periods(query) if policy.identifier_weight else []
+    for since, until in spans:  # the best matches written then, however far down they rank
+        inside = where._replace(since=max(where.since, since), until=min(where.until, until))
+        if vector is not None:
+            parts.append(_vector_candidates(index, vector, k, inside)[0])
+        else:
+            parts.append(index.keyword.search(index, words, k, *inside)[0])
     found = np.unique(np.concatenate(parts)).astype(np.int64)
     if not len(found):
         return [], degraded
-    cand, prev, nxt = with_neighbours(index, found, where)
+    cand, prev, nxt = with_neighbours(index, found, where, 2 if own_turns else 1)
     score = np.zeros(len(cand))
     cosines = None
     if vector is not None:
@@ -168,12 +184,23 @@ def rank(
     before = np.where(prev >= 0, smooth[np.maximum(prev, 0)], -np.inf)
     after = np.where(nxt >= 0, smooth[np.maximum(nxt, 0)], -np.inf)
     fused = np.maximum(smooth, np.maximum(before, after) - policy.neighbour_gap)
+    if own_turns:  # the speaker's own turns around a match: lifted as its next row is
+        sessions = index.gather(cand, ("session",))["session"]
+        before, after = (_neighbour_positions(cand, sessions, step) for step in (-2, 2))
+        before = np.where(before >= 0, smooth[np.maximum(before, 0)], -np.inf)
+        after = np.where(after >= 0, smooth[np.maximum(after, 0)], -np.inf)
+        fused = np.maximum(fused, np.maximum(before, after) - policy.neighbour_gap)
     fused += bonuses(index, cand, policy, session, now)
     if id_scores is not None and len(id_rows):
         # The memories holding the query's identifiers go up by a share of the whole
         # spread of scores (all of it at weight 1: above any memory without them).
         held = _spread(cand, id_rows, id_scores)
         fused += policy.identifier_weight * (float(fused.max() - fused.min()) + 1e-3) * held
+    if spans:
+        # A date is an identifier of time: the memories written then go up as those holding
+        # the query's identifiers do (at weight 1, above every memory written at another time).
+        spread = float(fused.max() - fused.min()) + 1e-3
+        fused += policy.identifier_weight * spread * _within(index, cand, spans)
     order = np.lexsort((cand, -fused))
     lo, hi = float(fused.min()), float(fused.max())
     relevance = (fused - lo) / (hi - lo) if hi > lo else np.ones(len(fused))
@@ -240,13 +267,69 @@ def _identifier_matches(
     return rows, np.array([held[g] / keys for g in rows.tolist()])
 
 
+_MONTHS = {name.lower(): i for names in (calendar.month_name, calendar.month_abbr)
+           for i, name in enumerate(names) if name} | {"sept": 9}  # fmt: skip
+_MONTH = "(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
+_YEAR = r"(\d{4})\b"
+# "3 June, 2023", "3rd of June 2023"; "June 3, 2023"; "2023-06-03"; "June 2023".
+_DAY_MONTH_YEAR = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH},?\s+{_YEAR}", re.IGNORECASE)
+_MONTH_DAY_YEAR = re.compile(rf"\b{_MONTH}\s+{_DAY},?\s+{_YEAR}", re.IGNORECASE)
+_ISO_DAY = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
+_MONTH_YEAR = re.compile(rf"\b{_MONTH},?\s+{_YEAR}", re.IGNORECASE)
+# Each day pattern with the groups of its year, month and day.
+_DAY_PATTERNS = ((_DAY_MONTH_YEAR, (3, 2, 1)), (_MONTH_DAY_YEAR, (3, 1, 2)), (_ISO_DAY, (1, 2, 3)))
+# At most this many dates of a query are looked up (each is a filtered scan).
+MAX_PERIODS = 4
+
+
+def periods(query: str) -> list[tuple[float, float]]:
+    """The days the query names (``[since, until)`` in Unix seconds, UTC, as the context's
+    headers show them), or the months it names when it names no day: "on 3 June, 2023",
+    "June 3rd, 2023", "2023-06-03", "in June 2023". A year alone, or a day without its year,
+    names no period here (a four-digit number may be a count or a model).
+
+    >>> [datetime.fromtimestamp(t, timezone.utc).strftime("%d %b %Y") for span in
+    ...  periods("What did Nate do on 25 May, 2022 and in June 2022?") for t in span]
+    ['25 May 2022', '26 May 2022']
+    """
+    spans: list[tuple[datetime, datetime]] = []
+    for pattern, (y, m, d) in _DAY_PATTERNS:
+        for found in pattern.finditer(query):
+            month = found.group(m)
+            try:
+                day = datetime(int(found.group(y)), _MONTHS.get(month.lower()) or int(month),
+                               int(found.group(d)), tzinfo=timezone.utc)  # fmt: skip
+                spans.append((day, day + timedelta(days=1)))
+            except (ValueError, OverflowError):  # "31 June", "2023-13-01", "9999-12-31"
+                continue
+    if not spans:
+        for found in _MONTH_YEAR.finditer(query):
+            year, month = int(found.group(2)), _MONTHS[found.group(1).lower()]
+            if 1 <= year <= 9998 and found.group(1) != "may":  # "it may 2023 be": the verb
+                start = datetime(year, month, 1, tzinfo=timezone.utc)
+                end = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=timezone.utc)
+                spans.append((start, end))
+    return list(dict.fromkeys((a.timestamp(), b.timestamp()) for a, b in spans))[:MAX_PERIODS]
+
+
+def _within(index: MemoryIndex, rows: np.ndarray, spans: list[tuple[float, float]]) -> np.ndarray:
+    """1.0 for the ``rows`` written in one of ``spans``, else 0.0."""
+    ts = index.gather(rows, ("timestamp",))["timestamp"].astype(np.float64)
+    inside = np.zeros(len(rows), dtype=bool)
+    for since, until in spans:
+        inside |= (ts >= since) & (ts < until)
+    return inside.astype(np.float64)
+
+
 def with_neighbours(
-    index: MemoryIndex, found: np.ndarray, where: Filters
+    index: MemoryIndex, found: np.ndarray, where: Filters, reach: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``found`` plus the live memory before and after each in the same session (rows
+    """``found`` plus the live memories up to ``reach`` rows before and after each (rows
     are in the order memories were added) that pass the filters, sorted; and for each,
-    the position of its neighbour before and after in the result (-1: none)."""
-    near = np.concatenate([found - 1, found, found + 1])
+    the position of the row before and after it in the same session in the result (-1:
+    none)."""
+    near = np.concatenate([found + step for step in range(-reach, reach + 1)])
     near = np.unique(near[(near >= 0) & (near < len(index))])
     fields = index.gather(near, ("flags", "timestamp", "session", "type"))
     kept = where.mask(fields)

@@ -104,7 +104,10 @@ class ContextPolicy:
     (``retrieval.IDENTIFIER_MAX_ROWS``), those memories go up by ``identifier_weight``
     times the spread of the candidates' scores, times the share of such identifiers they
     hold (at 1, the memory holding them all ranks above every memory holding none): it
-    must not lose to a vague semantic match.
+    must not lose to a vague semantic match. A date in the query (a day such as "3 June,
+    2023" or "2023-06-03", or a month, "June 2023"; ``retrieval.periods``) is an identifier
+    of time: the memories written then (UTC, as the headers show them) are searched for
+    too and go up by the same weight.
 
     Packing spends the budget on evidence. Level 1 takes budget only when the question is
     about the current conversation (no query; ``session`` names the newest memories'
@@ -121,7 +124,9 @@ class ContextPolicy:
     user's own messages (``user: ``), the other speakers' found memories go in at
     ``other_speaker`` times their priority: a question about one person is answered by that
     person's own turns; a question naming a speaker is also ranked with the embedding of the
-    query without that name, as the speaker's own turns say "I" (1: both off).
+    query without that name, as the speaker's own turns say "I", and there a match lifts
+    the rows two away (in a dialogue, that speaker's own previous and next turns) as it
+    lifts its neighbours (1: all three off).
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """

@@ -573,6 +573,51 @@ def test_a_query_with_an_identifier_finds_the_memory_holding_it(store_path):
         assert store.search(query, 1)[0].id != target  # the boost is what finds it
 
 
+def test_a_query_naming_a_day_finds_what_was_written_that_day(store_path, monkeypatch):
+    from fastmem import retrieval
+
+    day = 86400.0
+    t0 = 1_685_750_400.0  # 3 June 2023, 00:00 UTC
+    query = "What did Ann cook for the family dinner on 3 June, 2023?"
+    policy = ContextPolicy(recent=0)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=policy) as store:
+        for i in range(40):  # other days, closer to the question's words
+            store.add(f"Ann: we talked about what to cook for the family dinner, take {i}",
+                      session=f"s{i}", timestamp=t0 - (i + 1) * 3 * day)  # fmt: skip
+        target = store.add("Ann: I made a lasagne tonight.", session="june", timestamp=t0 + 3600)
+        store.add("Ann: I made a curry tonight.", session="later", timestamp=t0 + 2 * day)
+        assert store.search(query, 1)[0].id == target
+        assert target in [i.id for i in store.context(query, budget=60).items]
+        in_may = store.search("What did Ann cook in June 2023?", 2)
+        assert target in [h.id for h in in_may]  # a month names every day of it
+    with fastmem.open(store_path, embedder=None, policy=policy) as store:  # keywords only
+        assert store.search(query, 1)[0].id == target
+        monkeypatch.setattr(retrieval, "periods", lambda q: [])
+        assert store.search(query, 1)[0].id != target
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=policy) as store:
+        assert target not in [h.id for h in store.search(query, 10)]  # the date is what finds it
+
+
+def test_the_dates_a_query_names_are_read_as_utc_days_or_months():
+    from datetime import datetime, timezone
+
+    from fastmem.retrieval import periods
+
+    def days(q):
+        iso = "%Y-%m-%d"
+        return [tuple(datetime.fromtimestamp(t, timezone.utc).strftime(iso) for t in s)
+                for s in periods(q)]  # fmt: skip
+
+    assert days("on 1 May, 2022") == days("May 1st, 2022") == days("the 1st of may 2022") == \
+        days("on 2022-05-01") == [("2022-05-01", "2022-05-02")]  # fmt: skip
+    assert days("in December 2023?") == [("2023-12-01", "2024-01-01")]
+    two = [("2024-01-02", "2024-01-03"), ("2024-09-03", "2024-09-04")]
+    assert days("between 2 Jan 2024 and Sept 3, 2024") == two
+    assert days("in June 2023 and on 4 June 2023") == [("2023-06-04", "2023-06-05")]  # the day
+    for q in ("in 2023", "on May 3", "it may 2023 be", "2023-13-45", "9999-12-31", "Who?"):
+        assert periods(q) == [], q
+
+
 def test_identifiers_are_recognised():
     from fastmem.retrieval import has_identifier
 
@@ -704,6 +749,30 @@ def test_a_question_naming_a_speaker_is_embedded_without_the_name(store_path):
     assert found[1.0] < 3, found
 
 
+def test_a_question_about_one_speaker_lifts_their_own_turns_around_a_match(store_path, monkeypatch):
+    from fastmem import retrieval
+
+    turns = []
+    for i in range(15):
+        turns += [f"Ann: How was work today, day {i}?", f"Bob: Busy with the reports, day {i}."]
+    turns += ["Ann: Did you make it there?", "Bob: Yes, I went to the garden party on Saturday.",
+              "Ann: Nice! And then?", "Bob: I won first prize with my lemon cake."]  # fmt: skip
+    for i in range(15):
+        turns += [f"Ann: Any plans for day {i + 20}?", f"Bob: Just the usual, day {i + 20}."]
+    query = "What happened to Bob at the garden party?"
+    policy = ContextPolicy(recent=0)
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), policy=policy) as store:
+        for i, text in enumerate(turns):
+            store.add(text, session="s1", timestamp=1e9 + 60 * i)
+        ctx = store.context(query, budget=60)
+        assert "Bob: I won first prize with my lemon cake." in ctx.text.splitlines()
+        real = retrieval.rank
+        without = {"own_turns": False}
+        monkeypatch.setattr(retrieval, "rank", lambda *a, **k: real(*a, **{**k, **without}))
+        ctx = store.context(query, budget=60)
+        assert "Bob: I won first prize with my lemon cake." not in ctx.text.splitlines()
+
+
 def test_without_names_drops_the_named_speakers_and_their_possessive(store_path):
     from fastmem.context import without_names
     from fastmem.retrieval import Ranked
@@ -716,6 +785,7 @@ def test_without_names_drops_the_named_speakers_and_their_possessive(store_path)
         assert without_names(engine, ranked, "Did Caroline and Melanie meet?") == "Did and meet?"
         assert without_names(engine, ranked, "What did Bob paint?") is None  # not a speaker here
         assert without_names(engine, ranked, "What did I code?") is None  # the user is no name
+        assert without_names(engine, ranked, "How do I add user login?") is None  # nor "user"
         assert without_names(engine, ranked, "Melanie?") is None  # nothing left to embed
 
 
