@@ -771,6 +771,9 @@ class Engine:
         hot, count = current
         if not (n <= count or count == self.index.live):
             return None
+        memories = _kernels.read_hot(hot.rows, hot.starts, hot.records, min(n, count), Memory, f32)
+        if memories is not None:  # the plain case, in one call
+            return memories
         size = fmt.INDEX_DTYPE.itemsize
         records, end = hot.records, len(hot.records)
         try:

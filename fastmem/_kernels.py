@@ -23,6 +23,7 @@ check_record = _kernels_py.check_record
 record_payload = _kernels_py.record_payload
 file_size = _kernels_py.file_size
 read_memory = _kernels_py.read_memory
+read_hot = _kernels_py.read_hot
 unpack = _kernels_py.unpack
 pack_payloads = _kernels_py.pack_payloads
 pack_memories = _kernels_py.pack_memories
@@ -36,9 +37,9 @@ gather_vectors = _kernels_py.gather_vectors
 Cl100kCounter = _kernels_py.Cl100kCounter
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
-          "file_size", "read_memory", "unpack", "pack_payloads", "pack_memories", "topk_int8",
-          "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk",
-          "merge_postings", "sort_postings", "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
+          "file_size", "read_memory", "read_hot", "unpack", "pack_payloads", "pack_memories",
+          "topk_int8", "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch",
+          "bm25_topk", "merge_postings", "sort_postings", "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:
