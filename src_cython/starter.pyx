@@ -1,7 +1,7 @@
 # cython: language_level=3
 """A Python callable run in a new OS thread after a delay, the thread holding no GIL until then.
 
-Twin of fastmem._threads._start_later_py. ``open()`` starts its loaders (the model, the
+Twin of fastmem._threads._start_later_py. Opening a store starts its loaders (the model, the
 encoding, the level-2 preload) a few milliseconds later so that they do not compete with
 the restart (see fastmem/_threads.py). A Python thread, even one that only sleeps, must take
 the GIL to begin: it takes it at the first system call of the caller's restart (each one
