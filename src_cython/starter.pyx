@@ -72,9 +72,12 @@ cdef void _call(PyObject* target) noexcept with gil:
 
 
 cdef void* _body(void* arg) noexcept nogil:
+    # No malloc or free before the nap: a thread's first one makes its malloc arena (a
+    # 128 MiB reservation, mapped and trimmed), which holds the process's map lock while
+    # the caller's restart takes its page faults.
     cdef _Job job = (<_Job*>arg)[0]
-    free(arg)
     fastmem_nap(job.delay)
+    free(arg)
     fastmem_add(&fastmem_entering, 1)
     if fastmem_load(&fastmem_exiting):
         fastmem_add(&fastmem_entering, -1)
