@@ -192,7 +192,9 @@ class Engine:
         del mapped  # the map is ``dat`` alone: the failure path below lets go of it
         size = len(dat)  # less if a writer cut a failed write off meanwhile
         try:
-            header = fmt.unpack_dat_header(dat, self.dat_path)
+            # The compiled parse answers for a valid header; the parser says what is wrong.
+            header = _kernels.dat_header(dat, fmt.DatHeader)
+            header = header or fmt.unpack_dat_header(dat, self.dat_path)
             self._check_embedder(header)
             try:
                 index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, dat, size)

@@ -180,7 +180,8 @@ class MemoryIndex:
         # The descriptor stays open as long as the map: a compaction that replaces the file
         # closes it last, where freeing the file's cached pages need not hold the GIL.
         closer = weakref.finalize(mm, os.close, fd)
-        h = fmt.unpack_idx_header(mm, path)
+        # The compiled parsers answer for valid bytes; fmt's say what is wrong (issue 21).
+        h = _kernels.idx_header(mm, fmt.IdxHeader) or fmt.unpack_idx_header(mm, path)
         layout = fmt.header_layout(h)
         # Version 2 files end with the commit slots and deltas (see docs/FORMAT.md); a file
         # written without them (or by version 1) ends where its sections do.
@@ -191,12 +192,16 @@ class MemoryIndex:
             raise CorruptIndexError(f"{path} belongs to another data file", path=path)
         if dat_dim and h.dim not in (0, dat_dim):
             raise CorruptIndexError(f"{path} disagrees with its data file on the dimension")
-        slot = fmt.current_slot(mm, fmt.slots_at(layout))[1] if with_slots else None
+        slot = None
+        if with_slots:
+            at = fmt.slots_at(layout)
+            slot = (_kernels.current_slot(mm, at, fmt.Slot) or fmt.current_slot(mm, at))[1]
         delta = dl = None
         if slot is not None:
             if not fmt.deltas_at(layout) <= slot.offset <= size - slot.length:
                 raise CorruptIndexError(f"{path}: the commit slot points outside the file", path=path)
-            delta = fmt.unpack_delta_header(mm, slot.offset, path)
+            delta = _kernels.delta_header(mm, slot.offset, fmt.DeltaHeader)
+            delta = delta or fmt.unpack_delta_header(mm, slot.offset, path)
             dl = fmt.delta_layout(delta, h.dim)
             if dl.size != slot.length or delta.live > h.rows + delta.rows:
                 raise CorruptIndexError(f"{path}: the delta's header is damaged", path=path)

@@ -35,7 +35,12 @@ from ._format import (
     RECORD_HEADER_SIZE,
     RECORD_KINDS,
     RECORD_MAGIC,
+    current_slot as _current_slot,
+    unpack_dat_header,
+    unpack_delta_header,
+    unpack_idx_header,
 )
+from .errors import CorruptionError, FormatVersionError
 
 
 def crc32(data: Any, value: int = 0) -> int:
@@ -415,6 +420,41 @@ def _plain_memory(row: tuple[Any, ...], buf: Any, offset: int, end: int, memory:
         return None
     return tuple.__new__(memory, (f"m{rid}", p["x"], p.get("y", "conversation"), ts, p.get("s"),
                                   f32(importance), bool(flags & FLAG_PINNED), p.get("m"), p.get("u")))
+
+
+# --- the fixed headers a restart reads (twins of src_cython/heads.pyx) -------------------
+# Each returns what fastmem._format's parser returns, or None where that one raises: the
+# caller then calls the parser for the precise error. ``cls`` is the named tuple to make.
+
+
+def dat_header(buf: Any, cls: type) -> Any:
+    try:
+        return cls(*unpack_dat_header(buf, ""))
+    except (CorruptionError, FormatVersionError):
+        return None
+
+
+def idx_header(buf: Any, cls: type) -> Any:
+    try:
+        return cls(*unpack_idx_header(buf, ""))
+    except (CorruptionError, FormatVersionError):
+        return None
+
+
+def current_slot(buf: Any, at: int, cls: type) -> tuple[int, Any] | None:
+    if at < 0:
+        return None
+    write_next, slot = _current_slot(buf, at)
+    return write_next, None if slot is None else cls(*slot)
+
+
+def delta_header(buf: Any, at: int, cls: type) -> Any:
+    if at < 0:
+        return None
+    try:
+        return cls(*unpack_delta_header(buf, at, ""))
+    except CorruptionError:
+        return None
 
 
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)

@@ -14,7 +14,7 @@ from cpython.tuple cimport PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcpy
 from _types cimport u8, u16, u32, u64, i64
-from _bytes cimport load_le16, load_le32
+from _bytes cimport load_f64 as _f64, load_le16, load_le32, load_le64 as _le64
 from _frames cimport HEADER_SIZE, _record_length, fastmem_crc_init
 
 from lz4.block import decompress as _lz4_decompress
@@ -186,17 +186,6 @@ def unpack(data):
 
 
 # --- the row ---------------------------------------------------------------------------
-
-cdef inline u64 _le64(const u8* p) noexcept nogil:
-    return <u64>load_le32(p) | (<u64>load_le32(p + 4) << 32)
-
-
-cdef inline double _f64(const u8* p) noexcept nogil:
-    cdef u64 u = _le64(p)
-    cdef double d
-    memcpy(&d, &u, 8)
-    return d
-
 
 cdef bint _parse_id(object mid, u64* value, bint* canonical) noexcept:
     # m<digits> (ASCII, 1 to 19 of them): parse_id's ids, but for the longest.
