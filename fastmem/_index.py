@@ -17,6 +17,7 @@ import time
 import atexit  # noqa: F401 - now: weakref.finalize imports it at its first use, which
 import weakref  # would wait for the import lock a background loader holds (_threads.py)
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -798,7 +799,7 @@ def _increasing_below(values: np.ndarray, limit: int) -> bool:
     restart's delta usually holds a few changed rows."""
     if len(values) <= 64:
         v = values.tolist()
-        return v[-1] < limit and all(a < b for a, b in zip(v, v[1:]))
+        return v[-1] < limit and all(a < b for a, b in pairwise(v))
     return int(values[-1]) < limit and bool((values[1:] > values[:-1]).all())
 
 

@@ -64,7 +64,9 @@ def store_files(tmp_path_factory):
     """The two files of a store whose index has a delta in a slot (bytes)."""
     path = str(tmp_path_factory.mktemp("heads") / "s")
     with fastmem.open(path, dim=4, embedder=None, durability="none") as store:
-        store.add_many([{"text": f"memory {i}", "embedding": [1.0, 0, 0, 0]} for i in range(20_000)])
+        store.add_many(
+            [{"text": f"memory {i}", "embedding": [1.0, 0, 0, 0]} for i in range(20_000)]
+        )
     with fastmem.open(path, embedder=None, durability="none") as store:
         store.add("one more, in a delta")
         store.forget("m3")
@@ -154,7 +156,9 @@ def test_data_headers_with_any_field_values(version, size, dim, next_id, created
 
 _u64 = st.integers(0, 2**64 - 1)
 _u32 = st.integers(0, 2**32 - 1)
-_small = st.integers(0, 70) | st.sampled_from([2**32 - 1, 2**32, 2**48 - 1, 2**48, 2**63, 2**63 + 1])
+_small = st.integers(0, 70) | st.sampled_from(
+    [2**32 - 1, 2**32, 2**48 - 1, 2**48, 2**63, 2**63 + 1]
+)
 
 
 @given(st.integers(0, 3), st.sampled_from([4096, 4095, 0]), _small, _small, st.integers(0, 5000),
@@ -174,7 +178,9 @@ def test_index_headers_with_any_field_values(version, size, rows, live, dim, row
 def test_slot_pairs(slots, at):
     buf = bytearray(at + 2 * fmt.SLOT_PAGE)
     for i, (generation, offset, length, valid, magic) in enumerate(slots):
-        body = struct.pack("<8sQQQ", fmt.SLOT_MAGIC if magic else b"FMEMSLOX", generation, offset, length)
+        body = struct.pack(
+            "<8sQQQ", fmt.SLOT_MAGIC if magic else b"FMEMSLOX", generation, offset, length
+        )
         packed = _crc_tail(body)
         if not valid:
             packed = packed[:-1] + bytes([packed[-1] ^ 1])
