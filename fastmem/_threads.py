@@ -138,8 +138,7 @@ def _after_fork_in_parent() -> None:
 def _after_fork_in_child() -> None:
     global _starter_lock, _todo, _scheduled
     _starter_lock, _todo, _scheduled = threading.Lock(), [], 0  # the parent's start is not here
-    if _start_later is not _start_later_py:
-        _after_fork_compiled()
+    _reset_starter()
     for _, _, child in _fork_hooks:
         if child is not None:
             child()
@@ -186,26 +185,25 @@ def _start_later_py(delay: float, target: Callable[[], object]) -> None:
     _thread.start_new_thread(wait_then_run, ())
 
 
-def _after_fork_compiled() -> None:
-    from ._ext.starter import after_fork_in_child
-
-    after_fork_in_child()
-
-
 def use_starter(backend: str) -> None:
     """Start background threads with the compiled ``start_later`` (``"cython"``, when it
     was built) or the Python one (``"python"``): ``FASTMEM_BACKEND`` chooses at import."""
-    global _start_later
-    _start_later = _start_later_py
+    global _start_later, _reset_starter
+    _start_later, _reset_starter = _start_later_py, _no_reset
     if backend != "python":
         try:
-            from ._ext.starter import start_later
+            from ._ext.starter import after_fork_in_child, start_later
         except ImportError:
             if backend == "cython":
                 raise
-        else:
-            _start_later = start_later
+        else:  # its reset in a forked child, taken now: a fork hook should not import
+            _start_later, _reset_starter = start_later, after_fork_in_child
+
+
+def _no_reset() -> None:
+    pass
 
 
 _start_later: Callable[[float, Callable[[], object]], None] = _start_later_py
+_reset_starter: Callable[[], None] = _no_reset
 use_starter(os.environ.get("FASTMEM_BACKEND", "auto"))
