@@ -192,7 +192,9 @@ class Engine:
         del mapped  # the map is ``dat`` alone: the failure path below lets go of it
         size = len(dat)  # less if a writer cut a failed write off meanwhile
         try:
-            header = fmt.unpack_dat_header(dat, self.dat_path)
+            # The compiled parse answers for a valid header; the parser says what is wrong.
+            header = _kernels.dat_header(dat, fmt.DatHeader)
+            header = header or fmt.unpack_dat_header(dat, self.dat_path)
             self._check_embedder(header)
             try:
                 index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, dat, size)
@@ -771,6 +773,9 @@ class Engine:
         hot, count = current
         if not (n <= count or count == self.index.live):
             return None
+        memories = _kernels.read_hot(hot.rows, hot.starts, hot.records, min(n, count), Memory, f32)
+        if memories is not None:  # the plain case, in one call
+            return memories
         size = fmt.INDEX_DTYPE.itemsize
         records, end = hot.records, len(hot.records)
         try:

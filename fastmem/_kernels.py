@@ -23,6 +23,11 @@ check_record = _kernels_py.check_record
 record_payload = _kernels_py.record_payload
 file_size = _kernels_py.file_size
 read_memory = _kernels_py.read_memory
+read_hot = _kernels_py.read_hot
+dat_header = _kernels_py.dat_header
+idx_header = _kernels_py.idx_header
+current_slot = _kernels_py.current_slot
+delta_header = _kernels_py.delta_header
 unpack = _kernels_py.unpack
 pack_payloads = _kernels_py.pack_payloads
 pack_memories = _kernels_py.pack_memories
@@ -36,9 +41,10 @@ gather_vectors = _kernels_py.gather_vectors
 Cl100kCounter = _kernels_py.Cl100kCounter
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
-          "file_size", "read_memory", "unpack", "pack_payloads", "pack_memories", "topk_int8",
-          "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch", "bm25_topk",
-          "merge_postings", "sort_postings", "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
+          "file_size", "read_memory", "read_hot", "dat_header", "idx_header", "current_slot",
+          "delta_header", "unpack", "pack_payloads", "pack_memories",
+          "topk_int8", "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch",
+          "bm25_topk", "merge_postings", "sort_postings", "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:
@@ -51,7 +57,7 @@ def use(backend: str) -> str:
     BACKEND = "python"
     if backend != "python":
         try:
-            from ._ext import bpe, items, keyword, reader, records, scoring, topk, vectors
+            from ._ext import bpe, heads, items, keyword, reader, records, scoring, topk, vectors
         except ImportError as exc:
             if backend == "cython":
                 raise ImportError(
@@ -61,8 +67,8 @@ def use(backend: str) -> str:
                 ) from exc
         else:
             BACKEND = "cython"
-            compiled = {**vars(records), **vars(reader), **vars(scoring), **vars(topk), **vars(vectors),
-                        **vars(keyword), **vars(items), **vars(bpe)}
+            compiled = {**vars(records), **vars(reader), **vars(heads), **vars(scoring),
+                        **vars(topk), **vars(vectors), **vars(keyword), **vars(items), **vars(bpe)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND

@@ -35,7 +35,12 @@ from ._format import (
     RECORD_HEADER_SIZE,
     RECORD_KINDS,
     RECORD_MAGIC,
+    current_slot as _current_slot,
+    unpack_dat_header,
+    unpack_delta_header,
+    unpack_idx_header,
 )
+from .errors import CorruptionError, FormatVersionError
 
 
 def crc32(data: Any, value: int = 0) -> int:
@@ -354,15 +359,55 @@ def read_memory(mid: Any, base: Any, tail: Any, tail_n: int, dat: Any, dat_end: 
     if at < 0 or not 0 < dat_end <= len(dat):
         return None
     row = INDEX_ROW.unpack_from(rows, at * size)
-    (rid, ts, _, offset, meta, _, length, importance, _, _, _, _, _, flags, _) = row
-    if flags & FLAG_FORGOTTEN or meta != 0 or offset >= dat_end:
+    if row[3] >= dat_end:  # the record's offset
         return None
-    info = check_record(dat, offset, dat_end)
+    return _plain_memory(row, dat, row[3], dat_end, memory, f32)
+
+
+def read_hot(rows: Any, starts: Sequence[int], records: Any, n: int, memory: type,
+             f32: Callable[[float], float]) -> list[Any] | None:
+    """A restart's newest memories in one call: the ``memory`` of each of the first ``n``
+    rows of an index's hot section, or None when any of them is not the plain case (the
+    caller then decodes them the general way, which gives the same memories or the precise
+    error).
+
+    ``rows`` holds the section's rows (``INDEX_DTYPE``), ``records`` their records one after
+    another, row ``i``'s at ``starts[i]`` (valid up to the end of ``records``). The plain
+    case is ``read_memory``'s, the record being read at ``starts[i]`` of ``records``
+    instead of at the row's offset in the data file.
+    """
+    if not (type(memory) is type and issubclass(memory, tuple)):
+        raise TypeError("memory must be a subclass of tuple")
+    size = INDEX_DTYPE.itemsize
+    if not 0 <= n <= len(starts) or len(memoryview(rows).cast("B")) < n * size:
+        raise ValueError("n is more than the section's rows")
+    end = len(memoryview(records).cast("B"))
+    out = []
+    for i in range(n):
+        at = starts[i]
+        if not 0 <= at < end:
+            return None
+        row = INDEX_ROW.unpack_from(rows, i * size)
+        memory_i = _plain_memory(row, records, at, end, memory, f32)
+        if memory_i is None:
+            return None
+        out.append(memory_i)
+    return out
+
+
+def _plain_memory(row: tuple[Any, ...], buf: Any, offset: int, end: int, memory: type,
+                  f32: Callable[[float], float]) -> Any:
+    """The ``memory`` of ``row`` from its record at ``offset`` of ``buf`` (valid up to
+    ``end``), or None when this is not the plain case (see read_memory)."""
+    (rid, ts, _, _, meta, _, length, importance, _, _, _, _, _, flags, _) = row
+    if flags & FLAG_FORGOTTEN or meta != 0:
+        return None
+    info = check_record(buf, offset, end)
     if info is None or info[0] != KIND_MEMORY or RECORD_HEADER_SIZE + 2 * info[1] + info[2] != length:
         return None
     _, dim, plen, rlen = info
     start = offset + RECORD_HEADER_SIZE + 2 * dim
-    raw = bytes(memoryview(dat)[start : start + plen])
+    raw = bytes(memoryview(buf)[start : start + plen])
     if plen != rlen:
         try:
             raw = lz4.block.decompress(raw, uncompressed_size=rlen)
@@ -375,6 +420,41 @@ def read_memory(mid: Any, base: Any, tail: Any, tail_n: int, dat: Any, dat_end: 
         return None
     return tuple.__new__(memory, (f"m{rid}", p["x"], p.get("y", "conversation"), ts, p.get("s"),
                                   f32(importance), bool(flags & FLAG_PINNED), p.get("m"), p.get("u")))
+
+
+# --- the fixed headers a restart reads (twins of src_cython/heads.pyx) -------------------
+# Each returns what fastmem._format's parser returns, or None where that one raises: the
+# caller then calls the parser for the precise error. ``cls`` is the named tuple to make.
+
+
+def dat_header(buf: Any, cls: type) -> Any:
+    try:
+        return cls(*unpack_dat_header(buf, ""))
+    except (CorruptionError, FormatVersionError):
+        return None
+
+
+def idx_header(buf: Any, cls: type) -> Any:
+    try:
+        return cls(*unpack_idx_header(buf, ""))
+    except (CorruptionError, FormatVersionError):
+        return None
+
+
+def current_slot(buf: Any, at: int, cls: type) -> tuple[int, Any] | None:
+    if at < 0:
+        return None
+    write_next, slot = _current_slot(buf, at)
+    return write_next, None if slot is None else cls(*slot)
+
+
+def delta_header(buf: Any, at: int, cls: type) -> Any:
+    if at < 0:
+        return None
+    try:
+        return cls(*unpack_delta_header(buf, at, ""))
+    except CorruptionError:
+        return None
 
 
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import _thread
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -26,9 +25,11 @@ class Background:
     ``threading.Thread.start`` returns only after the new thread has run and handed the
     GIL back (two wake-ups across cores, 0.2 to 1 ms each on a 2-core VM), and creating a
     thread costs 60 to 90 µs more. ``open()`` asks for up to three loaders (tiktoken, the
-    preload, the embedding model), so one starter thread per process, made by the first
-    request, starts them after the delay: the caller only queues them. A fresh process's
-    open + 20 newest at 10 k: 1.37 ms with Thread.start, 1.01 ms so (default embedder).
+    preload, the embedding model): the first request of a call schedules one starter
+    (``start_later``: a thread that waits without the GIL, see src_cython/starter.pyx),
+    which starts them all after the delay; the caller only queues them. A fresh process's
+    open + 20 newest at 10 k: 1.37 ms with Thread.start, 1.01 ms with a Python starter
+    thread; at 100 k, ~0.04 ms less again with the compiled starter (default embedder).
     Whoever needs the result first runs ``target``: a ``join()`` before the thread has
     started runs it in the caller (a store closed at once does not wait out the delay).
     """
@@ -40,7 +41,7 @@ class Background:
         self._done = threading.Event()
         self._claim = threading.Lock()  # held by whichever runs target: starter or joiner
         self._pid = os.getpid()
-        _starter().put(self)
+        _schedule(self)
 
     def _run(self) -> None:
         self._ident = _thread.get_ident()
@@ -65,8 +66,9 @@ class Background:
         return self._ident == _thread.get_ident()
 
 
-_starter_queue: tuple[int, queue.SimpleQueue[Background]] | None = None
 _starter_lock = threading.Lock()
+_todo: list[Background] = []  # asked for, not yet started
+_scheduled = 0  # the pid of the process whose start of _todo is under way, or 0
 
 # --- fork -------------------------------------------------------------------------------
 # A child made by fork() has one thread, the one that forked; every other thread of the
@@ -134,8 +136,9 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _starter_lock, _starter_queue
-    _starter_lock, _starter_queue = threading.Lock(), None  # the parent's starter thread is gone
+    global _starter_lock, _todo, _scheduled
+    _starter_lock, _todo, _scheduled = threading.Lock(), [], 0  # the parent's start is not here
+    _reset_starter()
     for _, _, child in _fork_hooks:
         if child is not None:
             child()
@@ -145,23 +148,62 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                     after_in_child=_after_fork_in_child)  # fmt: skip
 
 
-def _starter() -> queue.SimpleQueue[Background]:
-    """This process's queue of threads to start (its starter is made by the first)."""
-    global _starter_queue
+def _schedule(thread: Background) -> None:
+    """Queue ``thread``; the first of a call's requests schedules their start."""
+    global _scheduled
     with _starter_lock:
-        if _starter_queue is None or _starter_queue[0] != os.getpid():  # none, or forked since
-            todo: queue.SimpleQueue[Background] = queue.SimpleQueue()
-            _thread.start_new_thread(_start_loop, (todo,))
-            _starter_queue = (os.getpid(), todo)
-        return _starter_queue[1]
+        _todo.append(thread)
+        if _scheduled == os.getpid():
+            return
+        _scheduled = os.getpid()
+    try:
+        _start_later(START_DELAY, _start_queued)
+    except BaseException:  # no thread (a resource limit): the next request tries again
+        with _starter_lock:
+            _scheduled = 0
+        raise
 
 
-def _start_loop(todo: queue.SimpleQueue[Background]) -> None:
-    while True:
-        batch = [todo.get()]
-        time.sleep(START_DELAY)  # the caller returns meanwhile
-        while not todo.empty():  # what the same call asked for: started together
-            batch.append(todo.get())
-        for thread in batch:
-            if thread._claim.acquire(blocking=False):  # not run by a join() meanwhile
-                _thread.start_new_thread(thread._run, ())
+def _start_queued() -> None:
+    """Start what was asked for meanwhile (what one call asked for starts together)."""
+    global _todo, _scheduled
+    with _starter_lock:
+        batch, _todo, _scheduled = _todo, [], 0
+    for thread in batch:
+        if thread._claim.acquire(blocking=False):  # not run by a join() meanwhile
+            _thread.start_new_thread(thread._run, ())
+
+
+def _start_later_py(delay: float, target: Callable[[], object]) -> None:
+    """``target()`` in a new thread ``delay`` seconds from now (the reference of the compiled
+    ``start_later``, whose thread holds no GIL while it waits: see src_cython/starter.pyx)."""
+
+    def wait_then_run() -> None:
+        time.sleep(delay)
+        target()
+
+    _thread.start_new_thread(wait_then_run, ())
+
+
+def use_starter(backend: str) -> None:
+    """Start background threads with the compiled ``start_later`` (``"cython"``, when it
+    was built) or the Python one (``"python"``): ``FASTMEM_BACKEND`` chooses at import."""
+    global _start_later, _reset_starter
+    _start_later, _reset_starter = _start_later_py, _no_reset
+    if backend != "python":
+        try:
+            from ._ext.starter import after_fork_in_child, start_later
+        except ImportError:
+            if backend == "cython":
+                raise
+        else:  # its reset in a forked child, taken now: a fork hook should not import
+            _start_later, _reset_starter = start_later, after_fork_in_child
+
+
+def _no_reset() -> None:
+    pass
+
+
+_start_later: Callable[[float, Callable[[], object]], None] = _start_later_py
+_reset_starter: Callable[[], None] = _no_reset
+use_starter(os.environ.get("FASTMEM_BACKEND", "auto"))

@@ -42,6 +42,8 @@ from .embed import (  # light: the model's libraries load in its thread
     Embedder, default_embedder, embedder_for_existing, ready_within,
 )  # fmt: skip
 from .errors import (
+    DimensionMismatchError,
+    EmbedderMismatchError,
     InvalidInputError,
     InvalidTypeError,
     UnknownMemoryError,
@@ -177,17 +179,14 @@ class MemoryStore:
         self.readonly = readonly
         self.durability = durability
         self.policy = policy or ContextPolicy()
-        self._embedder = _resolve_embedder(embedder)
-        if embedder is _DEFAULT and self._embedder is not None:  # e.g. 0.1's float32 model
-            self._embedder = embedder_for_existing(base, self._embedder)
         self._preload: _context.Preload | None = None
         self.tokens = TokenCounter(STORED_ENCODING)
         self._summarizer: Summarizer | None = (
             KeySentences(SUMMARY_TOKENS, self.tokens.count) if summarizer is _DEFAULT else summarizer
         )
-        self._engine = Engine(
-            base, readonly=readonly, durability=durability, timeout=timeout, dim=dim,
-            identity=_embedder_identity(self._embedder), cache_bytes=self.policy.cache_bytes,
+        self._engine, self._embedder = _open_engine(
+            base, embedder, readonly=readonly, durability=durability, timeout=timeout, dim=dim,
+            cache_bytes=self.policy.cache_bytes,
         )  # fmt: skip
         self._last_call = time.monotonic()  # when a caller last asked for memories (see Preload)
         # Dropped without close() (even in a reference cycle): the engine lets go of the
@@ -750,6 +749,25 @@ def _resolve_embedder(embedder: Any) -> Any:
     if choice != "default":
         raise InvalidInputError(f"FASTMEM_EMBEDDER must be 'default' or 'none', not {choice!r}")
     return default_embedder()  # the model loads in the background: open never waits
+
+
+def _open_engine(base: str, given: Any, **options: Any) -> tuple[Engine, Any]:
+    """The engine of the store at ``base`` and the embedder it is used with: ``given``, or
+    the default one (see :func:`_resolve_embedder`), unless the store was written by another
+    model that fastmem knows (e.g. 0.1's float32 one: :func:`embedder_for_existing`). The
+    engine checks the embedder against the data file's header as it opens the file, so a
+    restart reads the header once; only a store the default does not fit is looked at again.
+    """
+    embedder = _resolve_embedder(given)
+    try:
+        return Engine(base, identity=_embedder_identity(embedder), **options), embedder
+    except (EmbedderMismatchError, DimensionMismatchError):
+        if given is not _DEFAULT or embedder is None:
+            raise
+        writer = embedder_for_existing(base, embedder)
+        if writer is embedder:
+            raise
+    return Engine(base, identity=_embedder_identity(writer), **options), writer
 
 
 def _embedder_identity(embedder: Any) -> tuple[str, int] | None:

@@ -1,5 +1,6 @@
 # Little-endian loads from a byte buffer, independent of the host's byte order and alignment.
-from _types cimport u8, u16, u32
+from libc.string cimport memcpy
+from _types cimport u8, u16, u32, u64
 
 
 cdef inline u16 load_le16(const u8* p) noexcept nogil:
@@ -20,3 +21,14 @@ cdef inline void store_le32(u8* p, u32 v) noexcept nogil:
     p[1] = (v >> 8) & 0xFF
     p[2] = (v >> 16) & 0xFF
     p[3] = v >> 24
+
+
+cdef inline u64 load_le64(const u8* p) noexcept nogil:
+    return <u64>load_le32(p) | (<u64>load_le32(p + 4) << 32)
+
+
+cdef inline double load_f64(const u8* p) noexcept nogil:
+    cdef u64 u = load_le64(p)
+    cdef double d
+    memcpy(&d, &u, 8)
+    return d

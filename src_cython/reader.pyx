@@ -14,7 +14,7 @@ from cpython.tuple cimport PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcpy
 from _types cimport u8, u16, u32, u64, i64
-from _bytes cimport load_le16, load_le32
+from _bytes cimport load_f64 as _f64, load_le16, load_le32, load_le64 as _le64
 from _frames cimport HEADER_SIZE, _record_length, fastmem_crc_init
 
 from lz4.block import decompress as _lz4_decompress
@@ -187,17 +187,6 @@ def unpack(data):
 
 # --- the row ---------------------------------------------------------------------------
 
-cdef inline u64 _le64(const u8* p) noexcept nogil:
-    return <u64>load_le32(p) | (<u64>load_le32(p + 4) << 32)
-
-
-cdef inline double _f64(const u8* p) noexcept nogil:
-    cdef u64 u = _le64(p)
-    cdef double d
-    memcpy(&d, &u, 8)
-    return d
-
-
 cdef bint _parse_id(object mid, u64* value, bint* canonical) noexcept:
     # m<digits> (ASCII, 1 to 19 of them): parse_id's ids, but for the longest.
     cdef const u8* p
@@ -240,7 +229,16 @@ cdef i64 _find(const u8* rows, i64 n, u64 mid, u64 first) noexcept nogil:
 cdef object _memory(const u8* row, object mid, bint canonical, const u8* dat, i64 dat_end,
                     object memory, object f32):
     # The Memory of ``row`` read from ``dat``, or None (see read_memory).
-    cdef i64 offset, length
+    if _le64(row + AT_OFFSET) >= <u64>dat_end:
+        return None
+    return _memory_at(row, mid, canonical, dat, <i64>_le64(row + AT_OFFSET), dat_end, memory, f32)
+
+
+cdef object _memory_at(const u8* row, object mid, bint canonical, const u8* buf, i64 offset,
+                       i64 end, object memory, object f32):
+    # The Memory of ``row`` read from its record at ``offset`` of ``buf`` (valid up to
+    # ``end``; 0 <= offset < end), or None: fastmem._kernels_py._plain_memory.
+    cdef i64 length
     cdef const u8* p
     cdef u32 plen, rlen
     cdef u16 flags = load_le16(row + AT_FLAGS)
@@ -252,11 +250,8 @@ cdef object _memory(const u8* row, object mid, bint canonical, const u8* dat, i6
     cdef _In s
     if flags & FLAG_FORGOTTEN or _le64(row + AT_META) != 0:
         return None
-    if _le64(row + AT_OFFSET) >= <u64>dat_end:
-        return None
-    offset = <i64>_le64(row + AT_OFFSET)
-    length = _record_length(dat, offset, dat_end)
-    p = dat + offset
+    length = _record_length(buf, offset, end)
+    p = buf + offset
     if length == 0 or length != load_le32(row + AT_LENGTH) or p[5] != KIND_MEMORY:
         return None
     plen, rlen = load_le32(p + 8), load_le32(p + 12)
@@ -413,3 +408,37 @@ cdef object _read_row(const u8* rows, i64 at, object mid, bint canonical, object
         return _memory(rows + at * ROW_SIZE, mid, canonical, <const u8*>view.buf, end, memory, f32)
     finally:
         PyBuffer_Release(&view)
+
+
+def read_hot(object rows, list starts, object records, Py_ssize_t n, object memory, object f32):
+    """The ``Memory`` of each of the first ``n`` rows of a hot section, or None; see
+    fastmem._kernels_py.read_hot."""
+    cdef Py_buffer rows_view, records_view
+    cdef Py_ssize_t i
+    cdef i64 at, end
+    if not (type(memory) is type and issubclass(memory, tuple)):
+        raise TypeError("memory must be a subclass of tuple")
+    if not 0 <= n <= len(starts):
+        raise ValueError("n is more than the section's rows")
+    PyObject_GetBuffer(rows, &rows_view, PyBUF_SIMPLE)
+    try:
+        if rows_view.len < n * ROW_SIZE:
+            raise ValueError("n is more than the section's rows")
+        PyObject_GetBuffer(records, &records_view, PyBUF_SIMPLE)
+        try:
+            end = records_view.len
+            out = []
+            for i in range(n):
+                at = starts[i]
+                if not 0 <= at < end:
+                    return None
+                value = _memory_at(<const u8*>rows_view.buf + i * ROW_SIZE, None, False,
+                                   <const u8*>records_view.buf, at, end, memory, f32)
+                if value is None:
+                    return None
+                out.append(value)
+            return out
+        finally:
+            PyBuffer_Release(&records_view)
+    finally:
+        PyBuffer_Release(&rows_view)

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
@@ -286,6 +288,17 @@ def test_damaged_changed_rows_rebuild_the_index(store_path, tmp_path):
     with pytest.warns(fastmem.RecoveryWarning):  # the writer rebuilds it
         fastmem.open(store_path, dim=DIM).close()
     assert _view(store_path) == _rebuilt_view(store_path, tmp_path)
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=150), st.integers(0, 2**32))
+def test_the_changed_rows_check_equals_numpy(values, limit):
+    # A delta's changed rows: strictly increasing and below the base's row count; checked
+    # in Python when there are few (a restart's usual case), by numpy when many.
+    rows = np.array(values, dtype="<u4")
+    want = bool(rows.max() < limit and (np.diff(rows.astype(np.int64)) > 0).all())
+    assert _index._increasing_below(rows, limit) is want
+    ordered = np.unique(rows)  # increasing: only the limit decides
+    assert _index._increasing_below(ordered, limit) is bool(ordered[-1] < limit)
 
 
 # Opens the store read-only, paused right after it mapped the index file (see below).

@@ -195,6 +195,39 @@ def test_embedder_for_existing_keeps_the_default_unless_another_known_model_wrot
         embed.embedder_for_existing(None, model)  # type: ignore[arg-type]
 
 
+class _Known:
+    """An embedder fastmem knows (put in KNOWN_EMBEDDERS by the test), not the default."""
+
+    name, dim = "test/known-other", 384
+
+    def encode(self, texts):
+        return np.ones((len(texts), 384), dtype=np.float32)
+
+
+def test_open_with_the_default_finds_the_known_writer_of_a_store(model, store_path, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    # The engine checks the default against the header as it opens the file; a store the
+    # default does not fit is opened again with its writer, or refused as before.
+    monkeypatch.setenv("FASTMEM_EMBEDDER", "default")
+    monkeypatch.setitem(embed.KNOWN_EMBEDDERS, _Known.name, _Known)
+    with fastmem.open(store_path, embedder=_Known(), durability="none") as store:
+        store.add("written by another known model")
+    with fastmem.open(store_path) as store:
+        assert isinstance(store._embedder, _Known) and len(store) == 1
+    with fastmem.open(store_path, readonly=True) as store:
+        assert isinstance(store._embedder, _Known)
+    monkeypatch.delitem(embed.KNOWN_EMBEDDERS, _Known.name)  # now an unknown writer
+    with pytest.raises(EmbedderMismatchError):
+        fastmem.open(store_path)
+    other = str(tmp_path / "wide")
+    with fastmem.open(other, dim=8, embedder=None, durability="none") as store:
+        store.add("no embedder, 8 dimensions", embedding=np.ones(8, dtype=np.float32))
+    with pytest.raises(fastmem.DimensionMismatchError):
+        fastmem.open(other)
+    with fastmem.open(store_path, embedder=None) as store:  # None opens any store
+        assert store._embedder is None and len(store) == 1
+
+
 def test_ready_within_waits_for_a_loading_model_and_never_raises(model, tmp_path):
     gate = threading.Event()
 

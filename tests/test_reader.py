@@ -388,46 +388,183 @@ def test_read_memory_importance_is_f32_of_the_row():
         )
 
 
-# --- MemoryStore.get ---------------------------------------------------------------------
+# --- read_hot: a restart's newest memories from the index's hot section -----------------
 
 
-@pytest.mark.parametrize("kernels", ["cython", "python"])
-def test_get_equals_the_general_path(store_path, kernels):
+def _hot_bytes(rows, dat):
+    """The hot section of ``rows`` (newest first, as a checkpoint writes it): the rows as
+    they are, their records one after another, and where each starts."""
+    spans = zip(rows["offset"].tolist(), rows["length"].tolist())
+    records = b"".join(dat[o : o + n] for o, n in spans)
+    starts = [0, *np.cumsum(rows["length"].astype(np.int64))[:-1].tolist()]
+    return rows.tobytes(), starts, records
+
+
+def _same_hot(rows, starts, records, n):
+    """read_hot of both kernels, and the brute force: each row read alone, its record taken
+    at its start in ``records`` (the row's own offset is the data file's: not used)."""
+    got = ext.read_hot(rows, starts, records, n, Memory, f32)
+    want = ref.read_hot(rows, starts, records, n, Memory, f32)
+    assert (got is None) == (want is None)
+    if got is not None:
+        assert _typed([list(m) for m in got]) == _typed([list(m) for m in want])
+        assert all(type(m) is Memory for m in got) and len(got) == n
+    one_by_one = []
+    for k in range(n):
+        row = bytearray(rows[k * 80 : k * 80 + 80])
+        if not 0 <= starts[k] < len(records):
+            one_by_one.append(None)
+            continue
+        row[24:32] = struct.pack("<Q", starts[k])
+        mid = f"m{struct.unpack_from('<Q', row)[0]}"
+        one_by_one.append(_brute_memory(mid, bytes(row), b"", 0, records, len(records)))
+    brute = None if any(m is None for m in one_by_one) else one_by_one
+    assert (got is None) == (brute is None)
+    if got is not None:
+        assert _typed([list(m) for m in got]) == _typed([list(m) for m in brute])
+    return got
+
+
+def test_read_hot_of_plain_payloads():
+    payloads = [_payload(0), _payload(1, y="fact", s="s", u="sum", m={"a": [1, None]}),
+                _payload(2, x="é" * 40), _payload(3, x="the same words again " * 40)]  # fmt: skip
+    packed = [msgpack.packb(p, use_bin_type=True) for p in payloads]
+    packed[3] = lz4.block.compress(packed[3], store_size=False)
+    raw = [len(msgpack.packb(p, use_bin_type=True)) for p in payloads]
+    rows, dat = _store_bytes(packed, dim=3, flags=[0, fmt.FLAG_PINNED, 0, 0], raw_lens=raw)
+    rows = rows[::-1].copy()  # newest first
+    hot_rows, starts, records = _hot_bytes(rows, dat)
+    for n in range(5):
+        got = _same_hot(hot_rows, starts, records, n)
+        assert [m.id for m in got] == ["m3", "m2", "m1", "m0"][:n]
+    assert _same_hot(hot_rows, starts, records, 4)[0].text == payloads[3]["x"]
+
+
+def test_read_hot_is_all_or_nothing():
+    # One row the general path must read (forgotten, with a metadata record, a damaged
+    # record, a start outside the records): None for all of them, so that the caller's
+    # general path reads them and raises the precise error where there is one.
+    rows, dat = _store_bytes([_payload(i) for i in range(3)], flags=[0, fmt.FLAG_FORGOTTEN, 0])
+    hot_rows, starts, records = _hot_bytes(rows, dat)
+    assert _same_hot(hot_rows, starts, records, 1) is not None
+    assert _same_hot(hot_rows, starts, records, 2) is None
+    rows, dat = _store_bytes([_payload(i) for i in range(3)], meta=[0, 0, 70])
+    hot_rows, starts, records = _hot_bytes(rows, dat)
+    assert _same_hot(hot_rows, starts, records, 2) is not None
+    assert _same_hot(hot_rows, starts, records, 3) is None
+    rows, dat = _store_bytes([_payload(i) for i in range(3)])
+    hot_rows, starts, records = _hot_bytes(rows, dat)
+    for bad in ([0, starts[1], len(records)], [0, starts[1], -1], [0, starts[1], starts[1]]):
+        assert _same_hot(hot_rows, bad, records, 3) is None
+        assert _same_hot(hot_rows, bad, records, 2) is not None
+
+
+def test_read_hot_refuses_each_damaged_bit_of_the_records():
+    rows, dat = _store_bytes([_payload(0, s="s"), _payload(1)], dim=2)
+    hot_rows, starts, records = _hot_bytes(rows, dat)
+    for pos in range(len(records)):
+        for bit in range(8):
+            damaged = bytearray(records)
+            damaged[pos] ^= 1 << bit
+            assert _same_hot(hot_rows, starts, bytes(damaged), 2) is None, (pos, bit)
+    for end in range(len(records)):  # the section cut short
+        assert _same_hot(hot_rows, starts, records[:end], 2) is None
+
+
+def test_read_hot_of_each_damaged_bit_of_the_rows():
+    # As for read_memory: a damaged row may still read (another importance, a pin), the
+    # same memory in both kernels and the brute force, or neither.
+    rows, dat = _store_bytes([_payload(0), _payload(1, s="s")])
+    hot_rows, starts, records = _hot_bytes(rows, dat)
+    read = 0
+    for pos in range(len(hot_rows)):
+        for bit in range(8):
+            damaged = bytearray(hot_rows)
+            damaged[pos] ^= 1 << bit
+            read += _same_hot(bytes(damaged), starts, records, 2) is not None
+    assert 0 < read < 1280
+
+
+def test_read_hot_checks_its_arguments():
+    rows, dat = _store_bytes([_payload(0)])
+    hot_rows, starts, records = _hot_bytes(rows, dat)
+    for fn in (ext.read_hot, ref.read_hot):
+        with pytest.raises(TypeError):
+            fn(hot_rows, starts, records, 1, dict, f32)
+        for n in (-1, 2):
+            with pytest.raises(ValueError):
+                fn(hot_rows, starts, records, n, Memory, f32)
+        with pytest.raises(ValueError):
+            fn(hot_rows, starts * 2, records, 2, Memory, f32)  # starts for more rows than given
+
+
+@pytest.fixture(params=["cython", "python"])
+def kernels(request):
+    """The kernels of each backend in turn (``_kernels.use``), then the ones before."""
     from fastmem import _kernels
 
     previous = _kernels.BACKEND
-    _kernels.use(kernels)
-    try:
-        with fastmem.open(store_path, dim=4) as store:
-            ids = [
-                store.add("plain"),
-                store.add("Ada prefers tea ☕", type="fact", timestamp=1_700_000_000.5, session="s-1",
-                          importance=0.8123, pinned=True, summary="tea",
-                          metadata={"k": [1, 2.5, "x", None, b"\x00"], "n": {"a": 1}}),
-                store.add("long and compressible " * 50, embedding=[1.0, 0.0, 0.0, 0.0]),
-                store.add("forgotten"),
-                store.add("metadata changed later", metadata={"a": 1}),
-            ]
-            store.forget(ids[3])
-            store.update(ids[4], metadata={"b": 2})
-        with fastmem.open(store_path) as store:
-            ids.append(store.add("in the tail", type="plan"))  # base rows, then a tail row
-            engine = store._engine
-            for mid in ids:
-                with engine.lock:
-                    engine.check()
-                    if mid == ids[3]:
-                        with pytest.raises(UnknownMemoryError):
-                            store.get(mid)
-                        continue
-                    row = engine.live_row(mid)[1]
-                    general = engine.decode(row, engine.data(), row[3], engine.dat_end)
-                assert store.get(mid) == general
-                assert store.get(mid[:1] + "0" + mid[1:]) == general  # m01: the same memory
-            assert store.get(ids[4]).metadata == {"b": 2}
-            assert store.get(ids[2]).text == "long and compressible " * 50
-    finally:
-        _kernels.use(previous)
+    _kernels.use(request.param)
+    yield request.param
+    _kernels.use(previous)
+
+
+def test_recent_after_a_restart_equals_the_general_path(store_path, kernels):
+    with fastmem.open(store_path, dim=4) as store:
+        for i in range(30):
+            store.add(f"memory {i} " * (1 + i % 7), type="fact" if i % 3 else "plan",
+                      session=f"s{i % 2}", importance=i / 40, pinned=i % 5 == 0,
+                      timestamp=1_700_000_000 + i)  # fmt: skip
+        store.add("with metadata", metadata={"a": 1}, timestamp=1_700_000_100)
+        store.add("compressible " * 100, timestamp=1_700_000_101, embedding=[0, 1.0, 0, 0])
+        store.checkpoint()
+    with fastmem.open(store_path, embedder=None) as store:
+        engine = store._engine
+        assert engine.index.hot_rows() is not None
+        for n in (0, 1, 20, 32, 40):
+            with engine.lock:
+                newest = engine.index.by_time(newest_first=True)
+                general = [engine.memory(g) for g in newest][:n]
+                assert engine.hot_recent(n) in (general, None)
+            assert store.recent(n) == general
+        with engine.lock:
+            assert engine.hot_recent(20) is not None  # the plain case: read_hot answers
+        store.update("m30", metadata={"b": 2})  # the hot copy is stale: the rows answer
+        assert store.recent(2)[1].metadata == {"b": 2}
+
+
+# --- MemoryStore.get ---------------------------------------------------------------------
+
+
+def test_get_equals_the_general_path(store_path, kernels):
+    with fastmem.open(store_path, dim=4) as store:
+        ids = [
+            store.add("plain"),
+            store.add("Ada prefers tea ☕", type="fact", timestamp=1_700_000_000.5, session="s-1",
+                      importance=0.8123, pinned=True, summary="tea",
+                      metadata={"k": [1, 2.5, "x", None, b"\x00"], "n": {"a": 1}}),
+            store.add("long and compressible " * 50, embedding=[1.0, 0.0, 0.0, 0.0]),
+            store.add("forgotten"),
+            store.add("metadata changed later", metadata={"a": 1}),
+        ]
+        store.forget(ids[3])
+        store.update(ids[4], metadata={"b": 2})
+    with fastmem.open(store_path) as store:
+        ids.append(store.add("in the tail", type="plan"))  # base rows, then a tail row
+        engine = store._engine
+        for mid in ids:
+            with engine.lock:
+                engine.check()
+                if mid == ids[3]:
+                    with pytest.raises(UnknownMemoryError):
+                        store.get(mid)
+                    continue
+                row = engine.live_row(mid)[1]
+                general = engine.decode(row, engine.data(), row[3], engine.dat_end)
+            assert store.get(mid) == general
+            assert store.get(mid[:1] + "0" + mid[1:]) == general  # m01: the same memory
+        assert store.get(ids[4]).metadata == {"b": 2}
+        assert store.get(ids[2]).text == "long and compressible " * 50
 
 
 def test_get_of_a_damaged_record_raises(store_path):

@@ -1,4 +1,5 @@
-# Stubs of the compiled get; twins of fastmem._kernels_py.read_memory and unpack.
+# Stubs of the compiled get and newest rows; twins of fastmem._kernels_py.read_memory,
+# read_hot and unpack.
 from collections.abc import Callable
 from typing import Any
 
@@ -15,3 +16,11 @@ def read_memory(
     memory: type,
     f32: Callable[[float], float],
 ) -> Any: ...
+def read_hot(
+    rows: Any,
+    starts: list[int],
+    records: Any,
+    n: int,
+    memory: type,
+    f32: Callable[[float], float],
+) -> list[Any] | None: ...
