@@ -21,7 +21,7 @@ from typing import Any
 import workload
 
 import fastmem
-from fastmem import _engine, _index, _kernels, _keyword, store as store_module, tokens
+from fastmem import _engine, _index, _items, _kernels, _keyword, store as store_module, tokens
 
 spent: dict[str, float] = defaultdict(float)
 # --cpu: this thread's CPU time (user + system) instead of the wall clock, for a loaded
@@ -44,10 +44,12 @@ def timed(name: str, fn: Any) -> Any:
 STAGES = (
     ("prepare", "prepare (per item; before the batch kernel)"),
     ("prepare_batch", "prepare_batch (checks, payloads, columns)"),
-    ("vectors_for", "vectors_for"),
-    ("  gather_vectors", "  gather_vectors"),
-    ("summarize_and_count", "summarize_and_count"),
-    ("  count_many", "  of which count_many"),
+    ("prepare_commit", "prepare_commit (before the writer lock)"),
+    ("  vectors_for", "  vectors_for (float16 and int8 rows)"),
+    ("    gather_vectors", "    gather_vectors"),
+    ("  tokenize", "  keyword terms"),
+    ("  summarize_and_count", "  summarize_and_count"),
+    ("  count_many", "  count_many (the helper thread's, beside the above)"),
     ("commit_memories", "commit_memories"),
     ("  pack_payloads", "  pack_payloads"),
     ("  pack_memories", "  pack_memories (payloads with ids and counts)"),
@@ -55,7 +57,6 @@ STAGES = (
     ("  write", "  write (_append)"),
     ("  index.append", "  index.append"),
     ("    keyword.add", "    keyword.add"),
-    ("    quantize", "    quantize"),
     ("    tail append", "    tail rows append"),
     ("  checkpoint", "  checkpoint (in add_many; close() is apart)"),
 )
@@ -66,12 +67,12 @@ def main() -> None:
     n = int(args[0]) if args else 100_000
     if "--no-count" in sys.argv:
         tokens.TokenCounter.count_many = lambda self, texts: [1] * len(texts)  # type: ignore[method-assign]
-    for name in ("prepare", "vectors_for", "summarize_and_count"):
-        if hasattr(store_module, name):
-            setattr(store_module, name, timed(name, getattr(store_module, name)))
+    store_module.prepare_commit = timed("prepare_commit", store_module.prepare_commit)
+    for name in ("vectors_for", "summarize_and_count", "tokenize"):
+        setattr(_items, name, timed(f"  {name}", getattr(_items, name)))
     for name in ("prepare_batch", "gather_vectors", "pack_payloads", "pack_memories", "frame_records"):
         if hasattr(_kernels, name):
-            label = name if name == "prepare_batch" else f"  {name}"
+            label = {"prepare_batch": name, "gather_vectors": f"    {name}"}.get(name, f"  {name}")
             setattr(_kernels, name, timed(label, getattr(_kernels, name)))
     tokens.TokenCounter.count_many = timed("  count_many", tokens.TokenCounter.count_many)  # type: ignore[method-assign]
     _engine.Engine.commit_memories = timed("commit_memories", _engine.Engine.commit_memories)  # type: ignore[method-assign]
@@ -79,7 +80,6 @@ def main() -> None:
     _engine.Engine.checkpoint = timed("  checkpoint", _engine.Engine.checkpoint)  # type: ignore[method-assign]
     _index.MemoryIndex.append = timed("  index.append", _index.MemoryIndex.append)  # type: ignore[method-assign]
     _keyword.KeywordIndex.add = timed("    keyword.add", _keyword.KeywordIndex.add)  # type: ignore[method-assign]
-    _index.quantize = timed("    quantize", _index.quantize)
     _index._Tail.append = timed("    tail append", _index._Tail.append)  # type: ignore[method-assign]
     batches = workload.generate(n).fastmem_batches()
     folder = tempfile.mkdtemp(prefix="fastmem-add-", dir=os.environ.get("FASTMEM_BENCH_DIR"))

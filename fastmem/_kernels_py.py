@@ -12,6 +12,7 @@ import math
 import os
 import re
 import struct
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -229,6 +230,14 @@ def to_half(x: np.ndarray) -> tuple[np.ndarray, int]:
     unit = (good * (1.0 / np.sqrt(sums[: len(good)]))[:, None]).astype(np.float32)
     out[: len(good)] = unit.astype(np.float16).view(np.uint16)
     return out, bad
+
+
+def to_half_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """``to_half(x)`` and ``quantize_half`` of its rows: ``(half bits, int8 rows, scales,
+    first bad row or -1)``; the int8 rows and scales are only meaningful without a bad row."""
+    half, bad = to_half(x)
+    q, scales = quantize_half(half)
+    return half, q, scales, bad
 
 
 def quantize_half(half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -714,3 +723,38 @@ class Cl100kCounter:
     def count_many(self, texts: Sequence[str]) -> list[int]:
         """The token count of each text in ``texts``."""
         return [len(self._encode(t)) for t in texts]
+
+    def shared(self, texts: Sequence[str]) -> SharedCount:
+        """The counts of ``texts`` made by every thread that calls the result's ``work()``."""
+        return SharedCount(self._encode, texts)
+
+
+class SharedCount:
+    """One batch's token counts, counted by every thread that calls :meth:`work` at once,
+    each claiming the next ``STEP`` texts under a lock; :meth:`counts` returns them once
+    every ``work()`` has returned (a text none reached is counted there)."""
+
+    STEP = 64
+
+    def __init__(self, encode: Callable[[str], list[int]], texts: Sequence[str]) -> None:
+        self._encode = encode
+        self._texts = list(texts)
+        self._counts: list[int] = [0] * len(self._texts)
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def work(self) -> None:
+        """Count texts not claimed yet until none is left."""
+        while True:
+            with self._lock:
+                start = self._next
+                end = self._next = min(start + self.STEP, len(self._texts))
+            if start >= end:
+                return
+            for i in range(start, end):
+                self._counts[i] = len(self._encode(self._texts[i]))
+
+    def counts(self) -> list[int]:
+        """The count of each text, once every ``work()`` has returned."""
+        self.work()
+        return self._counts

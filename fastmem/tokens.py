@@ -160,6 +160,16 @@ class TokenCounter:
             counted = list(pool.map(lambda part: [len(encode(t)) for t in part], parts))
         return [n for part in counted for n in part]
 
+    def count_shared(self, texts: Sequence[str]) -> Any:
+        """The counts of ``texts`` (as :meth:`count_many`), made by every thread that calls
+        the result's ``work()`` at the same time; its ``counts()`` returns them once every
+        ``work()`` has returned. For cl100k_base each thread counts the next few texts
+        not taken yet, without the GIL; for other encodings the first ``work()`` counts
+        them all (and the others return at once)."""
+        if self.name == DEFAULT_ENCODING:
+            return _exact_counter(self.encoding).shared(texts)
+        return _CountedOnce(self.count_many, texts)
+
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)
 
@@ -185,6 +195,23 @@ class TokenCounter:
 
 _counters: dict[str, TokenCounter] = {}
 _counters_lock = threading.Lock()
+
+
+class _CountedOnce:
+    """:meth:`TokenCounter.count_shared` for encodings without a shared counter."""
+
+    def __init__(self, count_many: Any, texts: Sequence[str]) -> None:
+        self._count_many, self._texts = count_many, texts
+        self._claim = threading.Lock()
+        self._counts: list[int] = []
+
+    def work(self) -> None:
+        if self._claim.acquire(blocking=False):
+            self._counts = self._count_many(self._texts)
+
+    def counts(self) -> list[int]:
+        self.work()
+        return self._counts
 
 
 def counter_for(encoding: Any) -> TokenCounter:

@@ -10,6 +10,10 @@ tiktoken. The counting loop of ``count_many`` runs without the GIL.
 
 cimport cython
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
+from cpython.pythread cimport (
+    PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_acquire_lock,
+    PyThread_release_lock, WAIT_LOCK,
+)
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memmove, memset
 
@@ -469,6 +473,11 @@ cdef class Cl100kCounter:
                 return n
         return len(self._encode(text))
 
+    def shared(self, texts) -> SharedCount:
+        """The counts of ``texts`` made by every thread that calls the result's ``work()``
+        at the same time (see SharedCount)."""
+        return SharedCount(self, texts)
+
     def count_many(self, texts) -> list:
         """The token count of each text in ``texts``, the ASCII ones in one loop without the
         GIL, the others by tiktoken."""
@@ -504,3 +513,84 @@ cdef class Cl100kCounter:
             PyMem_Free(data)
             PyMem_Free(lengths)
             PyMem_Free(memo)
+
+
+cdef enum:
+    SHARED_STEP = 64  # texts a thread claims at a time: one lock per ~0.1 ms of counting
+
+
+@cython.auto_pickle(False)
+cdef class SharedCount:
+    """One batch's token counts, counted by every thread that calls :meth:`work` at once:
+    each claims the next SHARED_STEP texts under a lock and counts them without the GIL,
+    with a memo of its own (the same counts as ``count_many``, whoever counts which text).
+    :meth:`counts` returns them once every ``work()`` has returned."""
+
+    cdef Cl100kCounter counter
+    cdef tuple held  # keeps every text alive while the GIL is released
+    cdef const uint8_t** data
+    cdef Py_ssize_t* lengths
+    cdef Py_ssize_t m
+    cdef Py_ssize_t next_text
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self, Cl100kCounter counter, texts):
+        self.counter = counter
+        self.held = tuple(texts)
+        cdef Py_ssize_t m = len(self.held), i
+        self.m = m
+        self.next_text = 0
+        self.data = <const uint8_t**>PyMem_Malloc((m + 1) * sizeof(void*))
+        self.lengths = <Py_ssize_t*>PyMem_Malloc((m + 1) * sizeof(Py_ssize_t))
+        self.lock = PyThread_allocate_lock()
+        if self.data == NULL or self.lengths == NULL or self.lock == NULL:
+            raise MemoryError()
+        for i in range(m):
+            text = self.held[i]
+            if isinstance(text, str) and PyUnicode_IS_ASCII(text):
+                self.data[i] = <const uint8_t*>PyUnicode_DATA(text)
+                self.lengths[i] = PyUnicode_GET_LENGTH(text)
+            else:
+                self.data[i] = NULL
+                self.lengths[i] = -1
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+        PyMem_Free(self.lengths)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    def work(self) -> None:
+        """Count texts not claimed yet until none is left (without the GIL)."""
+        cdef const Table* t = &self.counter.table
+        cdef Memo* memo = NULL
+        cdef Py_ssize_t i, end
+        if self.m >= MEMO_MIN_TEXTS:
+            memo = <Memo*>PyMem_Calloc(MEMO_SLOTS, sizeof(Memo))
+            if memo == NULL:
+                raise MemoryError()
+        try:
+            with nogil:
+                while True:
+                    PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                    i = self.next_text
+                    end = i + SHARED_STEP if i + SHARED_STEP < self.m else self.m
+                    self.next_text = end
+                    PyThread_release_lock(self.lock)
+                    if i >= end:
+                        break
+                    while i < end:
+                        if self.data[i] != NULL:
+                            self.lengths[i] = count_ascii(t, memo, self.data[i], self.lengths[i])
+                        i += 1
+        finally:
+            PyMem_Free(memo)
+
+    def counts(self) -> list:
+        """The count of each text (those not ASCII by tiktoken), once every work() has
+        returned; a text no work() reached is counted here."""
+        self.work()
+        encode = self.counter._encode
+        held = self.held
+        return [self.lengths[i] if self.lengths[i] >= 0 else len(encode(held[i]))
+                for i in range(self.m)]
