@@ -3,8 +3,10 @@
 (default 100,000).
 
 Each stage that ``MemoryStore.add_many`` calls is wrapped with a timer (the checks and
-payloads, the vectors, summaries with token counting, and the commit); token counting is
-timed apart, inside its stage. ``--no-count`` replaces the counter with a constant one
+payloads, the vectors, summaries with token counting, and the commit). A batch of
+``_items.BESIDE_MIN`` texts or more is counted by a helper thread and the caller together
+inside ``prepare_commit`` (its time there is the wait for the counts); a smaller batch's
+``count_many`` is timed apart. ``--no-count`` replaces the counter with a constant one
 (every text 1 token), to see the rest of the path without counting: the bytes written then
 differ, the timings of the other stages do not.
 """
@@ -47,9 +49,9 @@ STAGES = (
     ("prepare_commit", "prepare_commit (before the writer lock)"),
     ("  vectors_for", "  vectors_for (float16 and int8 rows)"),
     ("    gather_vectors", "    gather_vectors"),
-    ("  tokenize", "  keyword terms"),
+    ("  sorted_tokens", "  keyword terms, sorted"),
     ("  summarize_and_count", "  summarize_and_count"),
-    ("  count_many", "  count_many (the helper thread's, beside the above)"),
+    ("  count_many", "  count_many (a small batch's; a large one's is shared by two threads)"),
     ("commit_memories", "commit_memories"),
     ("  pack_payloads", "  pack_payloads"),
     ("  pack_memories", "  pack_memories (payloads with ids and counts)"),
@@ -62,13 +64,27 @@ STAGES = (
 )
 
 
+class _Ones:
+    """--no-count's stand-in for a batch's shared count (``TokenCounter.count_shared``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def work(self) -> None:
+        pass
+
+    def counts(self) -> list[int]:
+        return [1] * self.n
+
+
 def main() -> None:
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     n = int(args[0]) if args else 100_000
     if "--no-count" in sys.argv:
         tokens.TokenCounter.count_many = lambda self, texts: [1] * len(texts)  # type: ignore[method-assign]
+        tokens.TokenCounter.count_shared = lambda self, texts: _Ones(len(texts))  # type: ignore[method-assign]
     store_module.prepare_commit = timed("prepare_commit", store_module.prepare_commit)
-    for name in ("vectors_for", "summarize_and_count", "tokenize"):
+    for name in ("vectors_for", "summarize_and_count", "sorted_tokens"):
         setattr(_items, name, timed(f"  {name}", getattr(_items, name)))
     for name in ("prepare_batch", "gather_vectors", "pack_payloads", "pack_memories", "frame_records"):
         if hasattr(_kernels, name):

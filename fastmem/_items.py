@@ -18,7 +18,7 @@ import numpy as np
 from . import _format as fmt
 from . import _kernels
 from ._index import default_importance
-from ._keyword import tokenize
+from ._keyword import sorted_tokens
 from ._threads import Beside
 from ._vectors import to_float16, to_float16_quantized
 from .embed import Embedder
@@ -277,7 +277,7 @@ def prepare_commit(batch: Batch, embedder: Embedder | None, summarizer: Summariz
     try:
         vectors16 = vectors_for(batch, embedder, dim)
         if sharing is not None:
-            batch.terms = tokenize(batch.texts)
+            batch.terms = sorted_tokens(batch.texts)
             sharing.work()  # the texts the helper has not taken yet
     except BaseException:
         if helper is not None:

@@ -638,6 +638,22 @@ def sort_postings(
             tf[order].astype(np.uint16))  # fmt: skip
 
 
+def merge_runs(
+    a_terms: np.ndarray, a_rows: np.ndarray, a_tf: np.ndarray,
+    b_terms: np.ndarray, b_rows: np.ndarray, b_tf: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Two runs of postings, each sorted by term (``sort_postings``'s output), as one: what
+    ``sort_postings`` makes of a's postings followed by b's (a's first within a term).
+
+    Raises:
+        ValueError: a run's arrays differ in length.
+    """
+    if not (len(a_terms) == len(a_rows) == len(a_tf) and len(b_terms) == len(b_rows) == len(b_tf)):
+        raise ValueError("postings arrays have inconsistent lengths")
+    return sort_postings(*(np.concatenate(pair) for pair in
+                           ((a_terms, b_terms), (a_rows, b_rows), (a_tf, b_tf))))  # fmt: skip
+
+
 # --- add_many's items --------------------------------------------------------------------
 
 
