@@ -271,25 +271,20 @@ def prepare_commit(batch: Batch, embedder: Embedder | None, summarizer: Summariz
     helper thread (:class:`~fastmem._threads.Beside`) while this one makes the vectors and
     terms, then by both (``TokenCounter.count_shared``): on two cores the counting costs
     about half its time. The results and the errors raised are the same, in the same order
-    (a bad vector is the error before any of counting's)."""
+    (a bad vector is the error before any of counting's; the helper raises nothing here:
+    this thread counts whatever the helper left)."""
     sharing = tokens.count_shared(batch.texts) if len(batch) >= BESIDE_MIN else None
     helper = None if sharing is None else Beside(sharing.work)
     try:
         vectors16 = vectors_for(batch, embedder, dim)
         if sharing is not None:
             batch.terms = sorted_tokens(batch.texts)
-            sharing.work()  # the texts the helper has not taken yet
-    except BaseException:
+        # The rest of the counting, here too, and never a wait for the helper (on a loaded
+        # machine it may not get a core): whatever it has not finished is counted here.
+        text_counts = None if sharing is None else sharing.counts()
+    finally:
         if helper is not None:
-            try:  # not left counting; the error to raise is the first one
-                helper.result()
-            except BaseException:  # noqa: BLE001, S110 - counting's own error comes second
-                pass
-        raise
-    text_counts = None
-    if sharing is not None:
-        helper.result()  # type: ignore[union-attr]
-        text_counts = sharing.counts()
+            helper.discard()  # not started yet: it never runs
     batch.text_tokens, batch.summary_tokens = summarize_and_count(
         batch.payloads, summarizer, tokens, text_counts
     )

@@ -746,31 +746,40 @@ class Cl100kCounter:
 
 
 class SharedCount:
-    """One batch's token counts, counted by every thread that calls :meth:`work` at once,
-    each claiming the next ``STEP`` texts under a lock; :meth:`counts` returns them once
-    every ``work()`` has returned (a text none reached is counted there)."""
+    """One batch's token counts, counted by every thread that calls :meth:`work` at once:
+    the texts in steps of ``STEP``, each taken under a lock, counted into the thread's own
+    list and copied in unless another thread finished that step first; ``work(steal=True)``
+    also counts the steps other threads hold but have not finished (its caller never waits
+    for a descheduled thread). When it returns, every count is in."""
 
     STEP = 64
 
     def __init__(self, encode: Callable[[str], list[int]], texts: Sequence[str]) -> None:
         self._encode = encode
         self._texts = list(texts)
-        self._counts: list[int] = [0] * len(self._texts)
-        self._next = 0
+        self._out: list[int] = [0] * len(self._texts)
+        self._state = [0] * -(-len(self._texts) // self.STEP)  # free, taken, counted
         self._lock = threading.Lock()
 
-    def work(self) -> None:
-        """Count texts not claimed yet until none is left."""
+    def work(self, steal: bool = False) -> None:
+        """Count free steps until none is left (and, with ``steal``, the taken ones)."""
         while True:
             with self._lock:
-                start = self._next
-                end = self._next = min(start + self.STEP, len(self._texts))
-            if start >= end:
+                s = next((i for i, state in enumerate(self._state) if state == 0), -1)
+                if s >= 0:
+                    self._state[s] = 1
+                elif steal:
+                    s = next((i for i, state in enumerate(self._state) if state == 1), -1)
+            if s < 0:
                 return
-            for i in range(start, end):
-                self._counts[i] = len(self._encode(self._texts[i]))
+            a = s * self.STEP
+            local = [len(self._encode(t)) for t in self._texts[a : a + self.STEP]]
+            with self._lock:
+                if self._state[s] != 2:
+                    self._out[a : a + len(local)] = local
+                    self._state[s] = 2
 
     def counts(self) -> list[int]:
-        """The count of each text, once every ``work()`` has returned."""
-        self.work()
-        return self._counts
+        """The count of each text; counts what is not counted yet itself."""
+        self.work(steal=True)
+        return self._out

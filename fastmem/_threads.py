@@ -96,6 +96,13 @@ class Beside:
             self._fn = self._args = None  # type: ignore[assignment]
             self._done.set()
 
+    def discard(self) -> None:
+        """The result is not wanted: a job not started yet never runs (one running
+        finishes, unwaited for)."""
+        if self._claim.acquire(blocking=False):
+            self._fn = self._args = None  # type: ignore[assignment]
+            self._done.set()
+
     def result(self) -> Any:
         """``fn``'s return value (run here if the helper has not started it); raises what
         ``fn`` raised."""

@@ -162,10 +162,10 @@ class TokenCounter:
 
     def count_shared(self, texts: Sequence[str]) -> Any:
         """The counts of ``texts`` (as :meth:`count_many`), made by every thread that calls
-        the result's ``work()`` at the same time; its ``counts()`` returns them once every
-        ``work()`` has returned. For cl100k_base each thread counts the next few texts
-        not taken yet, without the GIL; for other encodings the first ``work()`` counts
-        them all (and the others return at once)."""
+        the result's ``work()`` at the same time; its ``counts()`` returns them, counting
+        itself whatever is not counted yet (it never waits for another thread). For
+        cl100k_base each thread counts the next few texts not taken yet, without the GIL;
+        for other encodings ``counts()`` counts them all."""
         if self.name == DEFAULT_ENCODING:
             return _exact_counter(self.encoding).shared(texts)
         return _CountedOnce(self.count_many, texts)
@@ -198,20 +198,17 @@ _counters_lock = threading.Lock()
 
 
 class _CountedOnce:
-    """:meth:`TokenCounter.count_shared` for encodings without a shared counter."""
+    """:meth:`TokenCounter.count_shared` for encodings without a shared counter: the
+    caller's ``counts()`` counts every text (a helper's ``work()`` does nothing)."""
 
     def __init__(self, count_many: Any, texts: Sequence[str]) -> None:
         self._count_many, self._texts = count_many, texts
-        self._claim = threading.Lock()
-        self._counts: list[int] = []
 
-    def work(self) -> None:
-        if self._claim.acquire(blocking=False):
-            self._counts = self._count_many(self._texts)
+    def work(self, steal: bool = False) -> None:
+        pass
 
     def counts(self) -> list[int]:
-        self.work()
-        return self._counts
+        return self._count_many(self._texts)
 
 
 def counter_for(encoding: Any) -> TokenCounter:

@@ -293,3 +293,29 @@ def test_token_counter_count_shared(kernels: str, encoding: Any) -> None:
             assert _count_shared(tokens.count_shared(texts), 2) == oracle(encoding, texts)
     finally:
         _kernels.use(previous)
+
+
+def test_counts_never_wait_for_a_thread_stuck_in_its_step(encoding: Any) -> None:
+    """A thread that took a step and stalls (descheduled, on a loaded machine) does not
+    hold up ``counts()``: the caller counts that step too, and the stalled thread's late
+    counts change nothing (the reference's algorithm, which the compiled one follows)."""
+    import threading
+
+    texts = [f"text number {i} of the batch" for i in range(300)]
+    entered, release = threading.Event(), threading.Event()
+
+    def encode(text: str) -> list[int]:
+        if text == texts[0] and threading.current_thread() is not threading.main_thread():
+            entered.set()
+            release.wait(30)
+            return [0] * 1000  # a wrong count, too late to be copied in
+        return encoding.encode_ordinary(text)
+
+    shared = _kernels_py.SharedCount(encode, texts)
+    stuck = threading.Thread(target=shared.work)
+    stuck.start()
+    assert entered.wait(30)  # it holds the first step
+    assert shared.counts() == oracle(encoding, texts)
+    release.set()
+    stuck.join()
+    assert shared.counts() == oracle(encoding, texts)

@@ -72,3 +72,22 @@ def test_a_forked_child_gets_a_helper_of_its_own():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, check=False)
     assert done.returncode == 0
+
+
+def test_a_discarded_job_never_runs():
+    release, started = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def busy():
+        started.set()
+        release.wait(WAIT)
+
+    first = Beside(busy)
+    assert started.wait(WAIT)
+    second = Beside(ran.append, "second")
+    second.discard()
+    release.set()
+    first.result()
+    third = Beside(ran.append, "third")  # queued after the second: the helper has passed it
+    third.result()
+    assert ran == ["third"]
