@@ -49,7 +49,7 @@ STAGES = (
     ("prepare_commit", "prepare_commit (before the writer lock)"),
     ("  vectors_for", "  vectors_for (float16 and int8 rows)"),
     ("    gather_vectors", "    gather_vectors"),
-    ("  sorted_tokens", "  keyword terms, sorted"),
+    ("  tokenize", "  keyword terms"),
     ("  summarize_and_count", "  summarize_and_count"),
     ("  count_many", "  count_many (a small batch's; a large one's is shared by two threads)"),
     ("commit_memories", "commit_memories"),
@@ -70,8 +70,8 @@ class _Ones:
     def __init__(self, n: int) -> None:
         self.n = n
 
-    def work(self) -> None:
-        pass
+    def work(self, steal: bool = False) -> int:
+        return 0
 
     def counts(self) -> list[int]:
         return [1] * self.n
@@ -84,7 +84,7 @@ def main() -> None:
         tokens.TokenCounter.count_many = lambda self, texts: [1] * len(texts)  # type: ignore[method-assign]
         tokens.TokenCounter.count_shared = lambda self, texts: _Ones(len(texts))  # type: ignore[method-assign]
     store_module.prepare_commit = timed("prepare_commit", store_module.prepare_commit)
-    for name in ("vectors_for", "summarize_and_count", "sorted_tokens"):
+    for name in ("vectors_for", "summarize_and_count", "tokenize"):
         setattr(_items, name, timed(f"  {name}", getattr(_items, name)))
     for name in ("prepare_batch", "gather_vectors", "pack_payloads", "pack_memories", "frame_records"):
         if hasattr(_kernels, name):

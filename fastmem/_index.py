@@ -726,8 +726,7 @@ class MemoryIndex:
         (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search).
 
         ``quantized`` (:func:`quantize_rows` of the vectors) and ``terms``
-        (``_keyword.sorted_tokens`` of the texts), when given, were made before the writer
-        lock."""
+        (``_keyword.tokenize`` of the texts), when given, were made before the writer lock."""
         self.pinned = None
         self.keyword.add(len(self), texts, (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0, terms)
         if vectors16 is not None and self.dim:

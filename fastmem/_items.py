@@ -18,7 +18,7 @@ import numpy as np
 from . import _format as fmt
 from . import _kernels
 from ._index import default_importance
-from ._keyword import sorted_tokens
+from ._keyword import tokenize
 from ._threads import Beside
 from ._vectors import to_float16, to_float16_quantized
 from .embed import Embedder
@@ -278,7 +278,7 @@ def prepare_commit(batch: Batch, embedder: Embedder | None, summarizer: Summariz
     try:
         vectors16 = vectors_for(batch, embedder, dim)
         if sharing is not None:
-            batch.terms = sorted_tokens(batch.texts)
+            batch.terms = tokenize(batch.texts)
         # The rest of the counting, here too, and never a wait for the helper (on a loaded
         # machine it may not get a core): whatever it has not finished is counted here.
         text_counts = None if sharing is None else sharing.counts()

@@ -32,7 +32,6 @@ tokenize_batch = _kernels_py.tokenize_batch
 bm25_topk = _kernels_py.bm25_topk
 merge_postings = _kernels_py.merge_postings
 sort_postings = _kernels_py.sort_postings
-merge_runs = _kernels_py.merge_runs
 prepare_batch = _kernels_py.prepare_batch
 gather_vectors = _kernels_py.gather_vectors
 Cl100kCounter = _kernels_py.Cl100kCounter
@@ -40,8 +39,8 @@ Cl100kCounter = _kernels_py.Cl100kCounter
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
           "file_size", "read_memory", "unpack", "pack_payloads", "pack_memories", "topk_int8",
           "dot_half", "to_half", "quantize_half", "to_half_quantized", "importance",
-          "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings", "merge_runs",
-          "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
+          "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings", "prepare_batch",
+          "gather_vectors", "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:

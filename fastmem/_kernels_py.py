@@ -638,22 +638,6 @@ def sort_postings(
             tf[order].astype(np.uint16))  # fmt: skip
 
 
-def merge_runs(
-    a_terms: np.ndarray, a_rows: np.ndarray, a_tf: np.ndarray,
-    b_terms: np.ndarray, b_rows: np.ndarray, b_tf: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """Two runs of postings, each sorted by term (``sort_postings``'s output), as one: what
-    ``sort_postings`` makes of a's postings followed by b's (a's first within a term).
-
-    Raises:
-        ValueError: a run's arrays differ in length.
-    """
-    if not (len(a_terms) == len(a_rows) == len(a_tf) and len(b_terms) == len(b_rows) == len(b_tf)):
-        raise ValueError("postings arrays have inconsistent lengths")
-    return sort_postings(*(np.concatenate(pair) for pair in
-                           ((a_terms, b_terms), (a_rows, b_rows), (a_tf, b_tf))))  # fmt: skip
-
-
 # --- add_many's items --------------------------------------------------------------------
 
 
@@ -761,8 +745,10 @@ class SharedCount:
         self._state = [0] * -(-len(self._texts) // self.STEP)  # free, taken, counted
         self._lock = threading.Lock()
 
-    def work(self, steal: bool = False) -> None:
-        """Count free steps until none is left (and, with ``steal``, the taken ones)."""
+    def work(self, steal: bool = False) -> int:
+        """Count free steps until none is left (and, with ``steal``, the taken ones);
+        returns how many steps this call counted first."""
+        mine = 0
         while True:
             with self._lock:
                 s = next((i for i, state in enumerate(self._state) if state == 0), -1)
@@ -771,13 +757,14 @@ class SharedCount:
                 elif steal:
                     s = next((i for i, state in enumerate(self._state) if state == 1), -1)
             if s < 0:
-                return
+                return mine
             a = s * self.STEP
             local = [len(self._encode(t)) for t in self._texts[a : a + self.STEP]]
             with self._lock:
                 if self._state[s] != 2:
                     self._out[a : a + len(local)] = local
                     self._state[s] = 2
+                    mine += 1
 
     def counts(self) -> list[int]:
         """The count of each text; counts what is not counted yet itself."""

@@ -60,14 +60,6 @@ def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     return _kernels.tokenize_batch(texts)
 
 
-def sorted_tokens(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`tokenize`, its postings sorted by term (docs ascending within a term): what
-    ``KeywordIndex.add`` takes made before the writer lock, where it costs no lock time
-    (and its sort runs beside the helper thread's counting)."""
-    terms, docs, tf, lens = tokenize(texts)
-    return (*_sorted_run(terms, docs, tf), lens)  # type: ignore[return-value]
-
-
 def query_terms(text: str) -> np.ndarray:
     """The distinct terms of a query, ascending."""
     return tokenize([text])[0]
@@ -207,7 +199,7 @@ class KeywordIndex:
         tokens: tuple[np.ndarray, ...] | None = None,
     ) -> None:  # fmt: skip
         """Tokenize the texts of rows ``first_row, first_row + 1, ...`` (the next rows);
-        ``tokens``: :func:`sorted_tokens` of them, made before (it is consumed)."""
+        ``tokens``: :func:`tokenize` of them, made before (it is consumed)."""
         assert first_row == self.n_base + self.tail_n
         terms, docs, tf, lens = tokenize(texts) if tokens is None else tokens
         end = self.tail_n + len(texts)
@@ -220,10 +212,7 @@ class KeywordIndex:
         lens[forgotten] |= np.uint32(fmt.DOC_DEAD)
         self.tail_len[self.tail_n : end] = lens
         self.tail_n = end
-        if len(terms) and tokens is not None:  # a run already: merged in, no sort
-            self._consolidate()  # the pending postings hold the rows before these
-            self._push_run((terms, docs + np.uint32(first_row), tf))
-        elif len(terms):
+        if len(terms):
             self._pending.append((terms, docs + np.uint32(first_row), tf))
             self._pending_postings += len(terms)
             if self._pending_postings >= _PENDING_POSTINGS or len(self._pending) >= _PENDING_BATCHES:
@@ -250,17 +239,14 @@ class KeywordIndex:
         parts = self._pending
         run = _sorted_run(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
         self._pending, self._pending_postings = [], 0
-        self._push_run(run)
-
-    def _push_run(self, run: tuple[np.ndarray, ...]) -> None:
-        """Append a sorted run of the next rows, merged with the small runs before it."""
         while (
             self._runs
             and len(self._runs[-1][0]) < _SMALL_RUN
             and len(self._runs[-1][0]) <= 2 * len(run[0])
         ):
+            older = self._runs.pop()
             # Stable: the older run's rows stay first within a term.
-            run = _kernels.merge_runs(*self._runs.pop(), *run)
+            run = _sorted_run(*(np.concatenate([a, b]) for a, b in zip(older, run)))
         self._runs.append(run)
 
     def tail_postings(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

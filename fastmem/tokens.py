@@ -204,8 +204,8 @@ class _CountedOnce:
     def __init__(self, count_many: Any, texts: Sequence[str]) -> None:
         self._count_many, self._texts = count_many, texts
 
-    def work(self, steal: bool = False) -> None:
-        pass
+    def work(self, steal: bool = False) -> int:
+        return 0
 
     def counts(self) -> list[int]:
         return self._count_many(self._texts)

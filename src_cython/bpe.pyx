@@ -573,13 +573,14 @@ cdef class SharedCount:
         if self.lock != NULL:
             PyThread_free_lock(self.lock)
 
-    def work(self, bint steal=False) -> None:
+    def work(self, bint steal=False) -> int:
         """Count free steps until none is left (and, with ``steal``, the steps other
-        threads hold but have not finished), without the GIL."""
+        threads hold but have not finished), without the GIL; returns how many steps of
+        texts this call counted first."""
         cdef const Table* t = &self.counter.table
         cdef Memo* memo = NULL
         cdef Py_ssize_t* local = <Py_ssize_t*>PyMem_Malloc(SHARED_STEP * sizeof(Py_ssize_t))
-        cdef Py_ssize_t s, i, a, b
+        cdef Py_ssize_t s, i, a, b, mine = 0
         if local == NULL:
             raise MemoryError()
         if self.m >= MEMO_MIN_TEXTS:
@@ -604,10 +605,12 @@ cdef class SharedCount:
                     if self.state[s] != 2:  # not finished by a thread that took it over
                         memcpy(self.out + a, local, (b - a) * sizeof(Py_ssize_t))
                         self.state[s] = 2
+                        mine += 1
                     PyThread_release_lock(self.lock)
         finally:
             PyMem_Free(memo)
             PyMem_Free(local)
+        return mine
 
     cdef Py_ssize_t _take(self, bint steal) noexcept nogil:
         # Under the lock: the next free step (now taken), else with steal the first step

@@ -408,31 +408,3 @@ def sort_postings(const u64[:] terms, const u32[:] rows, const u16[:] tf):
     if in_tmp:
         return tmp_t, tmp_r, tmp_f
     return out_t, out_r, out_f
-
-
-def merge_runs(
-    const u64[:] a_terms, const u32[:] a_rows, const u16[:] a_tf,
-    const u64[:] b_terms, const u32[:] b_rows, const u16[:] b_tf,
-):
-    """Compiled twin of fastmem._kernels_py.merge_runs (one pass: a's postings first
-    within a term)."""
-    cdef Py_ssize_t na = a_terms.shape[0], nb = b_terms.shape[0], i = 0, j = 0, k = 0
-    if a_rows.shape[0] != na or a_tf.shape[0] != na or b_rows.shape[0] != nb \
-            or b_tf.shape[0] != nb:
-        raise ValueError("postings arrays have inconsistent lengths")
-    out_t = np.empty(na + nb, dtype=np.uint64)
-    out_r = np.empty(na + nb, dtype=np.uint32)
-    out_f = np.empty(na + nb, dtype=np.uint16)
-    cdef u64[::1] ot = out_t
-    cdef u32[::1] orow = out_r
-    cdef u16[::1] of = out_f
-    with nogil:
-        while k < na + nb:
-            if j >= nb or (i < na and a_terms[i] <= b_terms[j]):
-                ot[k], orow[k], of[k] = a_terms[i], a_rows[i], a_tf[i]
-                i += 1
-            else:
-                ot[k], orow[k], of[k] = b_terms[j], b_rows[j], b_tf[j]
-                j += 1
-            k += 1
-    return out_t, out_r, out_f

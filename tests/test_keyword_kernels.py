@@ -265,32 +265,3 @@ def test_sort_postings_matches_reference(pairs):
     for sort in (kw_ext.sort_postings, ref.sort_postings):
         with pytest.raises(ValueError):
             sort(terms, rows[:-1] if len(rows) else np.zeros(1, np.uint32), tf)
-
-
-POSTINGS = st.lists(st.tuples(st.integers(0, 2**64 - 1) | st.integers(0, 5), st.integers(1, 9)),
-                    max_size=200)  # fmt: skip
-
-
-@given(POSTINGS, POSTINGS)
-def test_merge_runs_is_the_stable_sort_of_both_runs(a_pairs, b_pairs):
-    """Two sorted runs merged (a's postings first within a term, as the older rows)."""
-
-    def run(pairs, first_row):
-        terms = np.array([t for t, _ in pairs], dtype=np.uint64)
-        rows = np.arange(first_row, first_row + len(pairs), dtype=np.uint32)
-        tf = np.array([f for _, f in pairs], dtype=np.uint16)
-        return ref.sort_postings(terms, rows, tf)
-
-    a, b = run(a_pairs, 0), run(b_pairs, len(a_pairs))
-    want = ref.sort_postings(*(np.concatenate(pair) for pair in zip(a, b)))
-    for merge in (kw_ext.merge_runs, ref.merge_runs):
-        got = merge(*a, *b)
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype and np.array_equal(g, w)
-    # brute force: Python's sort is stable, a's postings listed first
-    assert list(zip(*(x.tolist() for x in want))) == sorted(
-        zip(*(np.concatenate(pair).tolist() for pair in zip(a, b))), key=lambda p: p[0]
-    )
-    for merge in (kw_ext.merge_runs, ref.merge_runs):
-        with pytest.raises(ValueError):
-            merge(a[0], a[1][:-1] if len(a[1]) else np.zeros(1, np.uint32), a[2], *b)

@@ -40,7 +40,3 @@ def merge_postings(
 def sort_postings(
     terms: npt.NDArray[np.uint64], rows: npt.NDArray[np.uint32], tf: npt.NDArray[np.uint16]
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16]]: ...
-def merge_runs(
-    a_terms: npt.NDArray[np.uint64], a_rows: npt.NDArray[np.uint32], a_tf: npt.NDArray[np.uint16],
-    b_terms: npt.NDArray[np.uint64], b_rows: npt.NDArray[np.uint32], b_tf: npt.NDArray[np.uint16],
-) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16]]: ...
