@@ -96,6 +96,11 @@ class Beside:
             self._fn = self._args = None  # type: ignore[assignment]
             self._done.set()
 
+    def wait(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the job to end (run, or discarded);
+        whether it has."""
+        return self._done.wait(timeout)
+
     def discard(self) -> None:
         """The result is not wanted: a job not started yet never runs (one running
         finishes, unwaited for)."""

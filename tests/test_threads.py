@@ -91,3 +91,12 @@ def test_a_discarded_job_never_runs():
     third = Beside(ran.append, "third")  # queued after the second: the helper has passed it
     third.result()
     assert ran == ["third"]
+
+
+def test_wait_returns_whether_the_job_ended():
+    release = threading.Event()
+    beside = Beside(release.wait, WAIT)
+    assert beside.wait(0.01) is False  # still running (or not started)
+    release.set()
+    assert beside.wait(WAIT) is True
+    assert beside.result() is True
