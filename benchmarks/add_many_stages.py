@@ -3,8 +3,10 @@
 (default 100,000).
 
 Each stage that ``MemoryStore.add_many`` calls is wrapped with a timer (the checks and
-payloads, the vectors, summaries with token counting, and the commit); token counting is
-timed apart, inside its stage. ``--no-count`` replaces the counter with a constant one
+payloads, the vectors, summaries with token counting, and the commit). A batch of
+``_items.BESIDE_MIN`` texts or more is counted by a helper thread and the caller together
+inside ``prepare_commit`` (its time there is the wait for the counts); a smaller batch's
+``count_many`` is timed apart. ``--no-count`` replaces the counter with a constant one
 (every text 1 token), to see the rest of the path without counting: the bytes written then
 differ, the timings of the other stages do not.
 """
@@ -21,7 +23,7 @@ from typing import Any
 import workload
 
 import fastmem
-from fastmem import _engine, _index, _kernels, _keyword, store as store_module, tokens
+from fastmem import _engine, _index, _items, _kernels, _keyword, store as store_module, tokens
 
 spent: dict[str, float] = defaultdict(float)
 # --cpu: this thread's CPU time (user + system) instead of the wall clock, for a loaded
@@ -44,10 +46,12 @@ def timed(name: str, fn: Any) -> Any:
 STAGES = (
     ("prepare", "prepare (per item; before the batch kernel)"),
     ("prepare_batch", "prepare_batch (checks, payloads, columns)"),
-    ("vectors_for", "vectors_for"),
-    ("  gather_vectors", "  gather_vectors"),
-    ("summarize_and_count", "summarize_and_count"),
-    ("  count_many", "  of which count_many"),
+    ("prepare_commit", "prepare_commit (before the writer lock)"),
+    ("  vectors_for", "  vectors_for (float16 and int8 rows)"),
+    ("    gather_vectors", "    gather_vectors"),
+    ("  tokenize", "  keyword terms"),
+    ("  summarize_and_count", "  summarize_and_count"),
+    ("  count_many", "  count_many (a small batch's; a large one's is shared by two threads)"),
     ("commit_memories", "commit_memories"),
     ("  pack_payloads", "  pack_payloads"),
     ("  pack_memories", "  pack_memories (payloads with ids and counts)"),
@@ -55,10 +59,22 @@ STAGES = (
     ("  write", "  write (_append)"),
     ("  index.append", "  index.append"),
     ("    keyword.add", "    keyword.add"),
-    ("    quantize", "    quantize"),
     ("    tail append", "    tail rows append"),
     ("  checkpoint", "  checkpoint (in add_many; close() is apart)"),
 )
+
+
+class _Ones:
+    """--no-count's stand-in for a batch's shared count (``TokenCounter.count_shared``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def work(self, steal: bool = False) -> int:
+        return 0
+
+    def counts(self) -> list[int]:
+        return [1] * self.n
 
 
 def main() -> None:
@@ -66,12 +82,13 @@ def main() -> None:
     n = int(args[0]) if args else 100_000
     if "--no-count" in sys.argv:
         tokens.TokenCounter.count_many = lambda self, texts: [1] * len(texts)  # type: ignore[method-assign]
-    for name in ("prepare", "vectors_for", "summarize_and_count"):
-        if hasattr(store_module, name):
-            setattr(store_module, name, timed(name, getattr(store_module, name)))
+        tokens.TokenCounter.count_shared = lambda self, texts: _Ones(len(texts))  # type: ignore[method-assign]
+    store_module.prepare_commit = timed("prepare_commit", store_module.prepare_commit)
+    for name in ("vectors_for", "summarize_and_count", "tokenize"):
+        setattr(_items, name, timed(f"  {name}", getattr(_items, name)))
     for name in ("prepare_batch", "gather_vectors", "pack_payloads", "pack_memories", "frame_records"):
         if hasattr(_kernels, name):
-            label = name if name == "prepare_batch" else f"  {name}"
+            label = {"prepare_batch": name, "gather_vectors": f"    {name}"}.get(name, f"  {name}")
             setattr(_kernels, name, timed(label, getattr(_kernels, name)))
     tokens.TokenCounter.count_many = timed("  count_many", tokens.TokenCounter.count_many)  # type: ignore[method-assign]
     _engine.Engine.commit_memories = timed("commit_memories", _engine.Engine.commit_memories)  # type: ignore[method-assign]
@@ -79,7 +96,6 @@ def main() -> None:
     _engine.Engine.checkpoint = timed("  checkpoint", _engine.Engine.checkpoint)  # type: ignore[method-assign]
     _index.MemoryIndex.append = timed("  index.append", _index.MemoryIndex.append)  # type: ignore[method-assign]
     _keyword.KeywordIndex.add = timed("    keyword.add", _keyword.KeywordIndex.add)  # type: ignore[method-assign]
-    _index.quantize = timed("    quantize", _index.quantize)
     _index._Tail.append = timed("    tail append", _index._Tail.append)  # type: ignore[method-assign]
     batches = workload.generate(n).fastmem_batches()
     folder = tempfile.mkdtemp(prefix="fastmem-add-", dir=os.environ.get("FASTMEM_BENCH_DIR"))

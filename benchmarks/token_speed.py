@@ -10,7 +10,11 @@ long assistant replies; both from ``../shared/data``). For each, counts/s of:
 - ``tiktoken one by one``: ``len(enc.encode_ordinary(t))`` for each text (what TokenCounter did);
 - ``tiktoken batch``: ``enc.encode_ordinary_batch(texts, num_threads=2)``;
 - ``fastmem count``: ``Cl100kCounter.count(t)`` for each text;
-- ``fastmem count_many``: ``Cl100kCounter.count_many(texts)``, one call.
+- ``fastmem count_many``: ``Cl100kCounter.count_many(texts)``, one call;
+- ``count_many by 5,000``: one call per 5,000 texts (add_many's batches in the workload);
+- ``shared by 2 threads, by 5,000``: what ``add_many`` does with a batch of 512 texts or
+  more: ``Cl100kCounter.shared`` counted by the caller and the helper thread
+  (``fastmem._threads.Beside``) together, per 5,000 texts (it gains only with a free core).
 
 The best of ``--repeat`` rounds, the four interleaved in each round; every count checked equal
 to tiktoken's. Also the cost of building the counter's table of ranks (once per process,
@@ -58,6 +62,19 @@ def corpora(n: int) -> dict[str, list[str]]:
     return out
 
 
+BATCH = 5_000
+
+
+def _shared(counter: object, texts: list[str]) -> list[int]:
+    from fastmem._threads import Beside
+
+    shared = counter.shared(texts)  # type: ignore[attr-defined]
+    helper = Beside(shared.work)
+    shared.work()
+    helper.result()
+    return list(shared.counts())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", type=int, default=100_000, help="workload texts")
@@ -81,6 +98,12 @@ def main() -> None:
         ],
         "fastmem count": lambda ts: [counter.count(t) for t in ts],
         "fastmem count_many": counter.count_many,
+        "count_many by 5,000": lambda ts: [
+            n for i in range(0, len(ts), BATCH) for n in counter.count_many(ts[i : i + BATCH])
+        ],
+        "shared by 2 threads, by 5,000": lambda ts: [
+            n for i in range(0, len(ts), BATCH) for n in _shared(counter, ts[i : i + BATCH])
+        ],
     }
     for name, texts in corpora(args.workload).items():
         ascii_share = sum(t.isascii() for t in texts) / len(texts)

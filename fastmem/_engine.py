@@ -560,7 +560,7 @@ class Engine:
         try:
             rows["length"] = lengths
             rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
-            index.append(rows, vectors16, batch.texts)
+            index.append(rows, vectors16, batch.texts, quantized=batch.quantized, terms=batch.terms)
             index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
         except BaseException:
             self._undo_append(start)

@@ -99,6 +99,17 @@ class _Tail:
         self.vectors = np.zeros((len(self.rows), dim), dtype=np.int8)
 
 
+def quantize_rows(vectors16: np.ndarray, has: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The index's int8 rows and scales of float16 rows; rows where ``has`` is False (no
+    vector) get zeros and scale 0."""
+    if has.all():
+        return quantize(vectors16)
+    q = np.zeros(vectors16.shape, dtype=np.int8)
+    scales = np.zeros(len(vectors16), dtype=np.float32)
+    q[has], scales[has] = quantize(vectors16[has])
+    return q, scales
+
+
 class MemoryIndex:
     """Rows, vectors and time order of a store's memories; see the module docstring."""
 
@@ -712,18 +723,22 @@ class MemoryIndex:
             self.dim = dim
             self.tail.set_dim(dim)
 
-    def append(self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str]) -> None:
+    def append(
+        self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
+        quantized: tuple[np.ndarray, np.ndarray] | None = None,
+        terms: tuple[np.ndarray, ...] | None = None,
+    ) -> None:  # fmt: skip
         """Add rows (``INDEX_DTYPE``, ids above every existing one), their float16 vectors
-        (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search)."""
+        (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search).
+
+        ``quantized`` (:func:`quantize_rows` of the vectors) and ``terms``
+        (``_keyword.tokenize`` of the texts), when given, were made before the writer lock."""
         self.pinned = None
-        self.keyword.add(len(self), texts, (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0)
+        self.keyword.add(len(self), texts, (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0, terms)
         if vectors16 is not None and self.dim:
-            has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0
-            if has.all():
-                q, rows["scale"] = quantize(vectors16)
-            else:
-                q = np.zeros((len(rows), self.dim), dtype=np.int8)
-                q[has], rows["scale"][has] = quantize(vectors16[has])
+            if quantized is None:
+                quantized = quantize_rows(vectors16, (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0)
+            q, rows["scale"] = quantized
         else:
             q = np.zeros((len(rows), self.dim), dtype=np.int8)
         bulk = len(rows) >= _BULK_ROWS

@@ -19,6 +19,7 @@ topk_int8 = _kernels_py.topk_int8
 dot_half = _kernels_py.dot_half
 to_half = _kernels_py.to_half
 quantize_half = _kernels_py.quantize_half
+to_half_quantized = _kernels_py.to_half_quantized
 check_record = _kernels_py.check_record
 record_payload = _kernels_py.record_payload
 file_size = _kernels_py.file_size
@@ -43,8 +44,9 @@ Cl100kCounter = _kernels_py.Cl100kCounter
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
           "file_size", "read_memory", "read_hot", "dat_header", "idx_header", "current_slot",
           "delta_header", "unpack", "pack_payloads", "pack_memories",
-          "topk_int8", "dot_half", "to_half", "quantize_half", "importance", "tokenize_batch",
-          "bm25_topk", "merge_postings", "sort_postings", "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
+          "topk_int8", "dot_half", "to_half", "quantize_half", "to_half_quantized", "importance",
+          "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings", "prepare_batch",
+          "gather_vectors", "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -12,6 +12,7 @@ import math
 import os
 import re
 import struct
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -234,6 +235,14 @@ def to_half(x: np.ndarray) -> tuple[np.ndarray, int]:
     unit = (good * (1.0 / np.sqrt(sums[: len(good)]))[:, None]).astype(np.float32)
     out[: len(good)] = unit.astype(np.float16).view(np.uint16)
     return out, bad
+
+
+def to_half_quantized(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """``to_half(x)`` and ``quantize_half`` of its rows: ``(half bits, int8 rows, scales,
+    first bad row or -1)``; the int8 rows and scales are only meaningful without a bad row."""
+    half, bad = to_half(x)
+    q, scales = quantize_half(half)
+    return half, q, scales, bad
 
 
 def quantize_half(half: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -794,3 +803,50 @@ class Cl100kCounter:
     def count_many(self, texts: Sequence[str]) -> list[int]:
         """The token count of each text in ``texts``."""
         return [len(self._encode(t)) for t in texts]
+
+    def shared(self, texts: Sequence[str]) -> SharedCount:
+        """The counts of ``texts`` made by every thread that calls the result's ``work()``."""
+        return SharedCount(self._encode, texts)
+
+
+class SharedCount:
+    """One batch's token counts, counted by every thread that calls :meth:`work` at once:
+    the texts in steps of ``STEP``, each taken under a lock, counted into the thread's own
+    list and copied in unless another thread finished that step first; ``work(steal=True)``
+    also counts the steps other threads hold but have not finished (its caller never waits
+    for a descheduled thread). When it returns, every count is in."""
+
+    STEP = 64
+
+    def __init__(self, encode: Callable[[str], list[int]], texts: Sequence[str]) -> None:
+        self._encode = encode
+        self._texts = list(texts)
+        self._out: list[int] = [0] * len(self._texts)
+        self._state = [0] * -(-len(self._texts) // self.STEP)  # free, taken, counted
+        self._lock = threading.Lock()
+
+    def work(self, steal: bool = False) -> int:
+        """Count free steps until none is left (and, with ``steal``, the taken ones);
+        returns how many steps this call counted first."""
+        mine = 0
+        while True:
+            with self._lock:
+                s = next((i for i, state in enumerate(self._state) if state == 0), -1)
+                if s >= 0:
+                    self._state[s] = 1
+                elif steal:
+                    s = next((i for i, state in enumerate(self._state) if state == 1), -1)
+            if s < 0:
+                return mine
+            a = s * self.STEP
+            local = [len(self._encode(t)) for t in self._texts[a : a + self.STEP]]
+            with self._lock:
+                if self._state[s] != 2:
+                    self._out[a : a + len(local)] = local
+                    self._state[s] = 2
+                    mine += 1
+
+    def counts(self) -> list[int]:
+        """The count of each text; counts what is not counted yet itself."""
+        self.work(steal=True)
+        return self._out

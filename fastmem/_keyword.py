@@ -194,10 +194,14 @@ class KeywordIndex:
 
     # --- changes -----------------------------------------------------------------------
 
-    def add(self, first_row: int, texts: list[str], forgotten: np.ndarray) -> None:
-        """Tokenize the texts of rows ``first_row, first_row + 1, ...`` (the next rows)."""
+    def add(
+        self, first_row: int, texts: list[str], forgotten: np.ndarray,
+        tokens: tuple[np.ndarray, ...] | None = None,
+    ) -> None:  # fmt: skip
+        """Tokenize the texts of rows ``first_row, first_row + 1, ...`` (the next rows);
+        ``tokens``: :func:`tokenize` of them, made before (it is consumed)."""
         assert first_row == self.n_base + self.tail_n
-        terms, docs, tf, lens = tokenize(texts)
+        terms, docs, tf, lens = tokenize(texts) if tokens is None else tokens
         end = self.tail_n + len(texts)
         if end > len(self.tail_len):
             grown = np.zeros(max(end, 2 * len(self.tail_len), 64), dtype=np.uint32)

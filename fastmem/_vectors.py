@@ -24,6 +24,30 @@ def to_float16(vectors: Any, dim: int, what: str = "embedding") -> np.ndarray:
         DimensionMismatchError: the length is not ``dim`` (when ``dim`` is set).
         InvalidInputError: a NaN, an infinity or an all-zero vector (``.row`` says which).
     """
+    half, bad = _kernels.to_half(_float32_rows(vectors, dim, what))
+    _check_bad(bad, what)
+    return half.view("<f2")
+
+
+def to_float16_quantized(
+    vectors: Any, dim: int, what: str = "embedding"
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`to_float16` and :func:`quantize` of its result in one pass over the rows:
+    ``(float16 rows, int8 rows, scales)``; raises as :func:`to_float16` does."""
+    half, q, scales, bad = _kernels.to_half_quantized(_float32_rows(vectors, dim, what))
+    _check_bad(bad, what)
+    return half.view("<f2"), q, scales
+
+
+def _check_bad(bad: int, what: str) -> None:
+    if bad >= 0:
+        error = InvalidInputError(f"{what} contains NaN or infinity, or is all zeros")
+        error.row = bad  # type: ignore[attr-defined]
+        raise error
+
+
+def _float32_rows(vectors: Any, dim: int, what: str) -> np.ndarray:
+    """The checked rows of :func:`to_float16`, as one C-ordered float32 array."""
     try:
         arr = np.asarray(vectors)
     except (TypeError, ValueError) as exc:
@@ -42,13 +66,7 @@ def to_float16(vectors: Any, dim: int, what: str = "embedding") -> np.ndarray:
             f"use the embedding model the store was created with"
         )
     with np.errstate(over="ignore"):  # beyond float32's range: an infinity, refused below
-        x = np.ascontiguousarray(arr, dtype=np.float32)
-    half, bad = _kernels.to_half(x)
-    if bad >= 0:
-        error = InvalidInputError(f"{what} contains NaN or infinity, or is all zeros")
-        error.row = bad  # type: ignore[attr-defined]
-        raise error
-    return half.view("<f2")
+        return np.ascontiguousarray(arr, dtype=np.float32)
 
 
 def quantize(vectors16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

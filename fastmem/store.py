@@ -36,7 +36,7 @@ from ._index import (
 )  # fmt: skip
 from ._items import (
     DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8,
-    Batch, check_batch, check_ids, check_open, check_search, summarize_and_count, vectors_for,
+    Batch, check_batch, check_ids, check_open, check_search, prepare_commit,
 )  # fmt: skip
 from .embed import (  # light: the model's libraries load in its thread
     Embedder, default_embedder, embedder_for_existing, ready_within,
@@ -253,9 +253,7 @@ class MemoryStore:
         with no_cyclic_gc():
             now = time.time()
             batch = Batch(items, now)
-            vectors16 = vectors_for(batch, self._embedder, dim)
-            counts = summarize_and_count(batch.payloads, self._summarizer, self.tokens)
-            batch.text_tokens, batch.summary_tokens = counts
+            vectors16 = prepare_commit(batch, self._embedder, self._summarizer, self.tokens, dim)
         with engine.writing(), no_cyclic_gc():
             return engine.commit_memories(batch, vectors16)
 

@@ -160,6 +160,16 @@ class TokenCounter:
             counted = list(pool.map(lambda part: [len(encode(t)) for t in part], parts))
         return [n for part in counted for n in part]
 
+    def count_shared(self, texts: Sequence[str]) -> Any:
+        """The counts of ``texts`` (as :meth:`count_many`), made by every thread that calls
+        the result's ``work()`` at the same time; its ``counts()`` returns them, counting
+        itself whatever is not counted yet (it never waits for another thread). For
+        cl100k_base each thread counts the next few texts not taken yet, without the GIL;
+        for other encodings ``counts()`` counts them all."""
+        if self.name == DEFAULT_ENCODING:
+            return _exact_counter(self.encoding).shared(texts)
+        return _CountedOnce(self.count_many, texts)
+
     def encode(self, text: str) -> list[int]:
         return self.encoding.encode_ordinary(text)
 
@@ -185,6 +195,20 @@ class TokenCounter:
 
 _counters: dict[str, TokenCounter] = {}
 _counters_lock = threading.Lock()
+
+
+class _CountedOnce:
+    """:meth:`TokenCounter.count_shared` for encodings without a shared counter: the
+    caller's ``counts()`` counts every text (a helper's ``work()`` does nothing)."""
+
+    def __init__(self, count_many: Any, texts: Sequence[str]) -> None:
+        self._count_many, self._texts = count_many, texts
+
+    def work(self, steal: bool = False) -> int:
+        return 0
+
+    def counts(self) -> list[int]:
+        return self._count_many(self._texts)
 
 
 def counter_for(encoding: Any) -> TokenCounter:

@@ -10,6 +10,10 @@ tiktoken. The counting loop of ``count_many`` runs without the GIL.
 
 cimport cython
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc
+from cpython.pythread cimport (
+    PyThread_type_lock, PyThread_allocate_lock, PyThread_free_lock, PyThread_acquire_lock,
+    PyThread_release_lock, WAIT_LOCK,
+)
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memmove, memset
 
@@ -469,6 +473,11 @@ cdef class Cl100kCounter:
                 return n
         return len(self._encode(text))
 
+    def shared(self, texts) -> SharedCount:
+        """The counts of ``texts`` made by every thread that calls the result's ``work()``
+        at the same time (see SharedCount)."""
+        return SharedCount(self, texts)
+
     def count_many(self, texts) -> list:
         """The token count of each text in ``texts``, the ASCII ones in one loop without the
         GIL, the others by tiktoken."""
@@ -504,3 +513,126 @@ cdef class Cl100kCounter:
             PyMem_Free(data)
             PyMem_Free(lengths)
             PyMem_Free(memo)
+
+
+cdef enum:
+    SHARED_STEP = 64  # texts a thread takes at a time: one lock per ~0.1 ms of counting
+
+
+@cython.auto_pickle(False)
+cdef class SharedCount:
+    """One batch's token counts, counted by every thread that calls :meth:`work` at once.
+
+    The texts are cut into steps of SHARED_STEP; a thread takes the next free step under a
+    lock, counts it without the GIL (with a memo of its own) into its own buffer, and
+    copies the counts in under the lock unless another thread finished that step first.
+    ``work(steal=True)`` also counts the steps other threads hold but have not finished:
+    its caller never waits for a thread that the machine has descheduled (the counts are
+    the same whoever makes them). When it returns, every count is in."""
+
+    cdef Cl100kCounter counter
+    cdef tuple held  # keeps every text alive while the GIL is released
+    cdef const uint8_t** data
+    cdef Py_ssize_t* lengths  # each text's length (NULL data: not ASCII)
+    cdef Py_ssize_t* out  # each text's count (-1: tiktoken counts it), written under lock
+    cdef uint8_t* state  # each step's: 0 free, 1 taken, 2 counted
+    cdef Py_ssize_t m
+    cdef Py_ssize_t steps
+    cdef Py_ssize_t next_free
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self, Cl100kCounter counter, texts):
+        self.counter = counter
+        self.held = tuple(texts)
+        cdef Py_ssize_t m = len(self.held), i
+        self.m = m
+        self.steps = (m + SHARED_STEP - 1) // SHARED_STEP
+        self.next_free = 0
+        self.data = <const uint8_t**>PyMem_Malloc((m + 1) * sizeof(void*))
+        self.lengths = <Py_ssize_t*>PyMem_Malloc((m + 1) * sizeof(Py_ssize_t))
+        self.out = <Py_ssize_t*>PyMem_Malloc((m + 1) * sizeof(Py_ssize_t))
+        self.state = <uint8_t*>PyMem_Calloc(self.steps + 1, 1)
+        self.lock = PyThread_allocate_lock()
+        if self.data == NULL or self.lengths == NULL or self.out == NULL or self.state == NULL \
+                or self.lock == NULL:
+            raise MemoryError()
+        for i in range(m):
+            text = self.held[i]
+            if isinstance(text, str) and PyUnicode_IS_ASCII(text):
+                self.data[i] = <const uint8_t*>PyUnicode_DATA(text)
+                self.lengths[i] = PyUnicode_GET_LENGTH(text)
+            else:
+                self.data[i] = NULL
+                self.lengths[i] = -1
+
+    def __dealloc__(self):
+        PyMem_Free(self.data)
+        PyMem_Free(self.lengths)
+        PyMem_Free(self.out)
+        PyMem_Free(self.state)
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    def work(self, bint steal=False) -> int:
+        """Count free steps until none is left (and, with ``steal``, the steps other
+        threads hold but have not finished), without the GIL; returns how many steps of
+        texts this call counted first."""
+        cdef const Table* t = &self.counter.table
+        cdef Memo* memo = NULL
+        cdef Py_ssize_t* local = <Py_ssize_t*>PyMem_Malloc(SHARED_STEP * sizeof(Py_ssize_t))
+        cdef Py_ssize_t s, i, a, b, mine = 0
+        if local == NULL:
+            raise MemoryError()
+        if self.m >= MEMO_MIN_TEXTS:
+            memo = <Memo*>PyMem_Calloc(MEMO_SLOTS, sizeof(Memo))
+            if memo == NULL:
+                PyMem_Free(local)
+                raise MemoryError()
+        try:
+            with nogil:
+                while True:
+                    PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                    s = self._take(steal)
+                    PyThread_release_lock(self.lock)
+                    if s < 0:
+                        break
+                    a = s * SHARED_STEP
+                    b = a + SHARED_STEP if a + SHARED_STEP < self.m else self.m
+                    for i in range(a, b):
+                        local[i - a] = -1 if self.data[i] == NULL else \
+                            count_ascii(t, memo, self.data[i], self.lengths[i])
+                    PyThread_acquire_lock(self.lock, WAIT_LOCK)
+                    if self.state[s] != 2:  # not finished by a thread that took it over
+                        memcpy(self.out + a, local, (b - a) * sizeof(Py_ssize_t))
+                        self.state[s] = 2
+                        mine += 1
+                    PyThread_release_lock(self.lock)
+        finally:
+            PyMem_Free(memo)
+            PyMem_Free(local)
+        return mine
+
+    cdef Py_ssize_t _take(self, bint steal) noexcept nogil:
+        # Under the lock: the next free step (now taken), else with steal the first step
+        # taken but not counted, else -1. A step goes only from free to taken to counted.
+        cdef Py_ssize_t s
+        while self.next_free < self.steps and self.state[self.next_free] != 0:
+            self.next_free += 1
+        if self.next_free < self.steps:
+            s = self.next_free
+            self.state[s] = 1
+            self.next_free += 1
+            return s
+        if steal:
+            for s in range(self.steps):
+                if self.state[s] == 1:
+                    return s
+        return -1
+
+    def counts(self) -> list:
+        """The count of each text (those not ASCII by tiktoken): counts whatever is not
+        counted yet itself (``work(steal=True)``), so it never waits for another thread."""
+        self.work(True)
+        encode = self.counter._encode
+        held = self.held
+        return [self.out[i] if self.out[i] >= 0 else len(encode(held[i])) for i in range(self.m)]

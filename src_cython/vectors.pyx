@@ -43,19 +43,37 @@ use_f16c(True)
 
 def to_half(const f32[:, ::1] x):
     """Rows divided by their norm, rounded to float16; see fastmem._kernels_py.to_half."""
-    cdef Py_ssize_t n = x.shape[0], dim = x.shape[1], i, j
+    out = np.zeros((x.shape[0], x.shape[1]), dtype=np.uint16)
+    return out, _unit_halves(x, out, None, None)
+
+
+def to_half_quantized(const f32[:, ::1] x):
+    """to_half and quantize_half of its rows in one pass over them (each half row is
+    quantized while it is in the L1 cache, and the float32 rows are read once); see
+    fastmem._kernels_py.to_half_quantized."""
+    cdef Py_ssize_t n = x.shape[0], dim = x.shape[1]
     out = np.zeros((n, dim), dtype=np.uint16)
-    cdef u16[:, ::1] h = out
+    q_out = np.zeros((n, dim), dtype=np.int8)
+    s_out = np.ones(n, dtype=np.float32)
+    bad = _unit_halves(x, out, q_out, s_out)
+    return out, q_out, s_out, bad
+
+
+cdef i64 _unit_halves(const f32[:, ::1] x, u16[:, ::1] h, i8[:, ::1] q, f32[::1] scales) except -2:
+    # The unit float16 rows of x into h, and with q (not None) their int8 rows and scales
+    # as quantize_half makes them; returns the first bad row (NaN, infinity, all zeros),
+    # -1 if none: the rows from it on are left as they were.
+    cdef Py_ssize_t n = x.shape[0], dim = x.shape[1], i
     cdef f64 acc, inv
     cdef i64 bad = -1
-    cdef f32* unit = <f32*>malloc(max(dim, 1) * sizeof(f32))
-    if unit == NULL:
-        raise MemoryError()
+    cdef bint quantized = q is not None
     cdef f64 sums[4]
     cdef Py_ssize_t k, rows
     if dim == 0:  # no row has a norm
-        free(unit)
-        return out, (0 if n else -1)
+        return 0 if n else -1
+    cdef f32* unit = <f32*>malloc(dim * sizeof(f32))
+    if unit == NULL:
+        raise MemoryError()
     try:
         with nogil:
             i = 0
@@ -76,10 +94,12 @@ def to_half(const f32[:, ::1] x):
                     inv = 1.0 / sqrt(acc)
                     _scaled(&x[i + k, 0], dim, inv, unit)
                     to_halves(unit, &h[i + k, 0], dim)
+                    if quantized:
+                        scales[i + k] = _quantize_row(&h[i + k, 0], dim, unit, &q[i + k, 0])
                 i += rows
     finally:
         free(unit)
-    return out, bad
+    return bad
 
 
 cdef inline f64 _sum_squares(const f32* row, Py_ssize_t dim) noexcept nogil:
@@ -113,40 +133,46 @@ cdef inline void _scaled(const f32* row, Py_ssize_t dim, f64 inv, f32* unit) noe
 
 def quantize_half(const u16[:, ::1] half):
     """int8 rows and float32 scales with ``int8 * scale ~= float16 rows``; see the reference."""
-    cdef Py_ssize_t n = half.shape[0], dim = half.shape[1], i, j
+    cdef Py_ssize_t n = half.shape[0], dim = half.shape[1], i
     q_out = np.zeros((n, dim), dtype=np.int8)
     s_out = np.ones(n, dtype=np.float32)
     if dim == 0:
         return q_out, s_out
     cdef i8[:, ::1] q = q_out
     cdef f32[::1] scales = s_out
-    cdef f32 peak, inv, r
-    cdef u16 peak_bits, b
-    # 1.5 * 2**23: adding then subtracting it rounds a float below 2**22 to the nearest
-    # integer, ties to even, as numpy's rint does (no -ffast-math, no FMA contraction).
-    cdef f32 magic = 12582912.0
     cdef f32* v = <f32*>malloc(dim * sizeof(f32))
     if v == NULL:
         raise MemoryError()
     try:
         with nogil:
             for i in range(n):
-                to_floats(&half[i, 0], v, dim)
-                # Finite halves order by magnitude as their bits do: an integer max, which
-                # compiles without branches (float compares here mispredict on every sign).
-                peak_bits = 0
-                for j in range(dim):
-                    b = half[i, j] & 0x7FFF
-                    peak_bits = b if b > peak_bits else peak_bits
-                to_floats(&peak_bits, &peak, 1)
-                if peak > 0:
-                    scales[i] = peak / <f32>127
-                    inv = <f32>127 / peak
-                else:
-                    inv = 1
-                for j in range(dim):
-                    r = (v[j] * inv + magic) - magic
-                    q[i, j] = <i8>(127 if r > 127 else (-127 if r < -127 else r))
+                scales[i] = _quantize_row(&half[i, 0], dim, v, &q[i, 0])
     finally:
         free(v)
     return q_out, s_out
+
+
+cdef inline f32 _quantize_row(const u16* half, Py_ssize_t dim, f32* v, i8* q) noexcept nogil:
+    # One row of quantize_half into q (v: dim floats of scratch); returns its scale.
+    cdef Py_ssize_t j
+    cdef f32 peak, inv, r, scale = 1
+    cdef u16 peak_bits = 0, b
+    # 1.5 * 2**23: adding then subtracting it rounds a float below 2**22 to the nearest
+    # integer, ties to even, as numpy's rint does (no -ffast-math, no FMA contraction).
+    cdef f32 magic = 12582912.0
+    to_floats(half, v, dim)
+    # Finite halves order by magnitude as their bits do: an integer max, which compiles
+    # without branches (float compares here mispredict on every sign).
+    for j in range(dim):
+        b = half[j] & 0x7FFF
+        peak_bits = b if b > peak_bits else peak_bits
+    to_floats(&peak_bits, &peak, 1)
+    if peak > 0:
+        scale = peak / <f32>127
+        inv = <f32>127 / peak
+    else:
+        inv = 1
+    for j in range(dim):
+        r = (v[j] * inv + magic) - magic
+        q[j] = <i8>(127 if r > 127 else (-127 if r < -127 else r))
+    return scale

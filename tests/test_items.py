@@ -26,6 +26,8 @@ FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))
 import build_add_many  # noqa: E402
 
+from fastmem.tokens import TokenCounter
+
 NOW = 1_767_300_000.5
 
 
@@ -42,9 +44,13 @@ def test_compiled_constants_match_the_format():
     assert c["ADD_KEYS"] == _items.ADD_KEYS
 
 
-def test_a_mix_of_items_writes_the_bytes_fastmem_wrote_before(tmp_path, backend):
+@pytest.mark.parametrize("beside", [False, True], ids=["counted-here", "counted-beside"])
+def test_a_mix_of_items_writes_the_bytes_fastmem_wrote_before(tmp_path, backend, beside, monkeypatch):
     """The fixture was written item by item, before prepare_batch; each backend (the
-    autouse ``backend`` fixture) writes the same data and index files."""
+    autouse ``backend`` fixture) writes the same data and index files, whether a batch's
+    texts are counted in the helper thread (its keyword terms and int8 rows then made
+    before the writer lock) or not."""
+    monkeypatch.setattr(_items, "BESIDE_MIN", 1 if beside else 10**9)
     with pytest.warns(fastmem.RecoveryWarning):  # the pre-made header has no index yet
         build_add_many.build(str(tmp_path / "store"))
     for name in ("store.dat", "store.idx"):
@@ -197,3 +203,49 @@ def test_gather_vectors_of_rows_of_one_array(picks, consecutive, start):
         assert np.shares_memory(got, rows) and not got.flags.writeable
     else:
         assert not np.shares_memory(got, rows)
+
+
+# --- a large batch: its texts counted in the helper thread ----------------------------------
+
+
+def _large_batch(n: int) -> list[dict]:
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((n, 8)).astype(np.float32)
+    return [{"text": f"note {i} about the trip", "embedding": vectors[i]} for i in range(n)]
+
+
+def test_a_bad_vector_in_a_large_batch_is_the_error_even_when_counting_fails(store_path, monkeypatch):
+    """The helper thread's counting error comes second: the vectors are checked first,
+    as when the texts were counted after them; nothing is written either way."""
+    items = _large_batch(_items.BESIDE_MIN)
+    items[-3]["embedding"] = np.full(8, np.nan, dtype=np.float32)
+
+    class Broken:
+        def work(self):
+            raise RuntimeError("the counter failed")
+
+        counts = work
+
+    def broken(self, texts):
+        return Broken()
+
+    with fastmem.open(store_path, dim=8, embedder=None) as store:
+        monkeypatch.setattr(TokenCounter, "count_shared", broken)
+        with pytest.raises(fastmem.InvalidInputError, match=f"item {len(items) - 3}:"):
+            store.add_many(items)
+        items[-3]["embedding"] = np.ones(8, dtype=np.float32)
+        with pytest.raises(RuntimeError, match="the counter failed"):
+            store.add_many(items)
+        monkeypatch.undo()
+        assert len(store) == 0
+        assert store.add_many(items[:2]) == ["m0", "m1"]  # the ids no failed call took
+
+
+def test_a_large_batch_counts_its_texts_beside_and_stores_them_as_one_by_one(store_path):
+    items = _large_batch(_items.BESIDE_MIN + 5)
+    with fastmem.open(store_path, dim=8, embedder=None) as store:
+        ids = store.add_many(items)
+        counter = store.tokens
+        for mid, item in zip(ids[::97], items[::97]):
+            assert store.info(mid).text_tokens == counter.count(item["text"])
+        assert [h.id for h in store.search("note 300", k=1, mode="keyword")] == [ids[300]]

@@ -451,6 +451,21 @@ def test_to_half_flags_the_first_bad_row(seed):
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(x=float32_rows)
+def test_to_half_quantized_is_to_half_then_quantize_half(conversions, x):
+    half, q, scales, bad = vectors_ext.to_half_quantized(x)
+    want_half, want_bad = ref.to_half(x)
+    assert bad == want_bad
+    good = bad if bad >= 0 else len(x)
+    assert np.array_equal(half[:good], want_half[:good])
+    want_q, want_scales = ref.quantize_half(want_half[:good])
+    assert np.array_equal(q[:good], want_q) and np.array_equal(scales[:good], want_scales)
+    if bad < 0:  # the reference's own composition, whole
+        for got, want in zip((half, q, scales), ref.to_half_quantized(x)[:3]):
+            assert np.array_equal(got, want)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bits=hnp.arrays(np.uint16, st.tuples(st.integers(0, 6), st.integers(1, 40))))
 def test_quantize_half_matches_reference(conversions, bits):
     finite = np.isfinite(bits.view(np.float16)).all(axis=1)
