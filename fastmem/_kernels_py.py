@@ -469,17 +469,12 @@ def delta_header(buf: Any, at: int, cls: type) -> Any:
 _packer = msgpack.Packer(use_bin_type=True, autoreset=True)
 
 
-def pack_payloads(payloads: list[dict[str, Any]]) -> list[bytes]:
-    """``msgpack.packb(p, use_bin_type=True)`` of each payload dict (the smallest encoding
-    of every int, str8 for short strings, float64 for floats)."""
-    return [_packer.pack(p) for p in payloads]
-
-
 def pack_memories(
     payloads: list[dict[str, Any]], first_id: int, text_tokens: np.ndarray, summary_tokens: np.ndarray
 ) -> tuple[list[bytes], np.ndarray]:
     """The records' payloads of a batch of memories: each payload dict packed as
-    ``pack_payloads`` packs it, with ``"i"`` (its first key) set to ``first_id + j`` and
+    ``msgpack.packb(p, use_bin_type=True)`` packs it (the smallest encoding of every int,
+    str8 for short strings, float64 for floats), with ``"i"`` (its first key) set to ``first_id + j`` and
     ``"k"`` (last, unless already there) to ``[text_tokens[j], summary_tokens[j]]``, and
     their lengths (uint32). The dicts are not changed."""
     if len(text_tokens) != len(payloads) or len(summary_tokens) != len(payloads):

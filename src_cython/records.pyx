@@ -452,21 +452,6 @@ cdef int _pack(_Buf* b, object o, int depth) except -1:
     raise TypeError(f"can not serialize {type(o).__name__!r} object")
 
 
-def pack_payloads(list payloads):
-    """msgpack bytes of each payload dict; see fastmem._kernels_py.pack_payloads."""
-    cdef _Buf b
-    cdef list out = []
-    b.data, b.size, b.cap = NULL, 0, 0
-    try:
-        for p in payloads:
-            b.size = 0
-            _pack(&b, p, 0)
-            out.append(PyBytes_FromStringAndSize(<char*>b.data, b.size))
-    finally:
-        free(b.data)
-    return out
-
-
 def pack_memories(list payloads, unsigned long long first_id, const u32[::1] text_tokens,
                   const u32[::1] summary_tokens):
     """msgpack bytes of each memory payload with its id and token counts, and their lengths;

@@ -485,14 +485,8 @@ msgpack_values = st.recursive(
 )  # fmt: skip
 
 
-@given(st.lists(st.dictionaries(st.text(max_size=3), msgpack_values, max_size=12), max_size=5))
-def test_pack_payloads_equals_msgpack(payloads):
-    got = ext.pack_payloads(payloads)
-    assert got == ref.pack_payloads(payloads)
-    assert got == [msgpack.packb(p, use_bin_type=True) for p in payloads]
-
-
-@given(st.lists(st.dictionaries(st.sampled_from(["i", "t", "x", "k", "u", "m"]), msgpack_values, max_size=6),
+@given(st.lists(st.dictionaries(st.sampled_from(["i", "t", "x", "k", "u", "m"]) | st.text(max_size=3),
+                                msgpack_values, max_size=12),
                 max_size=5), st.integers(0, 2**62), st.data())
 def test_pack_memories_equals_msgpack_with_id_and_counts(payloads, first_id, data):
     counts = [hnp.arrays(np.uint32, len(payloads)) for _ in range(2)]
@@ -506,12 +500,14 @@ def test_pack_memories_equals_msgpack_with_id_and_counts(payloads, first_id, dat
         ext.pack_memories(payloads, first_id, text[:-1] if len(text) else np.zeros(1, np.uint32), summary)
 
 
-def test_pack_payloads_refuses_what_msgpack_refuses():
+def test_pack_memories_refuses_what_msgpack_refuses():
+    counts = np.zeros(1, dtype=np.uint32)
     for bad in ({"x": object()}, {"x": 2**64}, {"x": -(2**63) - 1}, {"x": {"y": set()}}):
-        for pack in (ext.pack_payloads, ref.pack_payloads):
+        for pack in (ext.pack_memories, ref.pack_memories):
             with pytest.raises((TypeError, OverflowError)):
-                pack([bad])
-    assert ext.pack_payloads([{1: {2.5: None}}]) == ref.pack_payloads([{1: {2.5: None}}])
+                pack([bad], 0, counts, counts)
+    odd = [{1: {2.5: None}, "x": [b"\x00", {3: True}]}]  # keys that are not strings
+    assert ext.pack_memories(odd, 7, counts, counts)[0] == ref.pack_memories(odd, 7, counts, counts)[0]
 
 
 FORK_CHILD = """
