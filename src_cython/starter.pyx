@@ -23,7 +23,6 @@ from libc.stdlib cimport free, malloc
 
 cdef extern from *:
     """
-    #include <pthread.h>
     #include <time.h>
     static int fastmem_exiting = 0;
     static int fastmem_entering = 0;
@@ -36,18 +35,6 @@ cdef extern from *:
         t.tv_nsec = (long)((seconds - (double)t.tv_sec) * 1e9);
         while (nanosleep(&t, &t) != 0) {}  /* a signal: sleep the rest */
     }
-    typedef void* (*fastmem_body)(void*);
-    static int fastmem_spawn(fastmem_body body, void* arg) {
-        pthread_t id;
-        pthread_attr_t attr;
-        int err = pthread_attr_init(&attr);
-        if (err) return err;
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&attr, 512 * 1024);  /* runs the starter only (see start_later) */
-        err = pthread_create(&id, &attr, body, arg);
-        pthread_attr_destroy(&attr);
-        return err;
-    }
     """
     int fastmem_exiting
     int fastmem_entering
@@ -55,8 +42,12 @@ cdef extern from *:
     void fastmem_store(int* p, int v) noexcept nogil
     void fastmem_add(int* p, int v) noexcept nogil
     void fastmem_nap(double seconds) noexcept nogil
-    ctypedef void* (*fastmem_body)(void*) noexcept nogil
-    int fastmem_spawn(fastmem_body body, void* arg) noexcept nogil
+
+cdef extern from "pythread.h":
+    # Python's own thread start (pthread_create inside the interpreter): calling pthread_create
+    # from here would tie the wheels to glibc 2.34, where it moved into libc.
+    ctypedef void (*thread_body)(void*) noexcept nogil
+    unsigned long PyThread_start_new_thread(thread_body body, void* arg) nogil
 
 
 cdef struct _Job:
@@ -71,7 +62,7 @@ cdef void _call(PyObject* target) noexcept with gil:
     fn()
 
 
-cdef void* _body(void* arg) noexcept nogil:
+cdef void _body(void* arg) noexcept nogil:
     # No malloc or free before the nap: a thread's first one makes its malloc arena (a
     # 128 MiB reservation, mapped and trimmed), which holds the process's map lock while
     # the caller's restart takes its page faults.
@@ -81,9 +72,8 @@ cdef void* _body(void* arg) noexcept nogil:
     fastmem_add(&fastmem_entering, 1)
     if fastmem_load(&fastmem_exiting):
         fastmem_add(&fastmem_entering, -1)
-        return NULL  # the target's reference is left: the process is ending
+        return  # the target's reference is left: the process is ending
     _call_counted(job.target)
-    return NULL
 
 
 cdef void _call_counted(PyObject* target) noexcept with gil:
@@ -94,14 +84,10 @@ cdef void _call_counted(PyObject* target) noexcept with gil:
 def start_later(double delay, target):
     """Run ``target()`` in a new daemon OS thread ``delay`` seconds from now; return at once.
 
-    The thread's stack is 512 KiB: ``target`` should be shallow (fastmem's starts the
-    threads that do the work, which get the default stack).
-
     Raises:
-        RuntimeError: the thread could not be made (``pthread_create``'s error).
+        RuntimeError: the thread could not be made.
     """
     cdef _Job* job
-    cdef int err
     if not callable(target):
         raise TypeError("target must be callable")
     if not delay >= 0:
@@ -111,11 +97,10 @@ def start_later(double delay, target):
         raise MemoryError()
     Py_INCREF(target)
     job.delay, job.target = delay, <PyObject*>target
-    err = fastmem_spawn(_body, job)
-    if err:
+    if PyThread_start_new_thread(_body, job) == <unsigned long>-1:
         Py_DECREF(target)
         free(job)
-        raise RuntimeError(f"can't start a new thread (pthread_create: error {err})")
+        raise RuntimeError("can't start a new thread")
 
 
 def after_fork_in_child():
