@@ -60,8 +60,14 @@ def parse_id(mid: Any) -> int:
     return int(mid[1:])
 
 
-_F32_SHORT: dict[float, float] = {}
 _F32, _F32_BITS = struct.Struct("<f"), struct.Struct("<I")
+# The types' default importances (and 1.0) are what most rows hold: known from the start,
+# a restart's first memories need not work them out (issue 21: 0.5, a power of two, goes
+# to numpy's formatter, whose first use costs a fresh process ~45 µs). Each is the decimal
+# numpy prints for its float32 (tests/test_store.py checks).
+_F32_SHORT: dict[float, float] = {
+    _F32.unpack(_F32.pack(v))[0]: v for v in (*fmt.DEFAULT_IMPORTANCE.values(), 1.0)
+}
 _F32_MAX = float(np.finfo(np.float32).max)
 
 

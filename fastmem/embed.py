@@ -64,7 +64,9 @@ MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 # a rebuild whose vectors differ beyond rounding must take a new suffix (":onnx-int8-2"), so
 # that stores written by the old one refuse it until they are re-embedded.
 INT8_NAME = MODEL_NAME + ":onnx-int8-1"
-ONNX_MODEL_DIR = Path(__file__).resolve().parent / "models" / "all-MiniLM-L6-v2-int8"
+# Kept as a str too: a Path's first str() costs a fresh process's open() ~15 µs (issue 21).
+_PACKAGED_MODEL = os.path.join(os.path.dirname(os.path.realpath(__file__)), "models", "all-MiniLM-L6-v2-int8")
+ONNX_MODEL_DIR = Path(_PACKAGED_MODEL)
 ONNX_SHA256 = "852cb01615450440cfa82930efae067f31829f36b28ff49abbaba3541335396a"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as sentence-transformers does
 BATCH = 32  # texts per forward pass of the numpy runtime, sorted by length so padding stays small
@@ -77,6 +79,7 @@ INSTALL_HINT = "pip install fastmem (onnxruntime and tokenizers are among its de
 
 _MODEL_FILES = ("model.safetensors", "tokenizer.json")
 _ONNX_FILES = ("model.onnx", "tokenizer.json")
+_PACKAGED_DIR = ONNX_MODEL_DIR  # a test may replace ONNX_MODEL_DIR: its str is then taken anew
 
 
 @runtime_checkable
@@ -142,7 +145,8 @@ def find_onnx_model(path: str | os.PathLike[str] | None = None) -> Path:
         EmbedderUnavailableError: the folder lacks one of the files.
     """
     folder = Path(path) if path is not None else ONNX_MODEL_DIR
-    where = os.fspath(folder)  # os.path on a str: a third of pathlib's cost, in every open
+    # os.path on a str: a third of pathlib's cost, in every open
+    where = _PACKAGED_MODEL if folder is _PACKAGED_DIR else os.fspath(folder)
     missing = [name for name in _ONNX_FILES if not os.path.isfile(os.path.join(where, name))]
     if missing:
         raise EmbedderUnavailableError(

@@ -149,6 +149,23 @@ def test_the_packaged_model_is_the_one_recorded():
     assert embed.find_onnx_model() == folder
 
 
+def test_the_packaged_model_is_looked_for_in_its_folder(monkeypatch):
+    """find_onnx_model() checks the packaged files by a str kept from the import: it must be
+    the package's own folder (and a replaced ONNX_MODEL_DIR is taken anew: see
+    test_without_the_model_open_says_what_to_do)."""
+    folder = Path(embed.__file__).resolve().parent / "models" / "all-MiniLM-L6-v2-int8"
+    assert embed.ONNX_MODEL_DIR == folder
+    looked, isfile = [], os.path.isfile
+    monkeypatch.setattr(os.path, "isfile", lambda p: looked.append(p) or isfile(p))
+    assert embed.find_onnx_model() == folder
+    assert looked == [os.path.join(os.fspath(folder), name) for name in ("model.onnx", "tokenizer.json")]
+    looked.clear()
+    monkeypatch.setattr(embed, "ONNX_MODEL_DIR", folder.parent / "elsewhere")
+    with pytest.raises(EmbedderUnavailableError, match="elsewhere has no model.onnx or tokenizer.json"):
+        embed.find_onnx_model()
+    assert looked == [os.path.join(os.fspath(folder.parent / "elsewhere"), n) for n in ("model.onnx", "tokenizer.json")]
+
+
 def test_the_int8_model_has_its_own_identity(model, float32_model):
     from fastmem import _format as fmt
 

@@ -623,3 +623,16 @@ def test_an_importance_reads_back_as_numpy_prints_its_float32(x):
     got = _items._shortest_f32(x)
     assert got == expected or (math.isnan(got) and math.isnan(expected))
     assert math.copysign(1, got) == math.copysign(1, expected)
+
+
+def test_the_importances_known_from_the_start_are_what_numpy_prints():
+    """f32's table starts with the types' default importances and 1.0 (a restart's first
+    memories skip working them out): each entry must be a float32 and the decimal numpy
+    prints for it, as f32 would have found."""
+    from fastmem._format import DEFAULT_IMPORTANCE
+
+    for value in (*DEFAULT_IMPORTANCE.values(), 1.0):
+        key = float(np.float32(value))  # what a row's float32 importance reads as
+        short = _items._F32_SHORT[key]  # there from the import (other tests add more)
+        assert short == float(str(np.float32(key))) == _items._shortest_f32(key)
+        assert _items.f32(key) == short
