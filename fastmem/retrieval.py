@@ -167,7 +167,8 @@ def rank(
     found = np.unique(np.concatenate(parts)).astype(np.int64)
     if not len(found):
         return [], degraded
-    cand, prev, nxt = with_neighbours(index, found, where, 2 if own_turns else 1)
+    cand, sessions = with_neighbours(index, found, where, 2 if own_turns else 1)
+    prev, nxt = (_neighbour_positions(cand, sessions, step) for step in (-1, 1))
     score = np.zeros(len(cand))
     cosines = None
     if vector is not None:
@@ -175,21 +176,15 @@ def rank(
         score += policy.vector_weight * _z(cosines)
     keyword = _spread(cand, kw_rows, kw_scores)
     score += policy.keyword_weight * _z(keyword)
-    # Neighbours: smooth, then let a strong match lift the memory next to it.
-    lam = policy.neighbour_weight
+    # Neighbours: smooth, then let a strong match lift the memory next to it (and, for a
+    # question about one speaker, that speaker's own turns two rows away).
     floor = float(score.min())
-    before = np.where(prev >= 0, score[np.maximum(prev, 0)], floor)
-    after = np.where(nxt >= 0, score[np.maximum(nxt, 0)], floor)
-    smooth = score + lam * (before + after)
-    before = np.where(prev >= 0, smooth[np.maximum(prev, 0)], -np.inf)
-    after = np.where(nxt >= 0, smooth[np.maximum(nxt, 0)], -np.inf)
-    fused = np.maximum(smooth, np.maximum(before, after) - policy.neighbour_gap)
-    if own_turns:  # the speaker's own turns around a match: lifted as its next row is
-        sessions = index.gather(cand, ("session",))["session"]
-        before, after = (_neighbour_positions(cand, sessions, step) for step in (-2, 2))
-        before = np.where(before >= 0, smooth[np.maximum(before, 0)], -np.inf)
-        after = np.where(after >= 0, smooth[np.maximum(after, 0)], -np.inf)
-        fused = np.maximum(fused, np.maximum(before, after) - policy.neighbour_gap)
+    smooth = score + policy.neighbour_weight * (_at(score, prev, floor) + _at(score, nxt, floor))
+    near = [prev, nxt]
+    if own_turns:
+        near += [_neighbour_positions(cand, sessions, step) for step in (-2, 2)]
+    lifted = np.max([_at(smooth, positions, -np.inf) for positions in near], axis=0)
+    fused = np.maximum(smooth, lifted - policy.neighbour_gap)
     fused += bonuses(index, cand, policy, session, now)
     if id_scores is not None and len(id_rows):
         # The memories holding the query's identifiers go up by a share of the whole
@@ -324,17 +319,21 @@ def _within(index: MemoryIndex, rows: np.ndarray, spans: list[tuple[float, float
 
 def with_neighbours(
     index: MemoryIndex, found: np.ndarray, where: Filters, reach: int = 1
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray]:
     """``found`` plus the live memories up to ``reach`` rows before and after each (rows
-    are in the order memories were added) that pass the filters, sorted; and for each,
-    the position of the row before and after it in the same session in the result (-1:
-    none)."""
+    are in the order memories were added) that pass the filters, sorted, and their
+    sessions (for :func:`_neighbour_positions`)."""
     near = np.concatenate([found + step for step in range(-reach, reach + 1)])
     near = np.unique(near[(near >= 0) & (near < len(index))])
     fields = index.gather(near, ("flags", "timestamp", "session", "type"))
     kept = where.mask(fields)
-    cand, session = near[kept], fields["session"][kept]
-    return cand, _neighbour_positions(cand, session, -1), _neighbour_positions(cand, session, 1)
+    return near[kept], fields["session"][kept]
+
+
+def _at(values: np.ndarray, positions: np.ndarray, missing: float) -> np.ndarray:
+    """``values`` at ``positions`` (those of :func:`_neighbour_positions`), ``missing``
+    where there is none (-1)."""
+    return np.where(positions >= 0, values[np.maximum(positions, 0)], missing)
 
 
 def _neighbour_positions(cand: np.ndarray, session: np.ndarray, step: int) -> np.ndarray:
