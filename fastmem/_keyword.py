@@ -276,6 +276,17 @@ class KeywordIndex:
 
     # --- search ------------------------------------------------------------------------
 
+    def holds(self, word: str) -> bool:
+        """Whether any posting holds a term of ``word`` (a forgotten memory's postings
+        count too: such a word is then only not looked up by its other inflections, as the
+        hybrid ranking does for a query word that no posting holds, ``retrieval.inflected``)."""
+        terms = query_terms(word)
+        for held in (self.wait().terms, self.tail_postings()[0]):
+            at = np.minimum(np.searchsorted(held, terms), max(len(held) - 1, 0))
+            if len(held) and (held[at] == terms).any():
+                return True
+        return False
+
     def search(
         self,
         index: Any,
