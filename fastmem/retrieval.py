@@ -479,8 +479,8 @@ def inflections(word: str) -> list[str]:
     if len(word) < INFLECTED_MIN_LETTERS or not (word.isascii() and word.isalpha()):
         return [word]
     bases = set()
-    if word.endswith("ies") and len(word) > 4:
-        bases.add(word[:-3] + "y")
+    if word.endswith("ies") and len(word) > 4:  # "stories": story; "movies": movie
+        bases |= {word[:-3] + "y", word[:-1]}
     elif word.endswith("es") and len(word) > 4:
         bases |= {word[:-2], word[:-1]}
     elif word.endswith("s") and not word.endswith(("ss", "us", "is")):

@@ -303,6 +303,7 @@ def test_importance_scores_all_rows_one_row_and_reference(tmp_path):
 def test_inflections():
     assert {"camp", "camps", "camping"} <= set(retrieval.inflections("camped"))
     assert {"activity", "activities"} <= set(retrieval.inflections("Activities"))
+    assert {"movie", "movies"} <= set(retrieval.inflections("movies"))
     assert {"try", "tries", "trying"} <= set(retrieval.inflections("tried"))
     assert {"plans", "planned", "planning"} <= set(retrieval.inflections("plan"))
     assert {"write", "writes"} <= set(retrieval.inflections("writing"))
