@@ -459,13 +459,30 @@ def content_words(query: str) -> str:
 # worth looking up) and at most this many are searched for one word.
 INFLECTED_MIN_LETTERS = 4
 _VOWELS = frozenset("aeiouy")
+# Irregular verbs among English's most used (those whose forms a question and an answer
+# may differ by: "brought" and "bring", "written" and "wrote"), each form to all of them;
+# "be", "have", "do" and the like are question words, left out before this.
+_IRREGULAR_VERBS = """
+    become/became begin/began/begun break/broke/broken bring/brought build/built buy/bought
+    catch/caught choose/chose/chosen come/came cut/cutting draw/drew/drawn drive/drove/driven
+    eat/ate/eaten fall/fell/fallen feel/felt find/found fly/flew/flown forget/forgot/forgotten
+    get/got/gotten give/gave/given go/went/gone grow/grew/grown hear/heard hold/held keep/kept
+    know/knew/known lead/led leave/left lose/lost make/made meet/met pay/paid ride/rode/ridden
+    rise/rose/risen run/ran/running say/said see/saw/seen sell/sold send/sent show/shown
+    sing/sang/sung sit/sat/sitting sleep/slept speak/spoke/spoken spend/spent stand/stood
+    swim/swam/swum/swimming take/took/taken teach/taught tell/told think/thought
+    throw/threw/thrown understand/understood wear/wore/worn win/won/winning write/wrote/written
+    """
+_IRREGULAR = {form: forms for forms in (tuple(verb.split("/")) for verb in _IRREGULAR_VERBS.split())
+              for form in forms}  # fmt: skip
 
 
 def inflections(word: str) -> list[str]:
-    """The regular English inflections of ``word`` (lowercase), the word first: each base it
-    may be made from ("camped": camp, campe; "activities": activity; "tried": try), or the
-    word itself when it has no ending, with its -s, -es, -ed, -d, -ing, -ies, -ied forms and
-    a doubled final consonant ("plan": planned).
+    """The English inflections of ``word`` (lowercase), the word first: each base it may be
+    made from ("camped": camp, campe; "activities": activity; "tried": try; "brought":
+    bring), or the word itself when it has no ending, with its -s, -es, -ed, -d, -ing, -ies,
+    -ied forms, a doubled final consonant ("plan": planned) and, for a common irregular
+    verb, its other forms ("write": wrote, written).
     Most forms are no word at all; no memory holds those, so they cost a lookup and nothing
     more. A word shorter than ``INFLECTED_MIN_LETTERS`` or not made of ASCII letters alone
     is returned as it is.
@@ -478,7 +495,7 @@ def inflections(word: str) -> list[str]:
     word = word.lower()
     if len(word) < INFLECTED_MIN_LETTERS or not (word.isascii() and word.isalpha()):
         return [word]
-    bases = set()
+    bases = set(_IRREGULAR.get(word, ())[:1])  # "brought": bring
     if word.endswith("ies") and len(word) > 4:  # "stories": story; "movies": movie
         bases |= {word[:-3] + "y", word[:-1]}
     elif word.endswith("es") and len(word) > 4:
@@ -495,6 +512,9 @@ def inflections(word: str) -> list[str]:
                 bases.add(stem[:-1] + "y")
     forms = set()
     for b in (b for b in bases or {word} if len(b) >= 3):  # an uninflected word: its own base
+        if b in _IRREGULAR:  # its past forms are its own: "sees", "seeing", "saw", "seen"
+            forms |= {*_IRREGULAR[b], b + "s", (b[:-1] if b[-1] == "e" != b[-2] else b) + "ing"}
+            continue
         forms |= {b, b + "s", b + "es", b + "ed", b + "ing", b + "d"}
         if b.endswith("e"):
             forms |= {b[:-1] + "ing", b[:-1] + "ed"}

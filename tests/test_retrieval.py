@@ -307,6 +307,8 @@ def test_inflections():
     assert {"try", "tries", "trying"} <= set(retrieval.inflections("tried"))
     assert {"plans", "planned", "planning"} <= set(retrieval.inflections("plan"))
     assert {"write", "writes"} <= set(retrieval.inflections("writing"))
+    assert {"bring", "brings", "bringing"} <= set(retrieval.inflections("brought"))
+    assert {"saw", "see", "seeing"} <= set(retrieval.inflections("seen")) and "seed" not in retrieval.inflections("seen")
     assert retrieval.inflections("camped")[0] == "camped"
     for word in ("bus", "v2", "naïve", "user_id", ""):  # short, not letters, not ASCII
         assert retrieval.inflections(word) == [word.lower()]
