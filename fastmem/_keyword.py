@@ -276,16 +276,18 @@ class KeywordIndex:
 
     # --- search ------------------------------------------------------------------------
 
-    def holds(self, word: str) -> bool:
-        """Whether any posting holds a term of ``word`` (a forgotten memory's postings
-        count too: such a word is then only not looked up by its other inflections, as the
-        hybrid ranking does for a query word that no posting holds, ``retrieval.inflected``)."""
-        terms = query_terms(word)
-        for held in (self.wait().terms, self.tail_postings()[0]):
-            at = np.minimum(np.searchsorted(held, terms), max(len(held) - 1, 0))
-            if len(held) and (held[at] == terms).any():
-                return True
-        return False
+    def held(self, words: list[str]) -> np.ndarray:
+        """For each of ``words``, whether any posting holds one of its terms (a forgotten
+        memory's postings count too: such a word is then only not looked up by its other
+        inflections, as the hybrid ranking does for a query word that no posting holds,
+        ``retrieval.inflected``)."""
+        terms, word_of, _, _ = tokenize(words)
+        out = np.zeros(len(words), dtype=bool)
+        for known in (self.wait().terms, self.tail_postings()[0]):
+            if len(known) and len(terms):
+                at = np.minimum(np.searchsorted(known, terms), len(known) - 1)
+                out[word_of[known[at] == terms]] = True
+        return out
 
     def search(
         self,

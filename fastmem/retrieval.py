@@ -532,12 +532,15 @@ def inflected(index: MemoryIndex, words: str) -> str:
     "camped" or "visited", and the keyword side has no stemming. A word some memory holds
     stays as it is (its exact form is what the query asks for, and expanding it finds
     other memories: on BEAM dev the inflections of every query word lost 0.015)."""
-    out = []
-    for word in words.split():
-        bare = word.strip("?!.,;:'\"()")
-        found = inflections(bare)
-        out.extend(found if len(found) > 1 and not index.keyword.holds(bare) else [word])
-    return " ".join(out)
+    split = words.split()
+    found = [inflections(word.strip("?!.,;:'\"()")) for word in split]
+    asked = [i for i, forms in enumerate(found) if len(forms) > 1]  # words that have inflections
+    if not asked:
+        return words
+    held = index.keyword.held([found[i][0] for i in asked])
+    for i in (i for i, known in zip(asked, held.tolist()) if not known):
+        split[i] = " ".join(found[i])
+    return " ".join(split)
 
 
 # A word with a digit in it ("v2", "2024", "INC-4411"), a dotted, slashed or underscored
