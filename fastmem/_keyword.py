@@ -11,7 +11,8 @@ Tokenization (the same for memories and queries):
    stop-word list here: BM25's idf already makes words that occur everywhere count for
    little, and a query made only of such words still finds something. (The hybrid
    ranking drops question and function words from its query first:
-   ``fastmem._stopwords`` says where each list applies.)
+   ``fastmem._stopwords`` says where each list applies; and it looks up a query word
+   that no posting holds by its inflections, ``retrieval.inflected``.)
 
 A memory's token count (its BM25 document length) counts every token, repeats included;
 a repeated query word counts once.
