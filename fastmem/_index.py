@@ -257,7 +257,9 @@ class MemoryIndex:
             types, hot = (slot.offset + dl.types, delta.types_len), (slot.offset + dl.hot, delta.hot_len)
         for name in fmt.unpack_types(mm[types[0] : types[0] + types[1]], path):
             index._add_type(name)
-        index.hot = fmt.unpack_hot(memoryview(mm)[hot[0] : hot[0] + hot[1]], path)
+        index.hot = _kernels.hot_section(mm, hot[0], hot[1], fmt.HotSection)
+        if index.hot is None:  # empty, or damaged: the parser says which
+            index.hot = fmt.unpack_hot(memoryview(mm)[hot[0] : hot[0] + hot[1]], path)
         index._base_bytes = memoryview(mm)[layout.rows : layout.rows + h.rows * fmt.INDEX_DTYPE.itemsize]
         next_id = h.next_id if delta is None else delta.next_id
         if h.rows:
