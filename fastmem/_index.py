@@ -79,7 +79,20 @@ class _Tail:
         self.n = 0
         self.saved = 0  # the first rows, read from the index file's delta (views of its map)
         self.rows = _NO_ROWS  # allocated by the first append: an open needs none
-        self.vectors = np.zeros((0, dim), dtype=np.int8)
+        self.dim = dim
+        # Made at the first use: it was a restart's only numpy call, and numpy's first
+        # call in a process costs ~15 µs (issue 21).
+        self._vectors: np.ndarray | None = None
+
+    @property
+    def vectors(self) -> np.ndarray:
+        if self._vectors is None:
+            self._vectors = np.zeros((0, self.dim), dtype=np.int8)
+        return self._vectors
+
+    @vectors.setter
+    def vectors(self, vectors: np.ndarray) -> None:
+        self._vectors = vectors
 
     def append(self, rows: np.ndarray, vectors: np.ndarray, reserve: int = 0) -> None:
         end = self.n + len(rows)
@@ -97,6 +110,7 @@ class _Tail:
 
     def set_dim(self, dim: int) -> None:
         """Called once, when the first vector fixes the dimension (no row has one yet)."""
+        self.dim = dim
         self.vectors = np.zeros((len(self.rows), dim), dtype=np.int8)
 
 
