@@ -155,12 +155,13 @@ class Engine:
         needed, load the index, cut an interrupted write, checkpoint a rebuilt index."""
         releaser()  # other processes may compact: this one follows, as readers do
         flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
-        try:
+        try:  # the folder is looked at only when this fails: a restart saves its stat
             fd = os.open(self.dat_path, flags, 0o600)
-        except OSError:  # its folder not made yet, or worse: as before, the checks first
+        except OSError:
             parent = os.path.dirname(os.path.abspath(self.dat_path))
-            if not os.path.isdir(parent):
-                make_private_dirs(parent)
+            if os.path.isdir(parent):
+                raise  # the folder is there: the file's own error
+            make_private_dirs(parent)  # a new store in a folder not made yet
             fd = os.open(self.dat_path, flags, 0o600)
         self._fd = fd
         try:
