@@ -223,7 +223,8 @@ class MemoryIndex:
         try:
             mm = None
             while mm is None:  # None: a failed delta's bytes were cut off meanwhile
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
+                size = st.st_size
                 if size < fmt.IDX_HEADER_SIZE:
                     raise CorruptIndexError(f"{path} is shorter than its header", path=path)
                 mm = map_data(fd, size, copy=True)
@@ -293,8 +294,7 @@ class MemoryIndex:
             if not h.keyword_version:
                 raise CorruptIndexError(f"{path}: a delta on an index without postings", path=path)
             index._load_delta(mm, slot.offset, delta, dl, path)
-        if with_slots:
-            st = os.fstat(fd)
+        if with_slots:  # the file's identity, from the stat above (the same descriptor)
             index.file = _LoadedFile(st.st_dev, st.st_ino, layout, slot, size)
         return index
 

@@ -257,11 +257,12 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
 def _schedule(thread: Background) -> None:
     """Queue ``thread``; the first of a call's requests schedules their start."""
     global _scheduled
+    pid = thread._pid  # os.getpid() of a moment ago: a syscall each, four Backgrounds an open
     with _starter_lock:
         _todo.append(thread)
-        if _scheduled == os.getpid():
+        if _scheduled == pid:
             return
-        _scheduled = os.getpid()
+        _scheduled = pid
     try:
         _start_later(START_DELAY, _start_queued)
     except BaseException:  # no thread (a resource limit): the next request tries again
