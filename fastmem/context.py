@@ -17,7 +17,6 @@ from __future__ import annotations
 import heapq
 import math
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from ._engine import Engine
 from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash
 from ._items import parse_id
 from ._stopwords import QUERY_STOP_WORDS
-from ._threads import Background
+from ._threads import Background, Flag
 from .embed import Embedder
 from .errors import FastmemError, InvalidInputError
 from .retrieval import Ranked, importance_scores, sole_match
@@ -619,8 +618,8 @@ class Preload:
         self.engine, self.policy, self.last_call = engine, policy, last_call
         self.done = 0
         self.total = 0
-        self.finished = threading.Event()
-        self._stopping = threading.Event()
+        self.finished = Flag()
+        self._stopping = Flag()
         self._thread = Background(self._run, "fastmem-preload")
 
     def _run(self) -> None:
