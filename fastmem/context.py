@@ -481,7 +481,7 @@ def answer(
 
     When it names two speakers or more ("What do Jon and Gina both like?"), the second
     ranking's keyword side leaves the names out as well: every turn holds one of them (its
-    ``"Jon: "`` prefix), so they tell no speaker's turns from the other's and only lift the
+    ``"Jon: "`` prefix), so they tell no speaker's turns from the other's and lift most the
     turns that address the other by name ("Thanks, Gina!"). With one name the keyword side
     keeps it: that name is its own speaker's turns.
     """
