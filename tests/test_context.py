@@ -750,6 +750,34 @@ def test_a_question_naming_a_speaker_is_embedded_without_the_name(store_path):
     assert found[1.0] < 3, found
 
 
+def test_a_question_naming_two_speakers_leaves_the_names_out_of_the_keyword_side(store_path, monkeypatch):
+    # Every turn holds one of the names (its prefix) and the greetings hold both: with both
+    # named, the names tell no speaker's turns apart on the keyword side. With one named,
+    # its name is its speaker's own turns, and the keyword side keeps it.
+    from fastmem import retrieval
+
+    asked = []
+    real = retrieval.rank
+
+    def recording(index, query, *args, **kwargs):
+        asked.append((query, kwargs.get("own_turns", False)))
+        return real(index, query, *args, **kwargs)
+
+    monkeypatch.setattr(retrieval, "rank", recording)
+    policy = ContextPolicy(recent=0, candidates=8)
+    with fastmem.open(store_path, embedder=ConceptEmbedder(), summarizer=None, policy=policy) as store:
+        for i in range(6):
+            store.add(f"Ann: Thanks Bob, see you {i}.", session="s1", timestamp=1e9 + 2 * i)
+            store.add(f"Bob: Yesterday I baked bread {i}, Ann.", session="s1", timestamp=1e9 + 2 * i + 1)
+        for query, second in (("What did Ann and Bob both cook?", "What did and both cook?"),
+                              ("What did Ann's friend Bob cook?", "What did friend cook?"),
+                              ("What did Bob cook?", "What did Bob cook?")):  # fmt: skip
+            asked.clear()
+            ctx = store.context(query, budget=200)
+            assert ctx.items
+            assert asked == [(query, False), (second, True)], asked
+
+
 def test_a_question_about_one_speaker_lifts_their_own_turns_around_a_match(store_path, monkeypatch):
     from fastmem import retrieval
 
