@@ -28,7 +28,9 @@ import numpy as np
 from . import _format as fmt
 from . import retrieval
 from ._engine import Engine
-from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash
+from ._index import (
+    F_META, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash,
+)  # fmt: skip
 from ._items import parse_id
 from ._stopwords import QUERY_STOP_WORDS
 from ._supersede import newest
@@ -575,17 +577,17 @@ def _candidates(
             ahead += heapq.heappop(waiting)[1]
         if ahead >= budget:
             break
-        newer = newest(engine, g)
-        if newer is not None:  # the newest truth in the old one's place
-            if newer in shown or newer in exclude:
-                continue
-            g = newer
-            one, flag = index.unit_vectors(np.array([g], dtype=np.int64))
-            vector, has = one[0], flag[0]
-        elif g in shown:  # went in already, for an older version
-            continue
         row = index.row(g)
         memory = engine.cached_memory(g)
+        newer = newest(engine, g) if row[F_META] or memory.metadata is not None else None
+        if newer is not None:  # the newest truth in the old one's place
+            if newer in exclude:
+                continue
+            g, row, memory = newer, index.row(newer), engine.cached_memory(newer)
+            one, flag = index.unit_vectors(np.array([g], dtype=np.int64))
+            vector, has = one[0], flag[0]
+        if g in shown:  # went in already (for an older version, or before its own)
+            continue
         key = " ".join(memory.text.casefold().split())
         if key in seen_texts:
             continue
