@@ -29,8 +29,14 @@ from . import _format as fmt
 from . import retrieval
 from ._engine import Engine
 from ._index import (
-    F_META, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash,
-)  # fmt: skip
+    F_META,
+    F_SESSION,
+    F_SUMMARY_TOKENS,
+    F_TEXT_TOKENS,
+    F_TS,
+    MemoryIndex,
+    session_hash,
+)
 from ._items import parse_id
 from ._stopwords import QUERY_STOP_WORDS
 from ._supersede import newest
