@@ -22,9 +22,10 @@ from . import _format as fmt
 from ._engine import Engine
 from ._index import F_FLAGS, F_ID, F_META, update_changes
 from ._items import Batch, check_metadata
+from .export import SUPERSEDED_BY
 from .types import Memory
 
-KEY = "superseded_by"
+KEY = SUPERSEDED_BY  # export names it: an import maps its ids
 _LONGEST_ID = "m" + "9" * 20  # the longest id fastmem makes: the metadata's size checked for it
 
 
