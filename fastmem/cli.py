@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn, TextIO
 
-from . import LOCK_TIMEOUT
+from . import LOCK_TIMEOUT, export
 from .errors import (
     CorruptionError,
     DependencyUnavailableError,
@@ -732,10 +732,10 @@ def _read_import(path: str) -> list[dict[str, Any]]:
                            EXIT_USAGE)  # fmt: skip
         if "text" not in item:
             raise CliError(f"{where}: no 'text'", EXIT_USAGE)
-        item.pop("id", None)
+        item["_id"] = item.pop("id", None)  # the exporting store's: links name it (see relink)
         try:
             if item.get("metadata") is not None:
-                item["metadata"] = from_jsonable(item["metadata"])
+                item["metadata"], item["_link"] = export.unlink(from_jsonable(item["metadata"]))
         except ValueError as exc:
             raise CliError(f"{where}: bad {BYTES_TAG} value in metadata ({exc})", EXIT_USAGE) from None
         item["_line"] = number
@@ -766,10 +766,13 @@ def _cmd_import(args: argparse.Namespace, out: _Out) -> int:
             embedding = embedder is not None and any("embedding" not in i for i in items)
             with out.progress("importing" + (" and embedding" if embedding else ""), len(items)) as advance:
                 for start in range(0, len(items), IMPORT_CHUNK):
-                    chunk = [{k: v for k, v in i.items() if k != "_line"}
+                    chunk = [{k: v for k, v in i.items() if k[0] != "_"}
                              for i in items[start : start + IMPORT_CHUNK]]  # fmt: skip
                     ids += store.add_many(chunk)
                     advance(len(chunk))
+                links = [(i.get("_id"), i.get("metadata"), i.get("_link"), m) for i, m in zip(items, ids)]
+                for mid, metadata in export.relink(links):
+                    store.update(mid, metadata=metadata)
     except (InvalidInputError, EmbedderUnavailableError, OSError) as exc:  # OSError: a full disk, an I/O error
         if not isinstance(exc, (InvalidInputError, EmbedderUnavailableError, StoreFullError, DurabilityError)):
             raise
@@ -792,7 +795,7 @@ def _check_items(store: Any, items: list[dict[str, Any]], path: str) -> None:
     """Check every item as ``add`` would, before anything is written (``check_items``
     writes nothing), so the rules cannot drift."""
     try:
-        store.check_items([{k: v for k, v in item.items() if k != "_line"} for item in items])
+        store.check_items([{k: v for k, v in item.items() if k[0] != "_"} for item in items])
     except InvalidInputError as exc:
         line = items[exc.item]["_line"] if exc.item is not None else "?"
         message = _one_line(exc).removeprefix(f"item {exc.item}: ")

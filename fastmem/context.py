@@ -28,9 +28,18 @@ import numpy as np
 from . import _format as fmt
 from . import retrieval
 from ._engine import Engine
-from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash
+from ._index import (
+    F_META,
+    F_SESSION,
+    F_SUMMARY_TOKENS,
+    F_TEXT_TOKENS,
+    F_TS,
+    MemoryIndex,
+    session_hash,
+)
 from ._items import parse_id
 from ._stopwords import QUERY_STOP_WORDS
+from ._supersede import newest
 from ._threads import Background, Flag
 from .embed import Embedder
 from .errors import FastmemError, InvalidInputError
@@ -390,7 +399,7 @@ def build(
             levels[hit.row] = (Level.FOUND, hit.relevance)
     focus = named_speakers(engine, ranked[:SPEAKER_ROWS], query) if policy.other_speaker < 1 else None
     candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget,
-                             query_stems(query), focus, sole_match(ranked))  # fmt: skip
+                             query_stems(query), focus, sole_match(ranked), exclude)  # fmt: skip
     return pack(candidates, budget, counter.count)
 
 
@@ -527,7 +536,7 @@ def _candidates(
     engine: Engine, policy: ContextPolicy, levels: dict[int, tuple[Level, float]],
     scores: dict[int, float], counter: TokenCounter, stored_counts: bool, budget: int,
     terms: frozenset[str] = frozenset(), focus: frozenset[str] | None = None,
-    sole: int = -1,
+    sole: int = -1, exclude: set[int] | frozenset[int] = frozenset(),
 ) -> list[Candidate]:  # fmt: skip
     """Context candidates for rows, best first, near-duplicates left out (the better one
     stays). Reading stops once the candidates whose priority is at least the next row's
@@ -539,13 +548,18 @@ def _candidates(
     ``sole``: :func:`~fastmem.retrieval.sole_match`), which goes in whole when it fits, by its
     relevance alone (it is what the query asks for), and as its excerpt otherwise. Other
     found memories' priorities are their value per token, and ``other_speaker`` times that for a turn of a speaker not in
-    ``focus`` (:func:`named_speakers`; see :class:`ContextPolicy`)."""
+    ``focus`` (:func:`named_speakers`; see :class:`ContextPolicy`).
+
+    A memory replaced by a newer one (``add``'s ``supersedes``) gives its place to the newest
+    live version (:func:`~fastmem._supersede.newest`), which then goes in only once; when
+    that version went in already or is in ``exclude``, the old one is left out."""
     index = engine.index
     order = sorted(levels, key=lambda g: -levels[g][1])
     vectors, has_vector = index.unit_vectors(np.array(order, dtype=np.int64))
     kept = np.zeros((len(order), vectors.shape[1]), dtype=np.float32)
     n_kept = 0
     seen_texts: set[str] = set()
+    shown: set[int] = set()  # rows that went in
     out: list[Candidate] = []
     total = 0
     cap = int(policy.item_share * budget)
@@ -561,6 +575,7 @@ def _candidates(
         if total > CANDIDATE_BUDGETS * budget:
             break
         level, priority = levels[g]
+        score, is_sole, vector, has = scores.get(g, 0.0), g == sole, vectors[j], has_vector[j]
         for done in out[queued:]:
             heapq.heappush(waiting, (-done.priority, done.tokens))
         queued = len(out)
@@ -570,34 +585,43 @@ def _candidates(
             break
         row = index.row(g)
         memory = engine.cached_memory(g)
+        newer = newest(engine, g) if row[F_META] or memory.metadata is not None else None
+        if newer is not None:  # the newest truth in the old one's place
+            if newer in exclude:
+                continue
+            g, row, memory = newer, index.row(newer), engine.cached_memory(newer)
+            one, flag = index.unit_vectors(np.array([g], dtype=np.int64))
+            vector, has = one[0], flag[0]
+        if g in shown:  # went in already (for an older version, or before its own)
+            continue
         key = " ".join(memory.text.casefold().split())
         if key in seen_texts:
             continue
-        if has_vector[j]:
+        if has:
             if (level == Level.FOUND and n_kept
-                    and float((kept[:n_kept] @ vectors[j]).max()) >= policy.near_duplicate):  # fmt: skip
+                    and float((kept[:n_kept] @ vector).max()) >= policy.near_duplicate):  # fmt: skip
                 continue
-            kept[n_kept] = vectors[j]
+            kept[n_kept] = vector
             n_kept += 1
+        shown.add(g)
         seen_texts.add(key)
         if stored_counts and row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS:
             text_tokens, summary_tokens = row[F_TEXT_TOKENS], row[F_SUMMARY_TOKENS]
         else:
             text_tokens = counter.count(memory.text)
             summary_tokens = counter.count(memory.summary) if memory.summary else 0
-        score = scores.get(g, 0.0)
         item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
                            memory.session, memory.type)  # fmt: skip
         summary = (memory.summary, summary_tokens) if memory.summary else None
         long = level == Level.FOUND and text_tokens > cap
-        whole = long and (found == 1 or g == sole)
+        whole = long and (found == 1 or is_sole)
         if long and not whole:  # its passage (cut by the packer if it gets that far), at most ``cap``
             text_tokens = min(text_tokens, cap)
         if focus and level == Level.FOUND:
             speaker = speaker_of(memory)
             if speaker and speaker.group(0) not in focus:
                 priority *= policy.other_speaker
-        if level == Level.FOUND and g != sole and policy.length_penalty and text_tokens > DENSITY_TOKENS:
+        if level == Level.FOUND and not is_sole and policy.length_penalty and text_tokens > DENSITY_TOKENS:
             priority *= (DENSITY_TOKENS / text_tokens) ** policy.length_penalty
         if long:
             out.append(Candidate(item, text_tokens, priority, summary, cut, whole))

@@ -22,13 +22,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .types import Memory
 
-__all__ = ["BYTES_TAG", "EMBEDDING_FIELD", "EXPORT_FIELDS", "from_jsonable", "memory_dict", "to_jsonable"]
+__all__ = [
+    "BYTES_TAG", "EMBEDDING_FIELD", "EXPORT_FIELDS", "SUPERSEDED_BY", "from_jsonable", "memory_dict",
+    "relink", "to_jsonable", "unlink",
+]  # fmt: skip
 
 # The fields export writes and import reads back; "id" is written for reference only (a
 # store numbers its memories itself, so imported ones get new ids).
 EXPORT_FIELDS = ("id", "text", "type", "timestamp", "session", "importance", "pinned",
                  "metadata", "summary")  # fmt: skip
 EMBEDDING_FIELD = "embedding"  # the stored vector, with `fastmem export --vectors`
+# The metadata key of a memory replaced by a newer one (``add``'s ``supersedes``): the newer
+# one's id, which an import maps to the id the newer one gets there.
+SUPERSEDED_BY = "superseded_by"
 BYTES_TAG = "$bytes"  # metadata may hold bytes (msgpack does, JSON does not): base64 under this key
 
 
@@ -61,3 +67,26 @@ def from_jsonable(value: Any) -> Any:
     if isinstance(value, list):
         return [from_jsonable(v) for v in value]
     return value
+
+
+def unlink(metadata: Any) -> tuple[Any, Any]:
+    """An imported memory's ``metadata`` without its link to a newer memory (``None`` when
+    nothing else is left), and that link (``None``: none). The link names the exporting
+    store's id; :func:`relink` maps it once every memory is imported."""
+    if not isinstance(metadata, dict) or SUPERSEDED_BY not in metadata:
+        return metadata, None
+    rest = {k: v for k, v in metadata.items() if k != SUPERSEDED_BY}
+    return rest or None, metadata[SUPERSEDED_BY]
+
+
+def relink(imported: list[tuple[Any, Any, Any, str]]) -> list[tuple[str, dict[str, Any]]]:
+    """The updates that link imported memories to their successors' new ids: for each
+    ``(exported id, metadata, link, new id)``, ``(new id, metadata with the new link)`` when
+    the link names an imported memory; a link to one not imported is dropped (``add``'s
+    ``supersedes`` would refuse it too)."""
+    new_ids = {old: new for old, _, _, new in imported if isinstance(old, str)}
+    return [
+        (new, {**(metadata or {}), SUPERSEDED_BY: new_ids[link]})
+        for _, metadata, link, new in imported
+        if isinstance(link, str) and link in new_ids
+    ]

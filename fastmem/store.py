@@ -29,13 +29,11 @@ from typing import Any, cast
 import numpy as np
 
 from . import _format as fmt
-from . import _figures, _maintenance, context as _context, retrieval
+from . import _figures, _maintenance, _supersede, context as _context, retrieval
 from ._engine import Engine, no_cyclic_gc
-from ._index import (
-    F_FLAGS, F_ID, update_changes,
-)  # fmt: skip
+from ._index import F_FLAGS, F_ID
 from ._items import (
-    DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_metadata, check_real, check_str, check_utf8,
+    DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_real, check_str, check_utf8,
     Batch, check_batch, check_ids, check_open, check_search, prepare_commit,
 )  # fmt: skip
 from .embed import (  # light: the model's libraries load in its thread
@@ -208,6 +206,7 @@ class MemoryStore:
         metadata: dict[str, Any] | None = None,
         summary: str | None = None,
         embedding: Any = None,
+        supersedes: str | None = None,
     ) -> str:
         """Store one memory and return its id (``"m<number>"``).
 
@@ -221,24 +220,32 @@ class MemoryStore:
             metadata: a dict of msgpack types, at most 64 KiB packed.
             summary: a short form of the text (at most 64 KiB).
             embedding: a precomputed vector of the store's dimension (normalised on write).
+            supersedes: the id of a live memory this one replaces (a changed fact, a
+                corrected figure): the old one stays, marked ``superseded_by`` the new id
+                in its metadata, and contexts show the newest version in its place.
 
         Raises:
             InvalidInputError: a value is out of range (nothing is written).
+            UnknownMemoryError: ``supersedes`` is no live memory's id (nothing is written).
             InvalidTypeError: a value has the wrong type (nothing is written).
             DimensionMismatchError: the embedding's length is not the store's dimension.
         """
-        return self.add_many(
+        return self._add(
             [{"text": text, "type": type, "timestamp": timestamp, "session": session,
               "importance": importance, "pinned": pinned, "metadata": metadata,
-              "summary": summary, "embedding": embedding}]
+              "summary": summary, "embedding": embedding}], supersedes
         )[0]  # fmt: skip
 
     def add_many(self, items: Iterable[Mapping[str, Any]]) -> list[str]:
         """Store many memories in one write and one commit; returns their ids in order.
 
-        Each item is a dict with ``add``'s keyword names (``text`` required). Every item is
-        checked before anything is written: one bad item raises and writes nothing.
+        Each item is a dict with ``add``'s keyword names (``text`` required; ``supersedes``
+        is ``add``'s only). Every item is checked before anything is written: one bad item
+        raises and writes nothing.
         """
+        return self._add(items, None)
+
+    def _add(self, items: Iterable[Mapping[str, Any]], supersedes: str | None) -> list[str]:
         if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
             raise InvalidTypeError("add_many takes an iterable of dicts")
         items = list(items)
@@ -246,6 +253,8 @@ class MemoryStore:
         with engine.lock:
             engine.check_writable()
             dim = engine.index.dim
+            if supersedes is not None:
+                engine.live_row(supersedes)  # fails before the embedding (checked again below)
         if not items:
             return []
         # Checked, embedded and summarized before the writer lock: other processes' writes
@@ -255,6 +264,8 @@ class MemoryStore:
             batch = Batch(items, now)
             vectors16 = prepare_commit(batch, self._embedder, self._summarizer, self.tokens, dim)
         with engine.writing(), no_cyclic_gc():
+            if supersedes is not None:
+                return _supersede.commit(engine, batch, vectors16, supersedes)
             return engine.commit_memories(batch, vectors16)
 
     def check_items(self, items: Iterable[Mapping[str, Any]]) -> None:
@@ -297,13 +308,11 @@ class MemoryStore:
                 if not isinstance(pinned, bool):
                     raise InvalidTypeError("pinned must be True or False")
                 payload["n"] = pinned
-            if metadata is not None:
-                payload["m"] = check_metadata(metadata)
+            if metadata is not None:  # a superseded memory keeps its link (see add)
+                payload["m"] = _supersede.keep_link(engine, g, row, metadata)
             if len(payload) == 2:
                 return
-            offset = engine.append_change(fmt.KIND_UPDATE, payload)
-            engine.note_change(g, row)
-            engine.index.change(g, update_changes(row[F_FLAGS], payload, offset))
+            _supersede.write_update(engine, g, row, payload)
 
     def pin(self, mid: str, pinned: bool = True) -> None:
         """Pin a memory ("remember this") or, with ``pinned=False``, unpin it."""
@@ -482,7 +491,8 @@ class MemoryStore:
                 memory = engine.memory(g)
                 if session is not None and memory.session != session:
                     continue  # a 64-bit hash collision
-                hits.append(Hit(memory.id, score, memory, cosine, keyword))
+                hits.append(Hit(memory.id, score, memory, cosine, keyword,
+                                _supersede.newest_id(engine, g, memory)))  # fmt: skip
                 if len(hits) == k:
                     break
             return hits

@@ -64,13 +64,16 @@ class Memory(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Hit:
     """A search result: the memory and its score (see ``MemoryStore.search``); a hybrid
-    search also reports each component: the approximate cosine and the BM25 score."""
+    search also reports each component: the approximate cosine and the BM25 score.
+    ``superseded_by`` is the id of the newest live memory that replaces this one (``add``'s
+    ``supersedes``), ``None`` when none does."""
 
     id: str
     score: float
     memory: Memory
     vector: float | None = None
     keyword: float | None = None
+    superseded_by: str | None = None
 
 
 @dataclass(frozen=True)

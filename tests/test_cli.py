@@ -332,6 +332,40 @@ def test_export_import_round_trip(capsys, tmp_path):
     assert cli_json(capsys, "import", dst, str(dump))["first_id"] == "m6"
 
 
+def test_import_links_a_superseded_memory_to_the_new_id_of_its_successor(capsys, tmp_path):
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    with fastmem.open(dst, embedder=None) as d:  # the copy's ids differ from src's
+        d.add_many([{"text": "Already here."}, {"text": "Here too."}])
+    with fastmem.open(src, embedder=None) as s:
+        s.forget(s.add("Forgotten: not exported."))
+        old = s.add("The user lives in Paris.", type="fact", metadata={"source": "chat"})
+        other = s.add("The office is on floor 2.", type="fact")
+        new = s.add("The user moved to Berlin.", type="fact", supersedes=old)
+        s.forget(s.add("Floor 5 now.", type="fact", supersedes=other))  # a link to a memory not exported
+    # Imported as is, Paris's link would name the office (m3 in the copy), a live newer memory.
+    dump = tmp_path / "dump.jsonl"
+    assert cli(capsys, "export", src, "-o", str(dump))[0] == EXIT_OK
+    assert f'"superseded_by": "{new}"' in dump.read_text()
+    assert cli_json(capsys, "import", dst, str(dump))["imported"] == 3
+    with fastmem.open(dst, embedder=None) as d:
+        by_text = {m.text: m for m in d}
+        paris, berlin = by_text["The user lives in Paris."], by_text["The user moved to Berlin."]
+        assert berlin.id != new
+        assert paris.metadata == {"source": "chat", "superseded_by": berlin.id}
+        assert by_text["The office is on floor 2."].metadata is None
+        ids = [i.id for i in d.context("user lives Paris", budget=100).items]
+        assert berlin.id in ids and paris.id not in ids
+
+
+def test_import_ignores_links_that_are_not_ids(capsys, tmp_path):
+    dump = tmp_path / "dump.jsonl"
+    dump.write_text('{"id": [1], "text": "a", "metadata": {"superseded_by": [2], "k": 1}}\n'
+                    '{"id": "m1", "text": "b", "metadata": {"superseded_by": {"x": 1}}}\n')  # fmt: skip
+    assert cli_json(capsys, "import", str(tmp_path / "dst"), str(dump))["imported"] == 2
+    with fastmem.open(str(tmp_path / "dst"), embedder=None, readonly=True) as d:
+        assert [m.metadata for m in d] == [{"k": 1}, None]
+
+
 def test_export_import_vectors(capsys, tmp_path):
     """export --vectors keeps embeddings given with add(embedding=...): import uses them
     (a keyword-only store here, so nothing could embed them again)."""

@@ -138,6 +138,23 @@ def test_tools_resource_errors_and_persistence(tmp_path):
         assert {m.id for m in store} == {ids["cat"], ids["plan"]}
 
 
+def test_remember_supersedes_an_older_memory(tmp_path):
+    async def work(session: ClientSession) -> None:
+        old = _payload(await session.call_tool("remember", {"text": "The user lives in Paris.", "type": "fact"}))["id"]
+        r = await session.call_tool("remember", {"text": "The user moved to Berlin.", "type": "fact",
+                                                 "supersedes": old})  # fmt: skip
+        assert not _is_error(r), r
+        new = _payload(r)["id"]
+        ctx = _payload(await session.call_tool("context", {"query": "user lives Paris", "budget": 200}))
+        assert new in ctx["ids"] and old not in ctx["ids"] and "Paris" not in ctx["text"]
+        hits = _payload(await session.call_tool("search", {"query": "Paris", "mode": "keyword"}))["hits"]
+        assert [(h["id"], h["metadata"]) for h in hits] == [(old, {"superseded_by": new})]
+        r = await session.call_tool("remember", {"text": "x", "supersedes": "m99"})
+        assert _is_error(r) and "no memory has the id" in r.content[0].text
+
+    run(str(tmp_path / "mem"), work)
+
+
 def test_two_servers_on_one_store_see_each_others_memories_at_once(tmp_path):
     """Issue 17: two MCP clients configured on one store (Claude Desktop and Cursor, say)
     each start a server; both write, and each finds the other's memory at once (before:

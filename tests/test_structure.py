@@ -28,7 +28,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_vsearch",),
     ("_items", "retrieval", "_files"),  # what add accepts; ranking; files around the store's two
     ("_engine",),  # the storage engine
-    ("_figures", "_maintenance", "context"),  # over the engine
+    ("_figures", "_maintenance", "_supersede", "context"),  # over the engine
     ("store",),  # the facade
     ("",),  # fastmem/__init__.py
     ("doctor",),  # what is installed: reads the kernels' choice and the embedder, for the CLI

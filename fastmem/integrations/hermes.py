@@ -150,6 +150,9 @@ def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
             if (h.memory.metadata or {}).get("source") == source and text in h.memory.text
         ]  # fmt: skip
 
+    # A replace forgets the old entry rather than superseding it (add's ``supersedes``): the
+    # built-in memory holds it no more, and a later remove of the new entry would bring a
+    # superseded one back into contexts (a forgotten successor ends the link).
     if action in ("replace", "remove"):
         for mid in mirrored(old_text or (content if action == "remove" else "")):
             store.forget(mid)

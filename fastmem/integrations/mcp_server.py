@@ -80,15 +80,18 @@ def build_server(store: Any) -> Any:
         pinned: bool = False,
         importance: float | None = None,
         metadata: dict[str, Any] | None = None,
+        supersedes: str | None = None,
     ) -> dict[str, Any]:
         """Store a memory: a fact, plan, tool result or conversation turn. Returns its id.
 
         type: conversation, tool_result, plan, fact, or a name of your own.
         pinned: true for something the user asked to always remember.
         importance: 0 to 1 (default: by type, fact highest).
+        supersedes: the id of a memory this one replaces (a changed fact, a corrected
+            figure): the old one is kept but contexts show this one in its place.
         """
         mid = call(store.add, text, type=type, session=session, pinned=pinned,
-                   importance=importance, metadata=metadata)  # fmt: skip
+                   importance=importance, metadata=metadata, supersedes=supersedes)  # fmt: skip
         return {"id": mid}
 
     @server.tool()
