@@ -60,13 +60,15 @@ def _pwrite(fd: int, data: Any, offset: int) -> None:
 _BUILTIN_CODES = {name: code for code, name in enumerate(fmt.BUILTIN_TYPES)}
 
 
-# The engine checkpoints while writing (the tail then starts again, empty) once the rows
-# added since the last one are this many and as many as it holds: a bulk load holds at most
-# half its rows in memory (issue 21: peak RSS).
+# The engine checkpoints while writing (the tail then starts again) once the rows added
+# since the last one are this many and as many as it holds: a bulk load holds about half
+# its rows in memory (issue 21: peak RSS). The checkpoint is written by a thread while rows
+# are still added (fastmem._checkpoint), up to twice this limit.
 CHECKPOINT_TAIL_ROWS = 1 << 18
 # An append of this many rows or more (a bulk write) reserves room for the tail's whole
-# life at once: np.zeros maps pages that cost memory only when first written, and doubling
-# instead copies every row again and again (at 1 M memories it was ~1/5 of add_many).
+# life at once (twice the limit: see above): np.zeros maps pages that cost memory only when
+# first written, and doubling instead copies every row again and again (at 1 M memories it
+# was ~1/5 of add_many).
 _BULK_ROWS = 256
 
 
@@ -742,7 +744,7 @@ class MemoryIndex:
         else:
             q = np.zeros((len(rows), self.dim), dtype=np.int8)
         bulk = len(rows) >= _BULK_ROWS
-        self.tail.append(rows, q, self.tail_limit() + len(rows) if bulk else 0)
+        self.tail.append(rows, q, 2 * self.tail_limit() + len(rows) if bulk else 0)
         self.live += int(np.count_nonzero((rows["flags"] & fmt.FLAG_FORGOTTEN) == 0))
         self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
 

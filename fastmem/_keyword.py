@@ -32,6 +32,7 @@ keyword search waits for it), and the next checkpoint persists them.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -191,6 +192,32 @@ class KeywordIndex:
     def built_unsaved(self) -> bool:
         """Postings built in the background are ready, and no checkpoint holds them yet."""
         return self._builder is not None and self.base is not None
+
+    def frozen(self) -> KeywordIndex:
+        """A copy of the postings so far, for a checkpoint written by a thread while rows
+        are added here (``fastmem._checkpoint``): the runs are shared (a run is never
+        changed in place, only replaced), the token counts are a view of the rows so far."""
+        self._consolidate()
+        kw = copy.copy(self)
+        kw._runs, kw._pending, kw._lock = list(self._runs), [], threading.Lock()
+        kw.tail_len = self.tail_len[: self.tail_n]
+        return kw
+
+    def continue_from(self, older: KeywordIndex, first: int) -> None:
+        """Take ``older``'s rows from global row ``first`` on (this index's base, loaded
+        from a checkpoint, holds the rows before): their token counts and postings."""
+        start = first - older.n_base
+        self.tail_len = older.tail_len[start : older.tail_n].copy()
+        self.tail_n = older.tail_n - start
+        self._pending, self._pending_postings = list(older._pending), older._pending_postings
+        self._runs = []
+        for run in older._runs:  # a run frozen for the checkpoint, or merged with one, is cut
+            if len(run[1]) and int(run[1].min()) < first:
+                keep = run[1] >= first
+                run = tuple(part[keep] for part in run)
+            if len(run[0]):
+                self._runs.append(run)
+        self.live_tokens = older.live_tokens
 
     # --- changes -----------------------------------------------------------------------
 

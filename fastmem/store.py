@@ -244,7 +244,7 @@ class MemoryStore:
         items = list(items)
         engine = self._engine
         with engine.lock:
-            engine.check_writable()
+            engine.check_writable(appending=True)
             dim = engine.index.dim
         if not items:
             return []
@@ -254,7 +254,7 @@ class MemoryStore:
             now = time.time()
             batch = Batch(items, now)
             vectors16 = prepare_commit(batch, self._embedder, self._summarizer, self.tokens, dim)
-        with engine.writing(), no_cyclic_gc():
+        with engine.writing(appending=True), no_cyclic_gc():
             return engine.commit_memories(batch, vectors16)
 
     def check_items(self, items: Iterable[Mapping[str, Any]]) -> None:
