@@ -181,7 +181,7 @@ def test_another_writer_waits_for_the_thread_then_both_stay_correct(
 # ids once add_many returned (acknowledged), and "thread" when a checkpoint's thread has
 # written its file aside (before the rename), then waits there: the parent kills it.
 KILLED_WRITER = r"""
-import json, sys, threading, time
+import json, os, sys, threading, time
 import numpy as np
 import fastmem
 from fastmem import _index
@@ -190,18 +190,18 @@ where = sys.argv[2]
 real_replace = _index.os.replace
 def slow_replace(src, dst):
     if threading.current_thread().name == "fastmem-checkpoint" and where == "before-rename":
-        print("thread", flush=True)
+        os.write(1, b"thread\n")
         time.sleep(60)
     real_replace(src, dst)
     if threading.current_thread().name == "fastmem-checkpoint" and where == "after-rename":
-        print("thread", flush=True)
+        os.write(1, b"thread\n")
         time.sleep(60)
 _index.os.replace = slow_replace
 rng = np.random.default_rng(0)
 store = fastmem.open(sys.argv[1], dim=8)
 for b in range(40):
     items = [{"text": f"batch {b} item {i}", "embedding": rng.standard_normal(8)} for i in range(300)]
-    print(json.dumps(store.add_many(items)), flush=True)
+    os.write(1, (json.dumps(store.add_many(items)) + "\n").encode())  # one write: whole lines
 """
 
 
