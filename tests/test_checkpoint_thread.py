@@ -189,6 +189,9 @@ _index.CHECKPOINT_TAIL_ROWS = 512
 where = sys.argv[2]
 real_replace = _index.os.replace
 def slow_replace(src, dst):
+    if threading.current_thread().name == "fastmem-checkpoint" and where == "slow":
+        os.write(1, b"thread\n")
+        time.sleep(0.05)  # the thread's checkpoints take a while: the kill lands in one
     if threading.current_thread().name == "fastmem-checkpoint" and where == "before-rename":
         os.write(1, b"thread\n")
         time.sleep(60)
@@ -199,7 +202,7 @@ def slow_replace(src, dst):
 _index.os.replace = slow_replace
 rng = np.random.default_rng(0)
 store = fastmem.open(sys.argv[1], dim=8)
-for b in range(40):
+for b in range(int(sys.argv[3]) if len(sys.argv) > 3 else 40):
     items = [{"text": f"batch {b} item {i}", "embedding": rng.standard_normal(8)} for i in range(300)]
     os.write(1, (json.dumps(store.add_many(items)) + "\n").encode())  # one write: whole lines
 """
@@ -207,8 +210,10 @@ for b in range(40):
 
 @pytest.mark.parametrize("where", ["before-rename", "after-rename"])
 def test_a_kill_during_the_threads_checkpoint_loses_nothing_acknowledged(
-    store_path, tmp_path, where
+    store_path, tmp_path, where, backend
 ):
+    if backend != "cython":
+        pytest.skip("the writer is another process, with the default kernels: once is enough")
     child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, store_path, where],
                              stdout=subprocess.PIPE, text=True)  # fmt: skip
     acknowledged: list[str] = []
@@ -243,3 +248,44 @@ def test_the_frozen_copy_shares_the_base_and_holds_its_own_tail(store_path):
         assert copy.keyword.tail_n == 100 and copy.keyword._pending == []
         assert np.array_equal(copy.tail.rows["id"], np.arange(100))
         assert copy.user_types is not index.user_types
+
+
+def test_kills_at_random_moments_of_a_load_that_checkpoints_in_a_thread(
+    store_path, tmp_path, backend
+):
+    """Five writers, one after another on the same store, each killed at a random moment
+    of one of its checkpoints in the thread (at 600, 1,200, 2,400... rows: the thread
+    pauses 50 ms before its rename), while its load goes on beside it."""
+    if backend != "cython":
+        pytest.skip("the writers are other processes, with the default kernels: once is enough")
+    rng = np.random.default_rng(5)
+    acknowledged: dict[str, str] = {}
+    for _ in range(5):
+        child = subprocess.Popen(
+            [sys.executable, "-c", KILLED_WRITER, store_path, "slow", "300"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        lines, threads, wanted = [], 0, int(rng.integers(1, 4))
+        for line in child.stdout:
+            threads += line == "thread\n"
+            lines.append(line)
+            if threads == wanted:
+                time.sleep(rng.uniform(0, 0.06))
+                break
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        lines += child.stdout.read().splitlines(keepends=True)  # whole lines only
+        child.stdout.close()
+        assert threads == wanted
+        batches = [json.loads(line) for line in lines if line != "thread\n"]
+        for b, ids in enumerate(batches):
+            acknowledged.update((mid, f"batch {b} item {i}") for i, mid in enumerate(ids))
+    with fastmem.open(store_path, dim=8) as store:
+        assert store.verify().ok
+        texts = {m.id: m.text for m in store}
+    assert len(acknowledged) >= 300 and all(
+        texts[mid] == text for mid, text in acknowledged.items()
+    )
+    assert _view(store_path) == _rebuilt_view(store_path, tmp_path)
