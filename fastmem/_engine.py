@@ -156,10 +156,15 @@ class Engine:
         """Under the writer lock, briefly: apply the recovery rule, create the data file if
         needed, load the index, cut an interrupted write, checkpoint a rebuilt index."""
         releaser()  # other processes may compact: this one follows, as readers do
-        parent = os.path.dirname(os.path.abspath(self.dat_path))
-        if not os.path.isdir(parent):
-            make_private_dirs(parent)
-        fd = os.open(self.dat_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_APPEND
+        try:  # the folder is looked at only when this fails: a restart saves its stat
+            fd = os.open(self.dat_path, flags, 0o600)
+        except OSError:
+            parent = os.path.dirname(os.path.abspath(self.dat_path))
+            if os.path.isdir(parent):
+                raise  # the folder is there: the file's own error
+            make_private_dirs(parent)  # a new store in a folder not made yet
+            fd = os.open(self.dat_path, flags, 0o600)
         self._fd = fd
         try:
             self._flock()
@@ -168,7 +173,8 @@ class Engine:
             self._fd = -1  # adopted below, with the rest of the state
             self._adopt(state)
             self._cut_torn_tail()
-            if self._rebuilt or not os.path.exists(self.idx_path):
+            # An index loaded from its file (under the lock) exists: no stat for it.
+            if self._rebuilt or (self.index.file is None and not os.path.exists(self.idx_path)):
                 self.checkpoint()
         except BaseException:
             self.abandon()

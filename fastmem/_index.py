@@ -42,6 +42,7 @@ def _write(f: Any, arr: np.ndarray) -> None:
 
 
 _NO_ROWS = np.zeros(0, dtype=fmt.INDEX_DTYPE)
+_NO_PATCHES = np.zeros(0, dtype=np.uint32)
 # An incremental checkpoint (a delta) is written when the full checkpoint holds at least
 # DELTA_MIN_BASE rows (below that, writing it whole costs milliseconds), while the rows
 # added and the rows changed since it are each at most an eighth of it, and the deltas
@@ -81,7 +82,20 @@ class _Tail:
         self.n = 0
         self.saved = 0  # the first rows, read from the index file's delta (views of its map)
         self.rows = _NO_ROWS  # allocated by the first append: an open needs none
-        self.vectors = np.zeros((0, dim), dtype=np.int8)
+        self.dim = dim
+        # Made at the first use: it was a restart's only numpy call, and numpy's first
+        # call in a process costs ~15 µs (issue 21).
+        self._vectors: np.ndarray | None = None
+
+    @property
+    def vectors(self) -> np.ndarray:
+        if self._vectors is None:
+            self._vectors = np.zeros((0, self.dim), dtype=np.int8)
+        return self._vectors
+
+    @vectors.setter
+    def vectors(self, vectors: np.ndarray) -> None:
+        self._vectors = vectors
 
     def append(self, rows: np.ndarray, vectors: np.ndarray, reserve: int = 0) -> None:
         end = self.n + len(rows)
@@ -99,6 +113,7 @@ class _Tail:
 
     def set_dim(self, dim: int) -> None:
         """Called once, when the first vector fixes the dimension (no row has one yet)."""
+        self.dim = dim
         self.vectors = np.zeros((len(self.rows), dim), dtype=np.int8)
 
 
@@ -139,7 +154,13 @@ class MemoryIndex:
         self.base_scales: np.ndarray | None = None
         self.hot: fmt.HotSection | None = None  # valid while nothing is applied after it
         self.tail = _Tail(dim)
-        self.keyword = KeywordIndex()
+        # The postings, made at their first use (``keyword``): a restart that answers from
+        # the hot section never needs them (~0.04 ms of a fresh process's open, issue 21).
+        self._keyword: KeywordIndex | None = None
+        # What the first use makes them of: the checkpoint's section (its map, header and
+        # layout) and the delta's rows after it (``KeywordIndex.load_tail``'s arguments).
+        self._keyword_section: tuple[Any, fmt.IdxHeader, fmt.IdxLayout] | None = None
+        self._keyword_tail: tuple[Any, ...] | None = None
         self._tail_order: np.ndarray | None = None
         self.user_types: list[str] = []
         self.type_codes = dict(_BUILTIN_CODES)
@@ -162,9 +183,29 @@ class MemoryIndex:
         # to the mapped rows on their first use (a restart from the hot section never pays).
         self.file: _LoadedFile | None = None
         self._mapped_fd = -1  # the loaded file's descriptor (kept open by file_closer)
-        self.patched = np.zeros(0, dtype=np.uint32)
+        self.patched = _NO_PATCHES  # replaced, never changed in place
         self.dirty: set[int] = set()
         self._patches: tuple[np.ndarray, np.ndarray] | None = None
+
+    @property
+    def keyword(self) -> KeywordIndex:
+        """The keyword postings (made at the first use from what ``load`` found)."""
+        kw = self._keyword
+        if kw is None:
+            if self._keyword_section is None:
+                kw = KeywordIndex()
+            else:
+                mm, h, layout = self._keyword_section
+                section = fmt.keyword_views(mm, h, layout)
+                kw = KeywordIndex.from_section(section, h.keyword_live_tokens)
+            if self._keyword_tail is not None:
+                kw.load_tail(*self._keyword_tail)
+            self._keyword, self._keyword_section, self._keyword_tail = kw, None, None
+        return kw
+
+    @keyword.setter
+    def keyword(self, kw: KeywordIndex) -> None:
+        self._keyword, self._keyword_section, self._keyword_tail = kw, None, None
 
     def set_compaction(self, header: fmt.DatHeader) -> None:
         """Take the data file header's compaction fields (see ``replay``)."""
@@ -185,7 +226,8 @@ class MemoryIndex:
         try:
             mm = None
             while mm is None:  # None: a failed delta's bytes were cut off meanwhile
-                size = os.fstat(fd).st_size
+                st = os.fstat(fd)
+                size = st.st_size
                 if size < fmt.IDX_HEADER_SIZE:
                     raise CorruptIndexError(f"{path} is shorter than its header", path=path)
                 mm = map_data(fd, size, copy=True)
@@ -233,7 +275,9 @@ class MemoryIndex:
             types, hot = (slot.offset + dl.types, delta.types_len), (slot.offset + dl.hot, delta.hot_len)
         for name in fmt.unpack_types(mm[types[0] : types[0] + types[1]], path):
             index._add_type(name)
-        index.hot = fmt.unpack_hot(memoryview(mm)[hot[0] : hot[0] + hot[1]], path)
+        index.hot = _kernels.hot_section(mm, hot[0], hot[1], fmt.HotSection)
+        if index.hot is None:  # empty, or damaged: the parser says which
+            index.hot = fmt.unpack_hot(memoryview(mm)[hot[0] : hot[0] + hot[1]], path)
         index._base_bytes = memoryview(mm)[layout.rows : layout.rows + h.rows * fmt.INDEX_DTYPE.itemsize]
         next_id = h.next_id if delta is None else delta.next_id
         if h.rows:
@@ -241,9 +285,7 @@ class MemoryIndex:
             if index._base_last_id >= next_id:
                 raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
         if h.keyword_version:
-            index.keyword = KeywordIndex.from_section(
-                fmt.keyword_views(mm, h, layout), h.keyword_live_tokens
-            )
+            index._keyword_section = (mm, h, layout)
         elif h.rows:  # written before indexes had postings: tokenize the base meanwhile
             index.keyword = KeywordIndex.build_in_background(
                 np.frombuffer(mm, fmt.INDEX_DTYPE, h.rows, layout.rows), dat, path
@@ -255,8 +297,7 @@ class MemoryIndex:
             if not h.keyword_version:
                 raise CorruptIndexError(f"{path}: a delta on an index without postings", path=path)
             index._load_delta(mm, slot.offset, delta, dl, path)
-        if with_slots:
-            st = os.fstat(fd)
+        if with_slots:  # the file's identity, from the stat above (the same descriptor)
             index.file = _LoadedFile(st.st_dev, st.st_ino, layout, slot, size)
         return index
 
@@ -275,7 +316,7 @@ class MemoryIndex:
                 raise CorruptIndexError(f"{path}: the delta's rows are out of order", path=path)
             if int(ids[-1]) >= self.next_id:
                 raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
-        self.keyword.load_tail(
+        self._keyword_tail = (
             np.frombuffer(mm, "<u4", t, at + dl.doc_len),
             (np.frombuffer(mm, "<u8", h.postings, at + dl.terms),
              np.frombuffer(mm, "<u4", h.postings, at + dl.posting_rows),

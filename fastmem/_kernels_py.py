@@ -39,6 +39,7 @@ from ._format import (
     current_slot as _current_slot,
     unpack_dat_header,
     unpack_delta_header,
+    unpack_hot,
     unpack_idx_header,
 )
 from .errors import CorruptionError, FormatVersionError
@@ -455,6 +456,16 @@ def current_slot(buf: Any, at: int, cls: type) -> tuple[int, Any] | None:
         return None
     write_next, slot = _current_slot(buf, at)
     return write_next, None if slot is None else cls(*slot)
+
+
+def hot_section(buf: Any, at: int, length: int, cls: type) -> Any:
+    if at < 0 or length < 4 or at + length > len(buf):
+        return None
+    try:
+        hot = unpack_hot(memoryview(buf)[at : at + length], "")
+    except CorruptionError:
+        return None
+    return None if hot is None else cls(*hot)
 
 
 def delta_header(buf: Any, at: int, cls: type) -> Any:

@@ -11,7 +11,8 @@ Tokenization (the same for memories and queries):
    stop-word list here: BM25's idf already makes words that occur everywhere count for
    little, and a query made only of such words still finds something. (The hybrid
    ranking drops question and function words from its query first:
-   ``fastmem._stopwords`` says where each list applies.)
+   ``fastmem._stopwords`` says where each list applies; and it looks up a query word
+   that no posting holds by its inflections, ``retrieval.inflected``.)
 
 A memory's token count (its BM25 document length) counts every token, repeats included;
 a repeated query word counts once.
@@ -303,6 +304,19 @@ class KeywordIndex:
         return fmt.KeywordSection(terms, offsets, rows, tf, doc_len)
 
     # --- search ------------------------------------------------------------------------
+
+    def held(self, words: list[str]) -> np.ndarray:
+        """For each of ``words``, whether any posting holds one of its terms (a forgotten
+        memory's postings count too: such a word is then only not looked up by its other
+        inflections, as the hybrid ranking does for a query word that no posting holds,
+        ``retrieval.inflected``)."""
+        terms, word_of, _, _ = tokenize(words)
+        out = np.zeros(len(words), dtype=bool)
+        for known in (self.wait().terms, self.tail_postings()[0]):
+            if len(known) and len(terms):
+                at = np.minimum(np.searchsorted(known, terms), len(known) - 1)
+                out[word_of[known[at] == terms]] = True
+        return out
 
     def search(
         self,

@@ -19,6 +19,45 @@ from typing import Any
 START_DELAY = 0.02  # seconds
 
 
+class Flag:
+    """``threading.Event``'s ``set``, ``is_set`` and ``wait``, made of one lock (never
+    cleared). An Event builds a Condition, ~5 µs each in a fresh process, and ``open()``
+    made seven of them (its loaders' done flags, the model's and the preload's).
+
+    The lock is held from the start and released by the one ``set()``; a waiter takes it
+    and gives it back at once, so every waiter wakes.
+    """
+
+    __slots__ = ("_armed", "_lock", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._armed = [self._lock]  # popped by the first set(): list.pop is atomic
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        try:
+            lock = self._armed.pop()
+        except IndexError:  # set already
+            return
+        self._set = True
+        lock.release()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for ``set()``, at most ``timeout`` seconds (``None``: no limit); whether
+        it was set."""
+        if self._set:
+            return True
+        wait = -1.0 if timeout is None else min(max(timeout, 0.0), threading.TIMEOUT_MAX)
+        if self._lock.acquire(True, wait):
+            self._lock.release()
+        return self._set
+
+
 class Background:
     """``target`` run once in a daemon thread of its own, started ``START_DELAY`` after it
     is asked for; the caller does not wait.
@@ -39,7 +78,7 @@ class Background:
         self.name = name  # for a debugger: such a thread has no threading.Thread object
         self._target = target
         self._ident: int | None = None
-        self._done = threading.Event()
+        self._done = Flag()
         self._claim = threading.Lock()  # held by whichever runs target: starter or joiner
         self._pid = os.getpid()
         _schedule(self)
@@ -218,11 +257,12 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
 def _schedule(thread: Background) -> None:
     """Queue ``thread``; the first of a call's requests schedules their start."""
     global _scheduled
+    pid = thread._pid  # os.getpid() of a moment ago: a syscall each, four Backgrounds an open
     with _starter_lock:
         _todo.append(thread)
-        if _scheduled == os.getpid():
+        if _scheduled == pid:
             return
-        _scheduled = os.getpid()
+        _scheduled = pid
     try:
         _start_later(START_DELAY, _start_queued)
     except BaseException:  # no thread (a resource limit): the next request tries again

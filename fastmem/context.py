@@ -17,7 +17,6 @@ from __future__ import annotations
 import heapq
 import math
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from ._engine import Engine
 from ._index import F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, MemoryIndex, session_hash
 from ._items import parse_id
 from ._stopwords import QUERY_STOP_WORDS
-from ._threads import Background
+from ._threads import Background, Flag
 from .embed import Embedder
 from .errors import FastmemError, InvalidInputError
 from .retrieval import Ranked, importance_scores, sole_match
@@ -443,14 +442,20 @@ def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | Non
     nothing but the names would be left. Only a capitalised name is one: the user a
     question in the first person is about is not named by the word "user" ("How do I add
     user login?" asks about logins, not about the speaker)."""
-    words = set(_WORD.findall(query))
-    named = named_speakers(engine, ranked[:SPEAKER_ROWS], query) or frozenset()
-    names = [s[:-2] for s in named if s[:1].isupper() and s[:-2] in words]
+    names = _names(engine, ranked, query)
     if not names:
         return None
     name = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")(?:['\u2019]s)?\b")
     rest = " ".join(name.sub(" ", query).split())
     return rest if _WORD.search(rest) else None
+
+
+def _names(engine: Engine, ranked: list[Ranked], query: str) -> list[str]:
+    """The capitalised names of the speakers ``query`` names among the best matches of
+    ``ranked`` (:func:`named_speakers`), as :func:`without_names` takes them out."""
+    words = set(_WORD.findall(query))
+    named = named_speakers(engine, ranked[:SPEAKER_ROWS], query) or frozenset()
+    return sorted(s[:-2] for s in named if s[:1].isupper() and s[:-2] in words)
 
 
 def answer(
@@ -472,6 +477,12 @@ def answer(
     74% without it. The lock is let go while that second embedding is made, as for the
     first (a slow model holds up no other thread). ``other_speaker`` 1 turns this off with
     the speaker focus.
+
+    When it names two speakers or more ("What do Jon and Gina both like?"), the second
+    ranking's keyword side leaves the names out as well: every turn holds one of them (its
+    ``"Jon: "`` prefix), so they tell no speaker's turns from the other's and lift most the
+    turns that address the other by name ("Thanks, Gina!"). With one name the keyword side
+    keeps it: that name is its own speaker's turns.
     """
     with engine.lock:
         engine.check()
@@ -480,11 +491,12 @@ def answer(
         rest = without_names(engine, first[0], query) if second else None
         if rest is None:
             return _pack(engine, policy, query, first, session, budget, counter, stored_counts, exclude, touch)
+        words = rest if len(_names(engine, first[0], query)) > 1 else query
     assert embedder is not None
     vector = retrieval.query_vector(embedder, rest)
     with engine.lock:
         engine.check()
-        ranked = _rank(engine, policy, query, vector, degraded, session, own_turns=True)
+        ranked = _rank(engine, policy, words, vector, degraded, session, own_turns=True)
         return _pack(engine, policy, query, ranked, session, budget, counter, stored_counts, exclude, touch)
 
 
@@ -619,8 +631,8 @@ class Preload:
         self.engine, self.policy, self.last_call = engine, policy, last_call
         self.done = 0
         self.total = 0
-        self.finished = threading.Event()
-        self._stopping = threading.Event()
+        self.finished = Flag()
+        self._stopping = Flag()
         self._thread = Background(self._run, "fastmem-preload")
 
     def _run(self) -> None:

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._threads import Background, ForkGate, at_fork
+from ._threads import Background, Flag, ForkGate, at_fork
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
 __all__ = [
@@ -265,8 +265,8 @@ class _BackgroundModel:
         _models.add(self)
 
     def _begin_load(self) -> None:
-        self._loaded = threading.Event()
-        self._started = threading.Event()
+        self._loaded = Flag()
+        self._started = Flag()
         self._pid = os.getpid()
         _loading.add(self)
         self._loader = Background(self._load, "fastmem-embedder")

@@ -107,7 +107,8 @@ class ContextPolicy:
     must not lose to a vague semantic match. A date in the query (a day such as "3 June,
     2023" or "2023-06-03", or a month, "June 2023"; ``retrieval.periods``) is an identifier
     of time: the memories written then (UTC, as the headers show them) are searched for
-    too and go up by the same weight.
+    too and go up by the same weight. A query word that no memory holds is looked up on the
+    keyword side by its inflections ("camped": camp, camping; ``retrieval.inflected``).
 
     Packing spends the budget on evidence. Level 1 takes budget only when the question is
     about the current conversation (no query; ``session`` names the newest memories'

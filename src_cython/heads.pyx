@@ -1,9 +1,10 @@
 # cython: language_level=3
 """Compiled parse of the fixed headers a restart reads: the data file's header, the index
-file's header, its two commit slots and the header of the delta a slot names.
+file's header, its two commit slots, the header of the delta a slot names, and the table
+of the index's hot section (the newest memories' rows and records).
 
-Twins of fastmem._format's unpack_dat_header, unpack_idx_header, current_slot and
-unpack_delta_header (see fastmem._kernels_py, "headers"): each returns what the Python
+Twins of fastmem._format's unpack_dat_header, unpack_idx_header, current_slot,
+unpack_delta_header and unpack_hot (see fastmem._kernels_py, "headers"): each returns what the Python
 function returns, or None where that one raises (the caller then calls it, for the precise
 error). A fresh process runs those Python functions cold, ~0.1 ms of a restart (issue 21).
 The named tuple types are passed in: the compiled modules import nothing of fastmem's.
@@ -29,6 +30,7 @@ cdef enum:
     SLOT_SIZE = 32
     SLOT_PAGE = 4096
     DELTA_HEADER_END = 92  # the header's fields; its crc follows
+    HOT_MEMORIES = 128
 
 cdef u64 MAX_ID = (<u64>1 << 63) - 1
 cdef const char* DAT_MAGIC = b"FMEMDATA"
@@ -41,6 +43,7 @@ CONSTANTS = dict(DAT_HEADER_SIZE=DAT_HEADER_SIZE, FORMAT_VERSION=FORMAT_VERSION,
                  IDX_VERSIONS=tuple(range(IDX_VERSION_FIRST, IDX_VERSION_LAST + 1)),
                  ROW_SIZE=ROW_SIZE, KEYWORD_VERSION=KEYWORD_VERSION, SLOT_SIZE=SLOT_SIZE,
                  SLOT_PAGE=SLOT_PAGE, DELTA_HEADER_END=DELTA_HEADER_END, MAX_ID=MAX_ID,
+                 HOT_MEMORIES=HOT_MEMORIES,
                  DAT_MAGIC=DAT_MAGIC[:8], IDX_MAGIC=IDX_MAGIC[:8], SLOT_MAGIC=SLOT_MAGIC[:8],
                  DELTA_MAGIC=DELTA_MAGIC[:8])
 
@@ -155,3 +158,36 @@ cdef object _delta_header(const u8* p, i64 n, i64 at, object cls):
     return cls(_le64(p + 8), _le64(p + 16), _le64(p + 24), _le64(p + 32), load_le32(p + 40),
                _le64(p + 44), _f64(p + 52), load_le32(p + 60), load_le32(p + 64),
                _le64(p + 68), _le64(p + 76), _le64(p + 84))
+
+
+def hot_section(object buf, Py_ssize_t at, Py_ssize_t length, object cls):
+    """``cls`` (HotSection) of the hot section at ``buf[at:at + length]``: its rows and
+    records as memoryviews of ``buf``, where each record starts; None for an empty section
+    and for one the parser refuses (or one not wholly inside ``buf``)."""
+    cdef Py_buffer view
+    cdef const u8* p
+    cdef u64 count, total = 0, i
+    cdef Py_ssize_t rows_end
+    cdef list starts
+    if at < 0 or length < 4:
+        return None
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        if length > view.len - at:
+            return None
+        p = <const u8*>view.buf + at
+        count = load_le32(p)
+        rows_end = 4 + <Py_ssize_t>count * ROW_SIZE
+        if count > HOT_MEMORIES or rows_end + 4 * <Py_ssize_t>count > length:
+            return None
+        starts = []
+        for i in range(count):
+            starts.append(total)
+            total += load_le32(p + rows_end + 4 * i)
+        if total != <u64>(length - rows_end - 4 * <Py_ssize_t>count):
+            return None
+    finally:
+        PyBuffer_Release(&view)
+    whole = memoryview(buf)
+    return cls(whole[at + 4 : at + rows_end], starts,
+               whole[at + rows_end + 4 * <Py_ssize_t>count : at + length])

@@ -107,6 +107,42 @@ def test_a_delta_holds_new_changed_and_forgotten_memories(store_path, tmp_path):
     assert view["len"] == 85 and view["verify"]
 
 
+@pytest.mark.parametrize("first", ["search", "add", "forget", "rows", "pin"])
+def test_the_postings_are_made_at_their_first_use_and_equal_a_rebuild(store_path, tmp_path, first):
+    """A restart (open, the newest memories) leaves the keyword postings unmade (issue 21);
+    whichever call uses them first (with a delta's rows, changed and forgotten rows to
+    apply), keyword search then answers as the same store read from its data file alone."""
+    ids = _build(store_path)
+    with fastmem.open(store_path, dim=DIM) as store:
+        store.add_many(_items(80, 5))
+        store.update(ids[3], importance=0.05)
+        store.forget(ids[5])
+    assert _slot(store_path) is not None
+    copy = tmp_path / "rebuilt"
+    copy.mkdir()
+    shutil.copy(store_path + ".dat", copy / "s.dat")
+    views = []
+    for path in (store_path, str(copy / "s")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fastmem.RecoveryWarning)  # the copy's rebuild
+            store = fastmem.open(path, dim=DIM)
+        with store:
+            store.recent(5)
+            if path == store_path:
+                assert store._engine.index._keyword is None and store._engine.index._keyword_tail
+            if first == "add":
+                store.add("hotel budget once more", embedding=np.ones(DIM))
+            elif first == "forget":
+                store.forget(ids[6])
+            elif first == "rows":
+                list(store)
+            elif first == "pin":
+                store.pin(ids[7])
+            hits = store.search("hotel budget", 20, mode="keyword")
+            views.append([(h.id, round(h.score, 5)) for h in hits])
+    assert views[0] == views[1] and len(views[0]) == 20
+
+
 def test_deltas_alternate_slots_and_each_supersedes_the_last(store_path, tmp_path):
     ids = _build(store_path)
     generations = []

@@ -713,7 +713,7 @@ class ConceptEmbedder:
 
     name = "test/concept"
     dim = 16
-    AXES = {"bob": 0, "ann": 1, "bake": 2, "baked": 2, "bread": 2, "cake": 2, "weather": 3}
+    AXES = {"bob": 0, "ann": 1, "cook": 2, "baked": 2, "bread": 2, "cake": 2, "weather": 3}
 
     def encode(self, texts):
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -726,8 +726,9 @@ class ConceptEmbedder:
 
 def test_a_question_naming_a_speaker_is_embedded_without_the_name(store_path):
     # Ann greets Bob by name in every turn; Bob's own turns say what he baked, never his
-    # name. "What did Bob bake?" embedded whole sits between the two; without the name,
-    # on Bob's baking. The budget holds about six turns.
+    # name. "What did Bob cook?" embedded whole sits between the two; without the name,
+    # on Bob's baking. The budget holds about six turns. (No turn holds "cook" or its
+    # inflections: the keyword side finds none of them; "bake" it would find as "baked".)
     t0 = 1_700_000_000.0
     turns = []
     for i in range(12):
@@ -742,11 +743,39 @@ def test_a_question_naming_a_speaker_is_embedded_without_the_name(store_path):
                           policy=policy) as store:  # fmt: skip
             for i, text in enumerate(turns):
                 store.add(text, session="s1", timestamp=t0 + 60 * i)
-            ctx = store.context("What did Bob bake?", budget=budget)
+            ctx = store.context("What did Bob cook?", budget=budget)
         assert ctx.tokens <= budget
         found[other_speaker] = sum("baked" in i.text for i in ctx.items)
     assert found[0.7] == 3, found  # all he baked
     assert found[1.0] < 3, found
+
+
+def test_a_question_naming_two_speakers_leaves_the_names_out_of_the_keyword_side(store_path, monkeypatch):
+    # Every turn holds one of the names (its prefix) and the greetings hold both: with both
+    # named, the names tell no speaker's turns apart on the keyword side. With one named,
+    # its name is its speaker's own turns, and the keyword side keeps it.
+    from fastmem import retrieval
+
+    asked = []
+    real = retrieval.rank
+
+    def recording(index, query, *args, **kwargs):
+        asked.append((query, kwargs.get("own_turns", False)))
+        return real(index, query, *args, **kwargs)
+
+    monkeypatch.setattr(retrieval, "rank", recording)
+    policy = ContextPolicy(recent=0, candidates=8)
+    with fastmem.open(store_path, embedder=ConceptEmbedder(), summarizer=None, policy=policy) as store:
+        for i in range(6):
+            store.add(f"Ann: Thanks Bob, see you {i}.", session="s1", timestamp=1e9 + 2 * i)
+            store.add(f"Bob: Yesterday I baked bread {i}, Ann.", session="s1", timestamp=1e9 + 2 * i + 1)
+        for query, second in (("What did Ann and Bob both cook?", "What did and both cook?"),
+                              ("What did Ann's friend Bob cook?", "What did friend cook?"),
+                              ("What did Bob cook?", "What did Bob cook?")):  # fmt: skip
+            asked.clear()
+            ctx = store.context(query, budget=200)
+            assert ctx.items
+            assert asked == [(query, False), (second, True)], asked
 
 
 def test_a_question_about_one_speaker_lifts_their_own_turns_around_a_match(store_path, monkeypatch):

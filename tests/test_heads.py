@@ -1,6 +1,7 @@
 """The fixed headers a restart reads, parsed in C (``fastmem._ext.heads``): the compiled
 parsers against their references (fastmem._format's parsers, None where those raise) on
-real stores, on every damaged bit and cut of each header, and on fields out of range."""
+real stores, on every damaged bit and cut of each header, and on fields out of range.
+The hot section's table too (``hot_section``), against ``fmt.unpack_hot``."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def test_compiled_constants_match_the_format():
     assert (c["DAT_MAGIC"], c["IDX_MAGIC"], c["SLOT_MAGIC"], c["DELTA_MAGIC"]) == (
         fmt.DAT_MAGIC, fmt.IDX_MAGIC, fmt.SLOT_MAGIC, fmt.DELTA_MAGIC)  # fmt: skip
     assert fmt.DAT_HEADER.size == c["DAT_HEADER_SIZE"]
+    assert c["HOT_MEMORIES"] == fmt.HOT_MEMORIES
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +140,68 @@ def test_every_damaged_bit_and_cut_of_the_slots_and_the_delta_header(store_files
     for bad in (-1, -(10**6), len(idx), off + 1):
         _same("delta_header", idx, bad)
         _same("current_slot", idx, bad)
+
+
+def _hot(buf, at, length):
+    """The compiled hot section, equal to the reference's; as bytes and lists."""
+    got = ext.hot_section(buf, at, length, fmt.HotSection)
+    want = ref.hot_section(buf, at, length, fmt.HotSection)
+    got, want = ([None if h is None else (type(h), bytes(h.rows), h.starts, bytes(h.records))
+                  for h in (got, want)])  # fmt: skip
+    assert got == want, (at, length)
+    return got
+
+
+def _hot_places(idx):
+    """(start, length) of the full checkpoint's hot section and of the delta's."""
+    h = fmt.unpack_idx_header(idx, "")
+    layout = fmt.header_layout(h)
+    slot = fmt.current_slot(idx, fmt.slots_at(layout))[1]
+    assert slot is not None
+    delta = fmt.unpack_delta_header(idx, slot.offset, "")
+    dl = fmt.delta_layout(delta, h.dim)
+    return [(layout.hot, h.hot_len), (slot.offset + dl.hot, delta.hot_len)]
+
+
+def test_the_hot_sections_of_a_store_with_a_delta(store_files):
+    idx = store_files[1]
+    for at, length in _hot_places(idx):
+        got = _hot(idx, at, length)
+        parsed = fmt.unpack_hot(memoryview(idx)[at : at + length], "")
+        assert parsed is not None and len(parsed.starts) == fmt.HOT_MEMORIES
+        assert got == (fmt.HotSection, bytes(parsed.rows), parsed.starts, bytes(parsed.records))
+
+
+def test_every_damaged_bit_of_the_hot_tables_and_every_cut(store_files):
+    """The count and the records' lengths (what is parsed: rows and records are checked
+    where they are read); cuts of the section, and places outside the buffer."""
+    idx = store_files[1]
+    at, length = _hot_places(idx)[1]
+    section = idx[at : at + length]
+    lengths_at = 4 + fmt.HOT_MEMORIES * fmt.INDEX_DTYPE.itemsize
+    for first, stop in ((0, 4), (lengths_at, lengths_at + 4 * fmt.HOT_MEMORIES)):
+        for damaged in _flips(section, first, stop):
+            assert _hot(damaged, 0, length) is None
+    for end in range(0, length, 3):
+        _hot(section[:end], 0, end)  # a cut inside the records: refused; a cut table, too
+        _hot(section, 0, end)
+    for bad in ((-1, length), (1, length), (0, length + 1), (len(idx), 4), (0, 0), (0, 3)):
+        _hot(section, *bad)
+
+
+@given(st.integers(0, fmt.HOT_MEMORIES + 2),
+       st.lists(st.integers(0, 70), min_size=0, max_size=fmt.HOT_MEMORIES + 2),
+       st.integers(-3, 3), st.integers(0, 2**32 - 1))  # fmt: skip
+def test_hot_sections_with_any_count_and_lengths(count, lengths, extra, big):
+    """Counts past the limit, too few lengths, records one byte short or long, a length
+    near 2**32 (the sum must not wrap)."""
+    rows = bytes(range(256)) * (count * fmt.INDEX_DTYPE.itemsize // 256 + 1)
+    table = lengths[:count] + [big] * (count > len(lengths) and count - len(lengths) > 0)
+    body = struct.pack("<I", count) + rows[: count * fmt.INDEX_DTYPE.itemsize]
+    body += b"".join(struct.pack("<I", n) for n in table)
+    body += bytes(max(0, sum(lengths[:count]) + extra))
+    _hot(body, 0, len(body))
+    _hot(b"pad" + body, 3, len(body))
 
 
 def _crc_tail(body):

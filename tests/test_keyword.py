@@ -137,6 +137,19 @@ def test_same_results_after_reopen_from_the_persisted_section(store_path):
         assert {q: _scored(store, q) for q in before} == before
 
 
+def test_held_looks_in_the_checkpoint_and_the_memories_added_since(store_path):
+    with fastmem.open(store_path) as store:
+        _add(store, TEXTS[:3])
+        store.checkpoint()
+        _add(store, TEXTS[3:])
+        kw = store._engine.index.keyword
+        assert kw.n_base == 3 and kw.tail_n == 3
+        words = ["Lisbon", "flights", "porto", "東京", "lisbons", "okapi", "okapi porto"]
+        # In the checkpoint's section, added since, in neither; any term of a word counts.
+        assert kw.held(words).tolist() == [True, True, True, True, False, False, True]
+        assert kw.held([]).tolist() == []
+
+
 def test_crash_before_a_checkpoint_replays_into_the_postings(store_path, tmp_path):
     crashed = str(tmp_path / "crashed")
     with fastmem.open(store_path) as store:

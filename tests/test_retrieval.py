@@ -221,6 +221,27 @@ def test_a_strong_match_lifts_its_neighbour_in_the_same_session(tmp_path):
     assert flat[2] == flat[0] == flat[4] < flat[3]
 
 
+def test_a_query_word_no_memory_holds_is_looked_up_by_its_inflections(tmp_path):
+    texts = ["we went camping by the lake", "two camps were full", "the museum was closed",
+             "museums and camping gear"]  # fmt: skip
+    items = [{"text": t, "timestamp": NOW, "session": f"s{i}", "embedding": np.ones(DIM)}
+             for i, t in enumerate(texts)]  # fmt: skip
+    index, _ = build(tmp_path, items)
+    args = {"policy": ContextPolicy(), "embedder": None, "session": None, "now": NOW}
+
+    def matched(query):
+        return {r.row for r in rank(index, query, 4, **args)[0] if r.keyword > 0}
+
+    # No memory holds "camped": those saying "camping" or "camps" match (the keyword side
+    # has no stemming).
+    assert matched("where have they camped?") == {0, 1, 3}
+    # A word some memory holds is searched for as it is: "camps" does not bring "camping".
+    assert matched("how many camps") == {1}
+    assert matched("museum") == {2}
+    assert retrieval.inflected(index, "camped museum?") == " ".join(
+        [*retrieval.inflections("camped"), "museum?"])  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "weights, session, first",
     [({"importance_weight": 10.0}, None, 0), ({"recency_weight": 10.0}, None, 1),
@@ -277,6 +298,20 @@ def test_importance_scores_all_rows_one_row_and_reference(tmp_path):
     access = row[9] * 2 ** (-(NOW - row[5]) / (30 * DAY))
     hand = row[7] + 0.7 * access / (1 + access) + 0.4 * 2 ** (-(NOW - row[1]) / (7 * DAY)) + 2.0
     assert abs(everything[3] - hand) < 1e-5
+
+
+def test_inflections():
+    assert {"camp", "camps", "camping"} <= set(retrieval.inflections("camped"))
+    assert {"activity", "activities"} <= set(retrieval.inflections("Activities"))
+    assert {"movie", "movies"} <= set(retrieval.inflections("movies"))
+    assert {"try", "tries", "trying"} <= set(retrieval.inflections("tried"))
+    assert {"plans", "planned", "planning"} <= set(retrieval.inflections("plan"))
+    assert {"write", "writes"} <= set(retrieval.inflections("writing"))
+    assert {"bring", "brings", "bringing"} <= set(retrieval.inflections("brought"))
+    assert {"saw", "see", "seeing"} <= set(retrieval.inflections("seen")) and "seed" not in retrieval.inflections("seen")
+    assert retrieval.inflections("camped")[0] == "camped"
+    for word in ("bus", "v2", "naïve", "user_id", ""):  # short, not letters, not ASCII
+        assert retrieval.inflections(word) == [word.lower()]
 
 
 def test_content_words():

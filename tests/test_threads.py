@@ -204,3 +204,67 @@ def test_wait_returns_whether_the_job_ended():
     release.set()
     assert beside.wait(WAIT) is True
     assert beside.result() is True
+
+
+# --- Flag: threading.Event's set / is_set / wait, of one lock --------------------------
+
+
+@pytest.mark.parametrize("kind", [_threads.Flag, threading.Event])
+def test_a_flag_answers_as_an_event(kind):
+    """Each step is checked on both: Event is the reference."""
+    flag = kind()
+    assert not flag.is_set()
+    assert flag.wait(0) is False and flag.wait(-1.0) is False and flag.wait(0.01) is False
+    flag.set()
+    assert flag.is_set() and flag.wait() is True and flag.wait(0) is True and flag.wait(-1) is True
+    flag.set()  # again: nothing changes, nothing raises
+    assert flag.is_set() and flag.wait(0.01) is True
+
+
+def test_a_flag_wakes_every_waiter_and_times_out_unset():
+    flag = _threads.Flag()
+    woke: list[bool] = []
+    waiters = [threading.Thread(target=lambda: woke.append(flag.wait(60))) for _ in range(8)]
+    for t in waiters:
+        t.start()
+    late = threading.Thread(target=lambda: woke.append(flag.wait(0.02)))  # gives up first
+    late.start()
+    late.join()
+    assert woke == [False]
+    flag.set()
+    for t in waiters:
+        t.join(60)
+    assert woke == [False] + [True] * 8 and flag.wait(0) is True
+
+
+def _race_setters_and_waiters(flag: _threads.Flag) -> list[BaseException]:
+    errors: list[BaseException] = []
+
+    def setter() -> None:
+        try:
+            flag.set()
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    def waiter() -> None:
+        try:
+            flag.wait(60)
+            flag.wait(60)
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=f) for f in (setter, waiter) * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
+def test_a_flag_set_by_many_threads_at_once_is_set_once():
+    """Setters racing each other: the lock is released once (a second release would raise
+    in a setter, or release a waiter's hold and raise in that waiter)."""
+    for _ in range(50):
+        flag = _threads.Flag()
+        assert _race_setters_and_waiters(flag) == []
+        assert flag.is_set() and flag._lock.acquire(False)  # free: released once
