@@ -381,8 +381,7 @@ class Engine:
     def _release_hold(self) -> None:
         with self._holds_mutex:
             self._holds -= 1
-            # A failed write not cut back yet keeps the lock: no other process may
-            # apply its records or append after them (close cuts them).
+            # A failed write not cut back keeps the lock: no other process may apply it.
             if self._holds == 0 and self._fd >= 0 and self._cut_pending is None:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -390,8 +389,7 @@ class Engine:
     def writing(self, appending: bool = False) -> Iterator[None]:
         """One write: the writer lock taken, the view brought up to the end of the data
         file (what other processes appended is applied first, so ids stay unique and
-        increasing), and the engine's thread lock held for the write itself. An
-        ``appending`` write (add_many) may run beside a checkpoint's thread."""
+        increasing), the engine's thread lock held (``appending``: see ``check``)."""
         with self.failures():
             with self.lock:
                 self.check_writable(appending)  # fail fast, before waiting for the lock
@@ -489,8 +487,7 @@ class Engine:
         """Raise unless the handle may be used now, then apply the records other processes
         have appended since the last call: every call sees every write committed before it.
         On a store nobody else wrote to, one fstat. (One method, not two: it runs before
-        every call, and get takes ~3 us.) A checkpoint's thread is waited for first, except
-        by an ``appending`` call while it runs (see fastmem._checkpoint)."""
+        every call, and get takes ~3 us.) Waits for a checkpoint's thread unless appending."""
         if self._generation != _fork_generation:
             raise StoreForkedError(
                 f"the store {self.path} was opened before fork(); open it again in this process"
@@ -567,16 +564,14 @@ class Engine:
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
 
     def _checkpoint_beside(self) -> None:
-        """The tail reached its limit in a write: checkpoint from a thread while writes
-        go on (fastmem._checkpoint); wait for the last one first if the tail has grown to
-        twice the limit meanwhile (what a load holds in memory stays bounded)."""
+        """At the tail's limit: checkpoint from a thread while writes go on (fastmem._checkpoint);
+        at twice the limit, wait for the last one first (a load's memory stays bounded)."""
         if self._background is not None and self.index.tail.n < 2 * self.index.tail_limit():
             return
         self.finish_checkpoint()  # (when one runs)
         if self.index.tail.n < self.index.tail_limit():
             return
-        sync = self.durability != "none"
-        if sync:
+        if sync := self.durability != "none":
             self.sync(self._fd)  # the index must never cover data that is not on disk
         with self._holds_mutex:
             self._holds += 1  # the thread's hold of the writer lock (released by it)
@@ -584,9 +579,8 @@ class Engine:
                                       sync_dir=self.sync_dir, release=self._release_hold)  # fmt: skip
 
     def finish_checkpoint(self) -> None:
-        """Wait for the checkpoint's thread, if one runs, and continue on the file it
-        wrote (or, if that file is no longer the index, on the index as it is); its error,
-        if it failed, is raised (nothing is lost: the index still holds every row)."""
+        """Wait for a checkpoint's thread and continue on the file it wrote (if it is still
+        the index); raise its error (nothing is lost: the index still holds every row)."""
         background, self._background = self._background, None
         if background is None:
             return
@@ -891,8 +885,8 @@ class Engine:
         no longer be trusted to match its state); the next open recovers from the files."""
         self.closed = True
         self._stop_commit()
-        if self._background is not None:
-            self._background.wait()  # its hold of the lock ends with it; nothing is adopted
+        if self._background is not None:  # its hold of the lock ends with it; nothing adopted
+            self._background.wait()
             self._background = None
         if self._cut_pending is not None and self._fd >= 0:
             self._retry_cut()  # best effort: the lock goes with the descriptor below
