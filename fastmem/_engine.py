@@ -38,13 +38,14 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
+from ._checkpoint import Background, frozen
 from ._files import Retired, fsync_dir, map_same, pending_index, recover, releaser, remove_quietly
 from ._index import (
-    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex, session_hash,
+    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex,
 )  # fmt: skip
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
-from ._items import Batch, f32, parse_id
+from ._items import Batch, f32, frame_batch, parse_id
 from ._replay import read_payload
 from ._threads import at_fork
 from .errors import (
@@ -126,6 +127,7 @@ class Engine:
         self.failed: DurabilityError | None = None
         self._failure_reported = False
         self._cut_pending: int | None = None  # a failed write's start, not yet cut back to
+        self._background: Background | None = None  # a bulk load's checkpoint being written
         if readonly:
             self._open_for_reading(dim)
         else:
@@ -374,23 +376,25 @@ class Engine:
             try:
                 yield
             finally:
-                with self._holds_mutex:
-                    self._holds -= 1
-                    # A failed write not cut back yet keeps the lock: no other process may
-                    # apply its records or append after them (close cuts them).
-                    if self._holds == 0 and self._fd >= 0 and self._cut_pending is None:
-                        fcntl.flock(self._fd, fcntl.LOCK_UN)
+                self._release_hold()
+
+    def _release_hold(self) -> None:
+        with self._holds_mutex:
+            self._holds -= 1
+            # A failed write not cut back keeps the lock: no other process may apply it.
+            if self._holds == 0 and self._fd >= 0 and self._cut_pending is None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     @contextmanager
-    def writing(self) -> Iterator[None]:
+    def writing(self, appending: bool = False) -> Iterator[None]:
         """One write: the writer lock taken, the view brought up to the end of the data
         file (what other processes appended is applied first, so ids stay unique and
-        increasing), and the engine's thread lock held for the write itself."""
+        increasing), the engine's thread lock held (``appending``: see ``check``)."""
         with self.failures():
             with self.lock:
-                self.check_writable()  # fail fast, before waiting for the lock
+                self.check_writable(appending)  # fail fast, before waiting for the lock
             with self.write_lock(), self.lock:
-                self.check_writable()  # brings the view up to the end of the file
+                self.check_writable(appending)  # brings the view up to the end of the file
                 self._cut_torn_tail()
                 yield
 
@@ -479,20 +483,24 @@ class Engine:
 
     # --- guards -----------------------------------------------------------------------
 
-    def check(self) -> None:
+    def check(self, appending: bool = False) -> None:
         """Raise unless the handle may be used now, then apply the records other processes
         have appended since the last call: every call sees every write committed before it.
         On a store nobody else wrote to, one fstat. (One method, not two: it runs before
-        every call, and get takes ~3 us.)"""
+        every call, and get takes ~3 us.) Waits for a checkpoint's thread unless appending."""
         if self._generation != _fork_generation:
             raise StoreForkedError(
                 f"the store {self.path} was opened before fork(); open it again in this process"
             )
         if self.closed:
             raise StoreClosedError(f"the store {self.path} is closed; open it again")
+        if self._background is not None and (not appending or self._background.done()):
+            self.finish_checkpoint()
         if self._cut_pending is not None and not self._retry_cut():
             return  # the file ends with a failed write: nothing past dat_end is read
         size = _kernels.file_size(self._fd)  # fstat's size, or -1: replaced by a compaction
+        if self._background is not None and (size != self.dat_end or self.valid_end != size):
+            self.finish_checkpoint()  # it let the lock go just now: before others' records
         if size < 0:  # or repair: open the new file
             flags = os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND
             self.swap_to(os.open(self.dat_path, flags), committed=False).release(drop_cache=False)
@@ -506,8 +514,8 @@ class Engine:
         self._dat, self.dat_end = dat, size
         self.valid_end = self.index.replay(dat, self.valid_end, size, self.dat_path, self._map_fd)[1]
 
-    def check_writable(self) -> None:
-        self.check()
+    def check_writable(self, appending: bool = False) -> None:
+        self.check(appending)
         if self.readonly:
             raise ReadOnlyError(f"{self.path} was opened with readonly=True")
         self.raise_failed()
@@ -536,28 +544,7 @@ class Engine:
                 )
         first_id = index.next_id
         n_types = len(index.user_types)
-        stored, raw_lens = _kernels.pack_memories(
-            batch.payloads, first_id, batch.text_tokens, batch.summary_tokens
-        )
-        for j in np.flatnonzero(raw_lens >= fmt.COMPRESS_MIN):  # most memories: no call to make
-            stored[j], raw_lens[j] = fmt.compress_payload(stored[j])
-        codes = [index.type_code(name, create=True) for name in batch.type_names]
-        rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
-        rows["id"] = np.arange(first_id, first_id + n)
-        rows["timestamp"] = batch.timestamps
-        rows["type"] = np.array(codes, dtype=np.uint16)[batch.type_index]
-        hashes = [0] + [session_hash(session) for session in batch.sessions]
-        rows["session"] = np.array(hashes, dtype=np.uint64)[batch.session_index]
-        rows["importance"] = batch.importance
-        rows["flags"] = batch.flags
-        rows["text_tokens"], rows["summary_tokens"] = batch.text_tokens, batch.summary_tokens
-        has_vector = None
-        if vectors16 is not None:
-            has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
-        data, lengths, crcs = _kernels.frame_records(
-            fmt.KIND_MEMORY, stored, raw_lens,
-            None if vectors16 is None else vectors16.view(np.uint16), has_vector,
-        )  # fmt: skip
+        rows, data, lengths, crcs = frame_batch(batch, index, first_id, vectors16)
         try:
             start = self._append(data)
         except BaseException:
@@ -573,8 +560,36 @@ class Engine:
             raise
         self.valid_end = self.dat_end
         if index.tail.n >= index.tail_limit():
-            self.checkpoint()
+            self._checkpoint_beside()
         return [f"m{mid}" for mid in range(first_id, first_id + n)]
+
+    def _checkpoint_beside(self) -> None:
+        """At the tail's limit: checkpoint from a thread while writes go on (fastmem._checkpoint);
+        at twice the limit, wait for the last one first (a load's memory stays bounded)."""
+        if self._background is not None and self.index.tail.n < 2 * self.index.tail_limit():
+            return
+        self.finish_checkpoint()  # (when one runs)
+        if self.index.tail.n < self.index.tail_limit():
+            return
+        if sync := self.durability != "none":
+            self.sync(self._fd)  # the index must never cover data that is not on disk
+        with self._holds_mutex:
+            self._holds += 1  # the thread's hold of the writer lock (released by it)
+        self._background = Background(frozen(self.index), self.idx_path, self.data(), sync=sync,
+                                      sync_dir=self.sync_dir, release=self._release_hold)  # fmt: skip
+
+    def finish_checkpoint(self) -> None:
+        """Wait for a checkpoint's thread and continue on the file it wrote (if it is still
+        the index); raise its error (nothing is lost: the index still holds every row)."""
+        background, self._background = self._background, None
+        if background is None:
+            return
+        background.wait()
+        if background.error is not None:
+            with self.failures(self.idx_path):
+                raise background.error
+        new = background.adopt(self.index, self.idx_path, self.uuid, self.data(), self.dat_end)
+        self.index = new if new is not None else self.index
 
     def _cut_back(self, start: int) -> None:
         """Cut a failed write's bytes off. When even that fails, the handle keeps the writer
@@ -802,6 +817,7 @@ class Engine:
 
     def checkpoint(self) -> None:
         """Write the index file (atomically) and continue from it."""
+        self.finish_checkpoint()
         sync = self.durability != "none"
         if sync:
             self.sync(self._fd)  # the index must never cover data that is not on disk
@@ -869,6 +885,9 @@ class Engine:
         no longer be trusted to match its state); the next open recovers from the files."""
         self.closed = True
         self._stop_commit()
+        if self._background is not None:  # its hold of the lock ends with it; nothing adopted
+            self._background.wait()
+            self._background = None
         if self._cut_pending is not None and self._fd >= 0:
             self._retry_cut()  # best effort: the lock goes with the descriptor below
         self._dat = None

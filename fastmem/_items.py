@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._index import default_importance
+from ._index import default_importance, session_hash
 from ._keyword import tokenize
 from ._threads import Beside
 from ._vectors import to_float16, to_float16_quantized
@@ -342,6 +342,38 @@ def summarize_and_count(
     if summaries:
         summary_counts[[j for j, _ in summaries]] = tokens.count_many([u for _, u in summaries])
     return np.array(text_counts, dtype=np.uint32), summary_counts
+
+
+def frame_batch(
+    batch: Batch, index: Any, first_id: int, vectors16: np.ndarray | None
+) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
+    """The index rows (``INDEX_DTYPE``, without offsets and lengths) and the framed records
+    (``frame_records``: bytes, lengths, CRCs) of a batch whose first id is ``first_id``.
+    New type names get their codes in ``index`` (the caller drops them if the write fails)."""
+    n = len(batch)
+    stored, raw_lens = _kernels.pack_memories(
+        batch.payloads, first_id, batch.text_tokens, batch.summary_tokens
+    )
+    for j in np.flatnonzero(raw_lens >= fmt.COMPRESS_MIN):  # most memories: no call to make
+        stored[j], raw_lens[j] = fmt.compress_payload(stored[j])
+    codes = [index.type_code(name, create=True) for name in batch.type_names]
+    rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+    rows["id"] = np.arange(first_id, first_id + n)
+    rows["timestamp"] = batch.timestamps
+    rows["type"] = np.array(codes, dtype=np.uint16)[batch.type_index]
+    hashes = [0] + [session_hash(session) for session in batch.sessions]
+    rows["session"] = np.array(hashes, dtype=np.uint64)[batch.session_index]
+    rows["importance"] = batch.importance
+    rows["flags"] = batch.flags
+    rows["text_tokens"], rows["summary_tokens"] = batch.text_tokens, batch.summary_tokens
+    has_vector = None
+    if vectors16 is not None:
+        has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
+    data, lengths, crcs = _kernels.frame_records(
+        fmt.KIND_MEMORY, stored, raw_lens,
+        None if vectors16 is None else vectors16.view(np.uint16), has_vector,
+    )  # fmt: skip
+    return rows, data, lengths, crcs
 
 
 def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:

@@ -36,6 +36,7 @@ importance = _kernels_py.importance
 tokenize_batch = _kernels_py.tokenize_batch
 bm25_topk = _kernels_py.bm25_topk
 merge_postings = _kernels_py.merge_postings
+merge_postings_runs = _kernels_py.merge_postings_runs
 sort_postings = _kernels_py.sort_postings
 prepare_batch = _kernels_py.prepare_batch
 gather_vectors = _kernels_py.gather_vectors
@@ -45,8 +46,8 @@ _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payl
           "file_size", "read_memory", "read_hot", "dat_header", "idx_header", "current_slot",
           "delta_header", "hot_section", "unpack", "pack_memories",
           "topk_int8", "dot_half", "to_half", "quantize_half", "to_half_quantized", "importance",
-          "tokenize_batch", "bm25_topk", "merge_postings", "sort_postings", "prepare_batch",
-          "gather_vectors", "Cl100kCounter")  # fmt: skip
+          "tokenize_batch", "bm25_topk", "merge_postings", "merge_postings_runs", "sort_postings",
+          "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -708,6 +708,25 @@ def merge_postings(
     return terms.astype(np.uint64), offsets, rows, tf
 
 
+def merge_postings_runs(
+    b_terms: np.ndarray,
+    b_offsets: np.ndarray,
+    b_rows: np.ndarray,
+    b_tf: np.ndarray,
+    runs: list[tuple[np.ndarray, ...]],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``merge_postings`` of the base and each run in turn (runs sorted by term, each
+    after the one before it): each term's base postings first, then each run's in order.
+
+    Raises:
+        ValueError: the inputs are inconsistent or out of order.
+    """
+    merged = (b_terms, b_offsets, b_rows, b_tf)
+    for run in runs or [(np.zeros(0, np.uint64), np.zeros(0, np.uint32), np.zeros(0, np.uint16))]:
+        merged = merge_postings(*merged, *run)
+    return merged
+
+
 def sort_postings(
     terms: np.ndarray, rows: np.ndarray, tf: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -33,6 +33,7 @@ keyword search waits for it), and the next checkpoint persists them.
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -193,6 +194,32 @@ class KeywordIndex:
         """Postings built in the background are ready, and no checkpoint holds them yet."""
         return self._builder is not None and self.base is not None
 
+    def frozen(self) -> KeywordIndex:
+        """A copy of the postings so far, for a checkpoint written by a thread while rows
+        are added here (``fastmem._checkpoint``): the runs are shared (a run is never
+        changed in place, only replaced), the token counts are a view of the rows so far."""
+        self._consolidate()
+        kw = copy.copy(self)
+        kw._runs, kw._pending, kw._lock = list(self._runs), [], threading.Lock()
+        kw.tail_len = self.tail_len[: self.tail_n]
+        return kw
+
+    def continue_from(self, older: KeywordIndex, first: int) -> None:
+        """Take ``older``'s rows from global row ``first`` on (this index's base, loaded
+        from a checkpoint, holds the rows before): their token counts and postings."""
+        start = first - older.n_base
+        self.tail_len = older.tail_len[start : older.tail_n].copy()
+        self.tail_n = older.tail_n - start
+        self._pending, self._pending_postings = list(older._pending), older._pending_postings
+        self._runs = []
+        for run in older._runs:  # a run frozen for the checkpoint, or merged with one, is cut
+            if len(run[1]) and int(run[1].min()) < first:
+                keep = run[1] >= first
+                run = tuple(part[keep] for part in run)
+            if len(run[0]):
+                self._runs.append(run)
+        self.live_tokens = older.live_tokens
+
     # --- changes -----------------------------------------------------------------------
 
     def add(
@@ -260,16 +287,17 @@ class KeywordIndex:
     def section(self) -> fmt.KeywordSection:
         """The base and the tail merged, for a checkpoint (waits for a background build).
 
-        The tail's runs are merged into the base one after another (they hold consecutive
-        rows, older first, so each term's rows stay ascending): the same postings as
-        sorting the runs into one first, without that sort's copies of every new posting
-        (the peak of a 1 M store's first checkpoint: issue 21)."""
+        The tail's runs are merged into the base in one pass (they hold consecutive rows,
+        older first, so each term's rows stay ascending): the same postings as sorting the
+        runs into one first, without that sort's copies of every new posting (the peak of
+        a 1 M store's first checkpoint: issue 21), and without moving the postings merged
+        so far again for each run, as merging the runs one after another did."""
         base = self.wait()
         self._consolidate()
-        terms, offsets, rows, tf = base.terms, base.offsets, base.rows, base.tf
         try:
-            for run in self._runs or [(_U64, _U32, _U16)]:
-                terms, offsets, rows, tf = _kernels.merge_postings(terms, offsets, rows, tf, *run)
+            terms, offsets, rows, tf = _kernels.merge_postings_runs(
+                base.terms, base.offsets, base.rows, base.tf, self._runs
+            )
         except ValueError as exc:
             raise CorruptIndexError(f"the keyword postings are damaged ({exc})") from None
         doc_len = np.concatenate([base.doc_len, self.tail_len[: self.tail_n]])

@@ -49,6 +49,7 @@ def commit(engine: Engine, batch: Batch, vectors16: Any, old: str) -> list[str]:
     metadata = check_metadata({**(_metadata(engine, g, row) or {}), KEY: _LONGEST_ID})
     assert metadata is not None
     [mid] = engine.commit_memories(batch, vectors16)
+    engine.finish_checkpoint()  # one the commit started writes rows the link changes
     g, row = engine.live_row(old)  # read again: the commit may have moved the index's rows
     metadata[KEY] = mid
     write_update(engine, g, row, {"i": row[F_ID], "t": time.time(), "m": metadata})

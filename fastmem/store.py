@@ -251,7 +251,7 @@ class MemoryStore:
         items = list(items)
         engine = self._engine
         with engine.lock:
-            engine.check_writable()
+            engine.check_writable(appending=True)
             dim = engine.index.dim
             if supersedes is not None:
                 engine.live_row(supersedes)  # fails before the embedding (checked again below)
@@ -263,7 +263,9 @@ class MemoryStore:
             now = time.time()
             batch = Batch(items, now)
             vectors16 = prepare_commit(batch, self._embedder, self._summarizer, self.tokens, dim)
-        with engine.writing(), no_cyclic_gc():
+        # A plain add only appends: a checkpoint's thread may go on beside it. The link to
+        # the old memory changes one of its rows: that waits for the thread.
+        with engine.writing(appending=supersedes is None), no_cyclic_gc():
             if supersedes is not None:
                 return _supersede.commit(engine, batch, vectors16, supersedes)
             return engine.commit_memories(batch, vectors16)

@@ -1,8 +1,9 @@
 # cython: language_level=3
 """Compiled keyword search: tokenizer, BM25 top-k over postings, postings merge.
 
-Twins of fastmem._kernels_py.tokenize_batch, bm25_topk and merge_postings; see there for
-the contracts (the tokenization rules are documented in fastmem/_keyword.py).
+Twins of fastmem._kernels_py.tokenize_batch, bm25_topk, merge_postings, merge_postings_runs
+and sort_postings; see there for the contracts (the tokenization rules are documented in
+fastmem/_keyword.py).
 """
 import numpy as np
 
@@ -254,60 +255,103 @@ def bm25_topk(
         free(touched); free(hs); free(hr)
 
 
-def merge_postings(
+def merge_postings(b_terms, b_offsets, b_rows, b_tf, t_terms, t_rows, t_tf):
+    """Compiled twin of fastmem._kernels_py.merge_postings: one run merged."""
+    return merge_postings_runs(b_terms, b_offsets, b_rows, b_tf, [(t_terms, t_rows, t_tf)])
+
+
+def merge_postings_runs(
     const u64[:] b_terms,
     const u64[:] b_offsets,
     const u32[:] b_rows,
     const u16[:] b_tf,
-    const u64[:] t_terms,
-    const u32[:] t_rows,
-    const u16[:] t_tf,
+    list runs,
 ):
-    """Compiled twin of fastmem._kernels_py.merge_postings."""
-    cdef Py_ssize_t nt = b_terms.shape[0], m = t_terms.shape[0], p = b_rows.shape[0]
-    cdef Py_ssize_t i = 0, j = 0, out_t = 0, out_p = 0, x, a, e
+    """Compiled twin of fastmem._kernels_py.merge_postings_runs: every run merged in one
+    pass, where merging them one after another moves the postings merged so far again
+    for each run (~0.55 s of a 1 M store's closing checkpoint)."""
+    cdef Py_ssize_t nt = b_terms.shape[0], p = b_rows.shape[0], k = len(runs)
+    cdef Py_ssize_t i = 0, out_t = 0, out_p = 0, total = 0, x, a, e, r, j, m
     cdef u64 term
-    if b_offsets.shape[0] != nt + 1 or b_tf.shape[0] != p or t_rows.shape[0] != m \
-            or t_tf.shape[0] != m:
+    cdef bint have
+    cdef const u64[::1] v_t
+    cdef const u32[::1] v_r
+    cdef const u16[::1] v_f
+    if b_offsets.shape[0] != nt + 1 or b_tf.shape[0] != p:
         raise ValueError("postings arrays have inconsistent lengths")
     if b_offsets[0] != 0 or b_offsets[nt] != <u64>p:
         raise ValueError("the posting offsets do not span the postings")
     for x in range(nt):
         if b_offsets[x] > b_offsets[x + 1] or (x and b_terms[x - 1] >= b_terms[x]):
             raise ValueError("the posting offsets or terms are out of order")
-    for x in range(1, m):
-        if t_terms[x - 1] > t_terms[x]:
-            raise ValueError("the new postings are not sorted by term")
-    terms = np.empty(nt + m, dtype=np.uint64)
-    offsets = np.empty(nt + m + 1, dtype=np.uint64)
-    rows = np.empty(p + m, dtype=np.uint32)
-    tfs = np.empty(p + m, dtype=np.uint16)
+    keep = []  # the runs' contiguous arrays, alive while their pointers are read
+    for run in runs:
+        t, rr, f = (np.ascontiguousarray(run[0], dtype=np.uint64),
+                    np.ascontiguousarray(run[1], dtype=np.uint32),
+                    np.ascontiguousarray(run[2], dtype=np.uint16))
+        if len(rr) != len(t) or len(f) != len(t):
+            raise ValueError("postings arrays have inconsistent lengths")
+        v_t = t
+        for x in range(1, len(t)):
+            if v_t[x - 1] > v_t[x]:
+                raise ValueError("the new postings are not sorted by term")
+        keep.append((t, rr, f))
+        total += len(t)
+    terms = np.empty(nt + total, dtype=np.uint64)
+    offsets = np.empty(nt + total + 1, dtype=np.uint64)
+    rows = np.empty(p + total, dtype=np.uint32)
+    tfs = np.empty(p + total, dtype=np.uint16)
     cdef u64[::1] o_terms = terms
     cdef u64[::1] o_off = offsets
     cdef u32[::1] o_rows = rows
     cdef u16[::1] o_tf = tfs
-    with nogil:
-        o_off[0] = 0
-        while i < nt or j < m:
-            if j >= m or (i < nt and b_terms[i] <= t_terms[j]):
-                term = b_terms[i]
-            else:
-                term = t_terms[j]
-            if i < nt and b_terms[i] == term:
-                a, e = b_offsets[i], b_offsets[i + 1]
-                for x in range(a, e):
-                    o_rows[out_p] = b_rows[x]
-                    o_tf[out_p] = b_tf[x]
-                    out_p += 1
-                i += 1
-            while j < m and t_terms[j] == term:
-                o_rows[out_p] = t_rows[j]
-                o_tf[out_p] = t_tf[j]
-                out_p += 1
-                j += 1
-            o_terms[out_t] = term
-            out_t += 1
-            o_off[out_t] = out_p
+    cdef const u64** rt = <const u64**>malloc(max(k, 1) * sizeof(u64*))
+    cdef const u32** rr_ = <const u32**>malloc(max(k, 1) * sizeof(u32*))
+    cdef const u16** rf = <const u16**>malloc(max(k, 1) * sizeof(u16*))
+    cdef Py_ssize_t* rn = <Py_ssize_t*>malloc(max(k, 1) * sizeof(Py_ssize_t))
+    cdef Py_ssize_t* rj = <Py_ssize_t*>malloc(max(k, 1) * sizeof(Py_ssize_t))
+    if not (rt and rr_ and rf and rn and rj):
+        free(rt); free(rr_); free(rf); free(rn); free(rj)
+        raise MemoryError()
+    try:
+        for r in range(k):
+            rn[r], rj[r] = len(keep[r][0]), 0
+            if rn[r]:
+                v_t, v_r, v_f = keep[r]
+                rt[r], rr_[r], rf[r] = &v_t[0], &v_r[0], &v_f[0]
+        with nogil:
+            o_off[0] = 0
+            while True:
+                # The smallest term at the heads (a few runs: a scan beats a heap).
+                have = i < nt
+                if have:
+                    term = b_terms[i]
+                for r in range(k):
+                    if rj[r] < rn[r] and (not have or rt[r][rj[r]] < term):
+                        term = rt[r][rj[r]]
+                        have = True
+                if not have:
+                    break
+                if i < nt and b_terms[i] == term:  # the base's postings first, then each run's
+                    a, e = b_offsets[i], b_offsets[i + 1]
+                    for x in range(a, e):
+                        o_rows[out_p] = b_rows[x]
+                        o_tf[out_p] = b_tf[x]
+                        out_p += 1
+                    i += 1
+                for r in range(k):
+                    j, m = rj[r], rn[r]
+                    while j < m and rt[r][j] == term:
+                        o_rows[out_p] = rr_[r][j]
+                        o_tf[out_p] = rf[r][j]
+                        out_p += 1
+                        j += 1
+                    rj[r] = j
+                o_terms[out_t] = term
+                out_t += 1
+                o_off[out_t] = out_p
+    finally:
+        free(rt); free(rr_); free(rf); free(rn); free(rj)
     return terms[:out_t], offsets[: out_t + 1], rows, tfs
 
 

@@ -63,6 +63,10 @@ def writer(path: str, seed: int, ack_path: str) -> None:
         os.write(ack_fd, (json.dumps(msg) + "\n").encode())
 
     rng = random.Random(seed)
+    if seed % 2:  # a small tail limit: writes start checkpoints in a thread (fastmem._checkpoint)
+        from fastmem import _index
+
+        _index.CHECKPOINT_TAIL_ROWS = 16
     ack("phase", "open")
     warnings.simplefilter("ignore")
     store = fastmem.open(path, durability="always", dim=4, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))

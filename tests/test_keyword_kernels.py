@@ -265,3 +265,49 @@ def test_sort_postings_matches_reference(pairs):
     for sort in (kw_ext.sort_postings, ref.sort_postings):
         with pytest.raises(ValueError):
             sort(terms, rows[:-1] if len(rows) else np.zeros(1, np.uint32), tf)
+
+
+_NO_POSTINGS = (np.zeros(0, np.uint64), np.zeros(1, np.uint64), np.zeros(0, np.uint32),
+                np.zeros(0, np.uint16))  # fmt: skip
+
+
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 5)), max_size=60),
+       st.lists(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 5)), max_size=40), max_size=6))  # fmt: skip
+def test_merge_postings_runs_matches_merging_each_run_in_turn(old, runs):
+    base = kw_ext.merge_postings(*_NO_POSTINGS, *_csr(*_pairs(old, 0)))
+    first, tails = len(old), []
+    for pairs in runs:
+        tails.append(kw_ext.sort_postings(*_pairs(pairs, first)))
+        first += len(pairs)
+    got = kw_ext.merge_postings_runs(*base, tails)
+    want = ref.merge_postings_runs(*base, tails)
+    folded = base
+    for tail in tails:
+        folded = kw_ext.merge_postings(*folded, *tail)
+    for g, w, f in zip(got, want, folded):
+        assert g.dtype == w.dtype == f.dtype and np.array_equal(g, w) and np.array_equal(g, f)
+    # brute force: every (term, row, tf) once, rows ascending within a term
+    terms, offsets, rows, tf = got
+    triples = [(int(terms[i]), int(rows[j]), int(tf[j]))
+               for i in range(len(terms)) for j in range(int(offsets[i]), int(offsets[i + 1]))]  # fmt: skip
+    every = [(t, r, f) for r, (t, f) in enumerate(old + [p for run in runs for p in run])]
+    assert triples == sorted(every)
+
+
+def _pairs(pairs, first_row):
+    terms = np.array([t for t, _ in pairs], dtype=np.uint64)
+    rows = np.arange(first_row, first_row + len(pairs), dtype=np.uint32)
+    tf = np.array([f for _, f in pairs], dtype=np.uint16)
+    return terms, rows, tf
+
+
+def test_merge_postings_runs_rejects_inconsistent_input():
+    good = _NO_POSTINGS
+    unsorted = (np.array([5, 3], np.uint64), np.arange(2, dtype=np.uint32), np.ones(2, np.uint16))
+    short = (np.array([3], np.uint64), np.arange(2, dtype=np.uint32), np.ones(2, np.uint16))
+    bad_base = (np.array([5, 3], np.uint64), np.array([0, 1, 2], np.uint64), np.zeros(2, np.uint32),
+                np.ones(2, np.uint16))  # fmt: skip
+    for merge in (kw_ext.merge_postings_runs, ref.merge_postings_runs):
+        for base, runs in ((good, [unsorted]), (good, [short]), (bad_base, [])):
+            with pytest.raises(ValueError):
+                merge(*base, runs)

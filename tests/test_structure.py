@@ -26,7 +26,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("_vectors", "_keyword", "_replay", "tokens"),  # tokens: cl100k_base by a kernel
     ("_index",),
     ("_vsearch",),
-    ("_items", "retrieval", "_files"),  # what add accepts; ranking; files around the store's two
+    ("_items", "retrieval", "_files", "_checkpoint"),  # what add accepts; ranking; files around
+    # the store's two; a bulk load's checkpoint written by a thread
     ("_engine",),  # the storage engine
     ("_figures", "_maintenance", "_supersede", "context"),  # over the engine
     ("store",),  # the facade

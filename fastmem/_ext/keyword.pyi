@@ -37,6 +37,15 @@ def merge_postings(
 ) -> tuple[
     npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16]
 ]: ...
+def merge_postings_runs(
+    b_terms: npt.NDArray[np.uint64],
+    b_offsets: npt.NDArray[np.uint64],
+    b_rows: npt.NDArray[np.uint32],
+    b_tf: npt.NDArray[np.uint16],
+    runs: list[tuple[npt.NDArray[np.uint64] | npt.NDArray[np.uint32] | npt.NDArray[np.uint16], ...]],
+) -> tuple[
+    npt.NDArray[np.uint64], npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16]
+]: ...
 def sort_postings(
     terms: npt.NDArray[np.uint64], rows: npt.NDArray[np.uint32], tf: npt.NDArray[np.uint16]
 ) -> tuple[npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16]]: ...
