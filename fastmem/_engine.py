@@ -41,15 +41,14 @@ from . import _kernels
 from ._checkpoint import Background, frozen
 from ._files import Retired, fsync_dir, map_same, pending_index, recover, releaser, remove_quietly
 from ._index import (
-    F_FLAGS, F_ID, F_IMPORTANCE, F_LENGTH, F_META, F_OFFSET, F_TS, MemoryIndex,
+    F_FLAGS, F_META, F_OFFSET, MemoryIndex, update_changes,
 )  # fmt: skip
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
-from ._items import Batch, f32, frame_batch, parse_id
-from ._replay import read_payload
+from ._items import Batch, decode_memory, f32, frame_batch, frame_changes, parse_id
 from ._threads import at_fork
 from .errors import (
-    CorruptIndexError, CorruptionError, CorruptRecordError, DimensionMismatchError,
+    CorruptionError, DimensionMismatchError,
     DurabilityError, EmbedderMismatchError, FormatVersionError, ReadOnlyError, RecoveryWarning,
     StoreClosedError, StoreForkedError, StoreLockedError, StoreNotFoundError, UnknownMemoryError,
 )  # fmt: skip
@@ -64,8 +63,6 @@ GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this lo
 # idle for up to a millisecond at every handoff between processes.
 _LOCK_POLL_FIRST = 0.00005
 _LOCK_POLL_MAX = 0.002
-
-_new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
 
 _fork_generation = 0
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
@@ -529,10 +526,14 @@ class Engine:
 
     # --- writing ------------------------------------------------------------------------
 
-    def commit_memories(self, batch: Batch, vectors16: np.ndarray | None) -> list[str]:
+    def commit_memories(
+        self, batch: Batch, vectors16: np.ndarray | None, change: tuple[int, dict[str, Any]] | None = None
+    ) -> list[str]:
         """Append the prepared memories as one write and apply them to the index, as one
         step: on any failure the file is cut back and the index reloaded (nothing was
-        acknowledged, and the next ids are the same ones). Returns their ids."""
+        acknowledged, and the next ids are the same ones). Returns their ids. ``change``:
+        an update record of live row ``g``, ``(g, payload)``, written last in the same write
+        (``_supersede``: the link from the old memory to the new one goes in with it)."""
         index = self.index
         n = len(batch)
         if vectors16 is not None:
@@ -545,6 +546,9 @@ class Engine:
         first_id = index.next_id
         n_types = len(index.user_types)
         rows, data, lengths, crcs = frame_batch(batch, index, first_id, vectors16)
+        if change is not None:
+            update, _, update_crc = frame_changes(fmt.KIND_UPDATE, [change[1]])
+            data += update
         try:
             start = self._append(data)
         except BaseException:
@@ -554,7 +558,13 @@ class Engine:
             rows["length"] = lengths
             rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
             index.append(rows, vectors16, batch.texts, quantized=batch.quantized, terms=batch.terms)
-            index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
+            if change is None:
+                index.note_applied(int(rows["offset"][-1]), int(lengths[-1]), int(crcs[-1]))
+            else:
+                (g, payload), at = change, start + len(data) - len(update)
+                self.note_change(g, index.row(g))
+                index.change(g, update_changes(index.row(g)[F_FLAGS], payload, at))
+                index.note_applied(at, len(update), int(update_crc[0]))
         except BaseException:
             self._undo_append(start)
             raise
@@ -654,10 +664,7 @@ class Engine:
 
     def append_change(self, kind: int, payload: dict[str, Any]) -> int:
         """Append one update or forget record; returns its offset."""
-        stored, raw_len = fmt.encode_payload(payload)
-        data, _, crcs = _kernels.frame_records(
-            kind, [stored], np.array([raw_len], dtype=np.uint32), None, None
-        )
+        data, _, crcs = frame_changes(kind, [payload])
         offset = self._append(data)
         self.index.note_applied(offset, len(data), int(crcs[0]))
         self.valid_end = self.dat_end
@@ -668,10 +675,7 @@ class Engine:
         index = self.index
         ids = index.column("id")[rows].tolist()
         flags = index.column("flags")
-        stored, raw_lens = zip(*(fmt.encode_payload({"i": mid, "t": now}) for mid in ids))
-        data, lengths, crcs = _kernels.frame_records(
-            fmt.KIND_FORGET, list(stored), np.array(raw_lens, dtype=np.uint32), None, None
-        )
+        data, lengths, crcs = frame_changes(fmt.KIND_FORGET, [{"i": mid, "t": now} for mid in ids])
         start = self._append(data)
         last = start + int(lengths[:-1].sum())
         for g in rows:
@@ -750,31 +754,12 @@ class Engine:
 
     def decode(self, row: tuple[Any, ...], buf: Any, offset: int, end: int) -> Memory:
         """The memory of ``row`` from its record at ``offset`` of ``buf`` (the data file's
-        map, or the index's hot section)."""
-        kind, _, p, record_end = read_payload(buf, offset, end, self.dat_path, precise=buf is self._dat)
-        if kind != fmt.KIND_MEMORY or p["i"] != row[F_ID] or record_end - offset != row[F_LENGTH]:
-            raise CorruptIndexError(
-                f"{self.idx_path}: row of memory m{row[F_ID]} points at another record "
-                f"(offset {row[F_OFFSET]}); delete the .idx file to rebuild it",
-                path=self.idx_path,
-            )
-        text = p.get("x")
-        if not isinstance(text, str):
-            raise CorruptRecordError(
-                f"{self.dat_path}: the record at offset {offset} has no text", offset=offset
-            )
-        metadata = p.get("m")
-        if row[F_META]:
-            _, update = fmt.read_record(self.data(), row[F_META], self.dat_end, self.dat_path)
-            if update.get("i") != row[F_ID]:
-                raise CorruptIndexError(f"{self.idx_path}: metadata of m{row[F_ID]} is misplaced")
-            metadata = update.get("m")
-        return _new_memory(
-            Memory,
-            (f"m{row[F_ID]}", text, p.get("y", "conversation"), row[F_TS], p.get("s"),
-             f32(row[F_IMPORTANCE]), bool(row[F_FLAGS] & fmt.FLAG_PINNED), metadata,
-             p.get("u")),
-        )  # fmt: skip
+        map, or the index's hot section), with its metadata update's (``decode_memory``)."""
+        def update() -> Any:
+            return fmt.read_record(self.data(), row[F_META], self.dat_end, self.dat_path)[1]
+
+        return decode_memory(row, buf, offset, end, update if row[F_META] else None, self.dat_path,
+                             self.idx_path, precise=buf is self._dat)  # fmt: skip
 
     def vector(self, row: tuple[Any, ...]) -> np.ndarray | None:
         """The stored vector of a live row (float32), or ``None`` when it has none."""
@@ -898,3 +883,4 @@ class Engine:
         if self._fd >= 0:
             os.close(self._fd)  # releases the writer lock
             self._fd = -1
+

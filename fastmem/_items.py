@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgpack
@@ -17,15 +17,31 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
-from ._index import default_importance, session_hash
+from ._index import (
+    F_FLAGS,
+    F_ID,
+    F_IMPORTANCE,
+    F_LENGTH,
+    F_OFFSET,
+    F_TS,
+    default_importance,
+    session_hash,
+)  # fmt: skip
 from ._keyword import tokenize
+from ._replay import read_payload
 from ._threads import Beside
 from ._vectors import to_float16, to_float16_quantized
 from .embed import Embedder
-from .errors import InvalidInputError, InvalidTypeError, UnknownMemoryError
+from .errors import (
+    CorruptIndexError,
+    CorruptRecordError,
+    InvalidInputError,
+    InvalidTypeError,
+    UnknownMemoryError,
+)
 from .summarize import KeySentences, Summarizer
 from .tokens import TokenCounter
-from .types import ContextPolicy
+from .types import ContextPolicy, Memory
 
 SUMMARY_TOKENS = 64  # a summary's bound, whoever writes it
 STORED_ENCODING = "cl100k_base"  # the token counts kept in the index; others count on demand
@@ -374,6 +390,51 @@ def frame_batch(
         None if vectors16 is None else vectors16.view(np.uint16), has_vector,
     )  # fmt: skip
     return rows, data, lengths, crcs
+
+
+def frame_changes(kind: int, payloads: list[dict[str, Any]]) -> tuple[bytes, np.ndarray, np.ndarray]:
+    """Update or forget records (``kind``) of ``payloads``, framed as ``frame_records`` does:
+    bytes, lengths, CRCs."""
+    stored, raw_lens = zip(*(fmt.encode_payload(payload) for payload in payloads))
+    return _kernels.frame_records(kind, list(stored), np.array(raw_lens, dtype=np.uint32), None, None)
+
+
+_new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
+
+
+def decode_memory(
+    row: tuple[Any, ...], buf: Any, offset: int, end: int, update: Callable[[], Any] | None,
+    dat_path: str, idx_path: str, *, precise: bool,
+) -> Memory:  # fmt: skip
+    """The memory of index row ``row`` from its record at ``offset`` of ``buf`` (``read_payload``'s
+    ``precise``), its metadata the one of the update record ``update()`` reads, if any.
+
+    Raises:
+        CorruptIndexError: the row points at another record, or at a misplaced update.
+        CorruptRecordError: the record is damaged or has no text.
+    """
+    kind, _, p, record_end = read_payload(buf, offset, end, dat_path, precise=precise)
+    if kind != fmt.KIND_MEMORY or p["i"] != row[F_ID] or record_end - offset != row[F_LENGTH]:
+        raise CorruptIndexError(
+            f"{idx_path}: row of memory m{row[F_ID]} points at another record "
+            f"(offset {row[F_OFFSET]}); delete the .idx file to rebuild it",
+            path=idx_path,
+        )
+    text = p.get("x")
+    if not isinstance(text, str):
+        raise CorruptRecordError(f"{dat_path}: the record at offset {offset} has no text", offset=offset)
+    metadata = p.get("m")
+    if update is not None:
+        changed = update()
+        if changed.get("i") != row[F_ID]:
+            raise CorruptIndexError(f"{idx_path}: metadata of m{row[F_ID]} is misplaced")
+        metadata = changed.get("m")
+    return _new_memory(
+        Memory,
+        (f"m{row[F_ID]}", text, p.get("y", "conversation"), row[F_TS], p.get("s"),
+         f32(row[F_IMPORTANCE]), bool(row[F_FLAGS] & fmt.FLAG_PINNED), metadata,
+         p.get("u")),
+    )  # fmt: skip
 
 
 def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:

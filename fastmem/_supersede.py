@@ -5,12 +5,11 @@ Paris", a corrected figure); the store keeps that link, and contexts show the ne
 version in place of the old one. Telling it from the texts alone was measured and does
 not work (README, recall: 4-18% precision), so the store does not guess.
 
-The link is the old memory's metadata key :data:`KEY` (the new memory's id), written by an
-ordinary update record right after the new memory's record, in the same hold of the
-writer lock. No new record kind or field: replay, compaction (which folds metadata into
+The link is the old memory's metadata key :data:`KEY` (the new memory's id), an ordinary
+update record right after the new memory's record, in the same write (one append: both
+or neither). No new record kind or field: replay, compaction (which folds metadata into
 the memory record), backups, exports and older readers carry it as any metadata. The old
-memory stays (``get`` and ``search`` find it: history questions still can). A crash
-between the two records leaves the new memory without the link; ``add`` had not returned.
+memory stays (``get`` and ``search`` find it: history questions still can).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from .export import SUPERSEDED_BY
 from .types import Memory
 
 KEY = SUPERSEDED_BY  # export names it: an import maps its ids
-_LONGEST_ID = "m" + "9" * 20  # the longest id fastmem makes: the metadata's size checked for it
 
 
 def write_update(engine: Engine, g: int, row: tuple[Any, ...], payload: dict[str, Any]) -> None:
@@ -46,14 +44,11 @@ def commit(engine: Engine, batch: Batch, vectors16: Any, old: str) -> list[str]:
         InvalidInputError: ``old``'s metadata would be over the size limit with the link.
     """
     g, row = engine.live_row(old)
-    metadata = check_metadata({**(_metadata(engine, g, row) or {}), KEY: _LONGEST_ID})
-    assert metadata is not None
-    [mid] = engine.commit_memories(batch, vectors16)
-    engine.finish_checkpoint()  # one the commit started writes rows the link changes
-    g, row = engine.live_row(old)  # read again: the commit may have moved the index's rows
-    metadata[KEY] = mid
-    write_update(engine, g, row, {"i": row[F_ID], "t": time.time(), "m": metadata})
-    return [mid]
+    # The id the new memory gets (commit_memories numbers from next_id, under the lock).
+    link = f"m{engine.index.next_id}"
+    metadata = check_metadata({**(_metadata(engine, g, row) or {}), KEY: link})
+    change = {"i": row[F_ID], "t": time.time(), "m": metadata}
+    return engine.commit_memories(batch, vectors16, (g, change))
 
 
 def keep_link(engine: Engine, g: int, row: tuple[Any, ...], metadata: Any) -> dict[str, Any] | None:

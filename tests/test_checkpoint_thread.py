@@ -291,14 +291,16 @@ def test_kills_at_random_moments_of_a_load_that_checkpoints_in_a_thread(
     assert _view(store_path) == _rebuilt_view(store_path, tmp_path)
 
 
-def test_a_supersedes_link_waits_for_the_checkpoint_its_add_started(store_path, started):
-    # The link changes the old memory's row: a thread writing a copy that shares the rows
-    # must have finished first (the add that reaches the limit starts one).
+def test_a_supersedes_link_goes_into_the_checkpoint_its_add_starts(store_path, started):
+    # The link changes the old memory's row in the same write as the new memory: applied
+    # before the add that reaches the limit freezes the index for the thread.
     with fastmem.open(store_path, dim=DIM) as store:
         ids = store.add_many(_items(0, 511))
         assert not started
         new = store.add("The user moved to Berlin.", embedding=np.ones(DIM, np.float32), supersedes=ids[0])
-        assert started and store._engine._background is None
+        assert started
+        store._engine.finish_checkpoint()
+        assert _header(store_path).rows == 512  # the thread's checkpoint holds both
         assert store.get(ids[0]).metadata["superseded_by"] == new
     with fastmem.open(store_path, dim=DIM) as store:
         assert store.get(ids[0]).metadata["superseded_by"] == new

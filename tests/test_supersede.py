@@ -6,6 +6,7 @@ metadata; contexts show the newest live version in its place, never both.
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -102,12 +103,34 @@ def test_a_forgotten_memory_cannot_be_superseded(store_path):
 
 def test_metadata_too_large_for_the_link_raises_and_writes_nothing(store_path):
     with _open(store_path) as store:
-        big = {"blob": "x" * (fmt_limit() - 40)}
+        big = {"blob": "x" * (fmt_limit() - 12)}  # fits; with the link ("m2"), ~14 bytes over
         old = store.add("Lives in Paris.", metadata=big)
         size = os.path.getsize(store.dat_path)
         with pytest.raises(InvalidInputError):
             store.add("Moved to Berlin.", supersedes=old)
         assert os.path.getsize(store.dat_path) == size and len(store) == 1
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_a_failed_write_keeps_neither_the_memory_nor_the_link(store_path, short):
+    # The new memory and the old one's link are one append: a full disk at its write, or
+    # part-way through it (half written, then the rest fails), leaves neither.
+    from faults import Faults
+
+    with _open(store_path, durability="always") as store:
+        old = store.add("The user lives in Paris.")
+        size = os.path.getsize(store.dat_path)
+        with Faults(fail_at=1, errno_=errno.ENOSPC, only=("write",), short=short) as faults:
+            with pytest.raises(fastmem.StoreFullError):
+                store.add("The user moved to Berlin.", supersedes=old)
+        assert len(faults.calls) == 1 + short
+        assert os.path.getsize(store.dat_path) == size and len(store) == 1
+        assert store.get(old).metadata is None
+        with Faults(only=("write",)) as faults:
+            new = store.add("The user moved to Berlin.", supersedes=old)
+        assert len(faults.calls) == 1  # both records in one append
+    with _open(store_path) as store:
+        assert store.get(old).metadata == {"superseded_by": new} and store.verify().ok
 
 
 def fmt_limit() -> int:
