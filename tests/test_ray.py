@@ -72,6 +72,20 @@ def _items(n, tag="x"):
     return [{"text": f"memory {tag} {i}", "type": "fact"} for i in range(n)]
 
 
+def test_a_shard_writes_a_supersedes_link_with_its_memory(tmp_path):
+    """A cluster store's ``add(..., supersedes=)`` reaches the shard as a batch of one item:
+    the shard writes it with ``add`` (``add_many`` takes no link); other batches as before."""
+    from fastmem.ray._shard import add_items
+
+    with fastmem.open(str(tmp_path / "s"), embedder=None) as store:
+        [old] = add_items(store, [{"text": "The user lives in Paris.", "type": "fact"}])
+        [new] = add_items(store, [{"text": "The user moved to Berlin.", "supersedes": old}])
+        assert store.get(old).metadata == {"superseded_by": new}
+        assert add_items(store, _items(2)) == [f"m{int(new[1:]) + 1}", f"m{int(new[1:]) + 2}"]
+        with pytest.raises(fastmem.InvalidInputError, match="unknown keys"):
+            add_items(store, [{"text": "x", "supersedes": old, "colour": "red"}])
+
+
 def test_the_op_log_remembers_results_across_reopen(tmp_path):
     log = _oplog.OpLog(str(tmp_path))
     log.intent("op1", _items(2))

@@ -170,6 +170,8 @@ class RemoteStore:
     # --- writes ------------------------------------------------------------------------
 
     def add(self, text: str, *, op_id: str | None = None, **fields: Any) -> str:
+        if fields.get("supersedes", ...) is None:  # add's default, not an item key
+            del fields["supersedes"]
         ids: list[str] = self.add_many([{"text": text, **fields}], op_id=op_id)
         return ids[0]
 

@@ -50,6 +50,20 @@ STATELESS_JOBS = frozenset({"freeze", "thaw"})  # idempotent by the store's stat
 RESTORED = "ray-restored.json"  # beside a restored store: which job op restored it
 
 
+# The keys of ``MemoryStore.add``: a batch of one such item that supersedes another memory
+# goes through ``add`` (``add_many`` takes no link; the link is written in the same append).
+_ADD_KEYS = frozenset({"text", "type", "timestamp", "session", "importance", "pinned", "metadata",
+                       "summary", "embedding", "supersedes"})  # fmt: skip
+
+
+def add_items(store: Any, items: list[dict[str, Any]]) -> list[str]:
+    """``store.add_many(items)``, or ``add`` for one item with a ``supersedes`` link."""
+    if len(items) == 1 and items[0].get("supersedes") is not None and _ADD_KEYS.issuperset(items[0]):
+        return [store.add(**items[0])]
+    result: list[str] = store.add_many(items)
+    return result
+
+
 @dataclasses.dataclass
 class _Open:
     store: Any
@@ -291,7 +305,7 @@ class Shard:
             if found is None:
                 ops.intent(op, items)
                 try:
-                    found = store.add_many(items)
+                    found = add_items(store, items)
                 except FastmemError:
                     ops.abandon(op)  # checked before anything is written: nothing was
                     raise
