@@ -451,7 +451,11 @@ def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | Non
     nothing but the names would be left. Only a capitalised name is one: the user a
     question in the first person is about is not named by the word "user" ("How do I add
     user login?" asks about logins, not about the speaker)."""
-    names = _names(engine, ranked, query)
+    return _without(query, _names(engine, ranked, query))
+
+
+def _without(query: str, names: list[str]) -> str | None:
+    """``query`` without ``names`` (see :func:`without_names`)."""
     if not names:
         return None
     name = re.compile(r"\b(?:" + "|".join(map(re.escape, names)) + r")(?:['\u2019]s)?\b")
@@ -497,10 +501,11 @@ def answer(
         engine.check()
         first = _rank(engine, policy, query, vector, degraded, session)
         second = vector is not None and embedder is not None and policy.other_speaker < 1
-        rest = without_names(engine, first[0], query) if second else None
+        names = _names(engine, first[0], query) if second else []
+        rest = _without(query, names)
         if rest is None:
             return _pack(engine, policy, query, first, session, budget, counter, stored_counts, exclude, touch)
-        words = rest if len(_names(engine, first[0], query)) > 1 else query
+        words = rest if len(names) > 1 else query
     assert embedder is not None
     vector = retrieval.query_vector(embedder, rest)
     with engine.lock:
