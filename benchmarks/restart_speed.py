@@ -7,6 +7,12 @@ embeddings), the two systems alternating so that the machine's noise hits both a
 Prints the median, p95 and minimum of each and fastmem's ratio to SQLite; with
 ``--baseline DIR``, also the fastmem of another checkout (e.g. main's), in the same rounds.
 
+Each child runs ``gc.collect()`` after its imports, before the clock (both systems alike;
+``--no-collect`` leaves it out). Without it, where Python's first cyclic collection falls
+depends on what the child allocated before the clock (its imports, even the checkout's
+path), and one that falls inside the ~0.5 ms restart adds to that run alone: a lottery
+that is neither system's doing.
+
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. python benchmarks/restart_speed.py 100k --runs 40 --baseline /work/main
 
 The stores are built once (compare.py's adapters: fastmem with the vectors given and no
@@ -71,7 +77,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40, help="fresh processes per system")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--baseline", help="a checkout whose fastmem is timed too (same store)")
+    parser.add_argument("--no-collect", action="store_true", help="no gc.collect() before the clocks")
     args = parser.parse_args()
+    if not args.no_collect:  # inherited by every child (compare.child_restart reads it)
+        os.environ["FASTMEM_BENCH_COLLECT"] = "1"
     (n,) = workload.parse_sizes(args.size)
     folders = build(n, args.rebuild)
     systems = [("fastmem", folders["fastmem"], None), ("sqlite", folders["sqlite"], None)]
@@ -84,7 +93,8 @@ def main() -> None:
         for label, folder, source in systems:
             runs[label].append(restart_ms(label.split()[0], folder, source))
     load = os.getloadavg()[0]
-    print(f"{n:,} memories, {args.runs} fresh processes each, alternating; load average {load:.1f}")
+    how = "" if args.no_collect else "; gc.collect() before the clock"
+    print(f"{n:,} memories, {args.runs} fresh processes each, alternating{how}; load average {load:.1f}")
     print("| system | median ms | p95 ms | min ms |\n|---|---:|---:|---:|")
     for name, ms in runs.items():
         print(f"| {name} | {statistics.median(ms):.3f} | {percentile(ms, 0.95):.3f} | {min(ms):.3f} |")
