@@ -751,7 +751,8 @@ def prepare_batch(items: list[Any], now: float, fallback: Any) -> tuple[Any, ...
 
     ``fallback(i, item, now)`` (``fastmem._items.prepare``) checks one item, raising the
     error that names it, and returns its ``Prepared``; this reference calls it for every
-    item (the compiled twin only for item shapes it does not take itself). Returns
+    item (the compiled twin only for item shapes it does not take itself, which include
+    every item with metadata or a summary: ``fastmem._items.Batch`` counts on it). Returns
     ``(payloads, texts, embeddings, type_names, type_index, sessions, session_index,
     importance, flags, timestamps)``: per item its payload dict, text and embedding (or
     None); the distinct type names in order of first use and each item's index into them
