@@ -155,7 +155,7 @@ def test_every_item_with_a_summary_is_checked_by_the_fallback(batch):
     for kernel in (ext.prepare_batch, ref.prepare_batch):
         called: list[int] = []
 
-        def fallback(i, item, now):
+        def fallback(i, item, now, called=called):
             called.append(i)
             return _items.prepare(i, item, now)
 
