@@ -783,6 +783,11 @@ def prepare_batch(items: list[Any], now: float, fallback: Any) -> tuple[Any, ...
             session_index, importance, flags, timestamps)  # fmt: skip
 
 
+def memory_ids(first: int, n: int) -> list[str]:
+    """The ids of ``n`` memories numbered from ``first``: ``["m<first>", ...]``."""
+    return [f"m{number}" for number in range(first, first + n)]
+
+
 def gather_vectors(vectors: list[Any], dim: int) -> np.ndarray | None:
     """The vectors stacked into one C-ordered float32 (n, length) array, when every one is a
     1-D, C-contiguous, native-order float32 ``numpy.ndarray`` (no subclass) of length

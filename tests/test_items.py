@@ -279,3 +279,11 @@ def test_a_large_batch_counts_its_texts_beside_and_stores_them_as_one_by_one(sto
         for mid, item in zip(ids[::97], items[::97]):
             assert store.info(mid).text_tokens == counter.count(item["text"])
         assert [h.id for h in store.search("note 300", k=1, mode="keyword")] == [ids[300]]
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 30))
+def test_memory_ids_agree_with_the_reference(first, n):
+    n = min(n, 2**64 - first)
+    got = ext.memory_ids(first, n)
+    assert got == ref.memory_ids(first, n) == ["m" + str(first + i) for i in range(n)]
+    assert all(type(mid) is str and mid.isascii() and {mid: 1}[f"m{first + i}"] for i, mid in enumerate(got))
