@@ -410,15 +410,13 @@ cdef class Cl100kCounter:
 
     cdef Table table
     cdef object _encode
-    cdef Memo* memos[MEMO_POOL]  # kept between calls, each free for any thread to take
+    # Memos kept between calls, each free for any thread to take: taken and given back
+    # under the GIL (no lock of their own that a fork() could leave held in a child).
+    cdef Memo* memos[MEMO_POOL]
     cdef int n_memos
-    cdef PyThread_type_lock memo_lock
 
     def __cinit__(self, encoding):
         self.n_memos = 0
-        self.memo_lock = PyThread_allocate_lock()
-        if self.memo_lock == NULL:
-            raise MemoryError()
         self.table.slots = NULL
         self.table.tails = NULL
         self.table.pairs = NULL
@@ -479,32 +477,24 @@ cdef class Cl100kCounter:
         while self.n_memos:
             self.n_memos -= 1
             PyMem_RawFree(self.memos[self.n_memos])
-        if self.memo_lock != NULL:
-            PyThread_free_lock(self.memo_lock)
 
-    cdef Memo* take_memo(self) noexcept nogil:
-        """A memo for this thread alone until give_memo: one kept from an earlier call, else
-        a new one (NULL: out of memory; counting goes on without one)."""
-        cdef Memo* memo = NULL
-        PyThread_acquire_lock(self.memo_lock, WAIT_LOCK)
+    cdef Memo* take_memo(self) noexcept:
+        """(With the GIL.) A memo for this thread alone until give_memo: one kept from an
+        earlier call, else a new one (NULL: out of memory; counting goes on without one)."""
         if self.n_memos:
             self.n_memos -= 1
-            memo = self.memos[self.n_memos]
-        PyThread_release_lock(self.memo_lock)
-        if memo == NULL:
-            memo = <Memo*>PyMem_RawCalloc(MEMO_SLOTS, sizeof(Memo))
-        return memo
+            return self.memos[self.n_memos]
+        return <Memo*>PyMem_RawCalloc(MEMO_SLOTS, sizeof(Memo))
 
-    cdef void give_memo(self, Memo* memo) noexcept nogil:
+    cdef void give_memo(self, Memo* memo) noexcept:
+        """(With the GIL.) Keep ``memo`` for the next call (beyond MEMO_POOL: freed)."""
         if memo == NULL:
             return
-        PyThread_acquire_lock(self.memo_lock, WAIT_LOCK)
         if self.n_memos < MEMO_POOL:
             self.memos[self.n_memos] = memo
             self.n_memos += 1
-            memo = NULL
-        PyThread_release_lock(self.memo_lock)
-        PyMem_RawFree(memo)
+        else:
+            PyMem_RawFree(memo)
 
     def count(self, text) -> int:
         """The number of tokens of ``text`` (special tokens counted as plain text)."""
@@ -543,13 +533,13 @@ cdef class Cl100kCounter:
                 else:
                     data[i] = NULL
                     lengths[i] = -1
+            if m >= MEMO_MIN_TEXTS:
+                memo = self.take_memo()
             with nogil:
-                if m >= MEMO_MIN_TEXTS:
-                    memo = self.take_memo()
                 for i in range(m):
                     if data[i] != NULL:
                         lengths[i] = count_ascii(t, memo, data[i], lengths[i])
-                self.give_memo(memo)
+            self.give_memo(memo)
             encode = self._encode
             return [lengths[i] if lengths[i] >= 0 else len(encode(held[i])) for i in range(m)]
         finally:
@@ -625,10 +615,10 @@ cdef class SharedCount:
         cdef Py_ssize_t s, i, a, b, mine = 0
         if local == NULL:
             raise MemoryError()
+        if self.m >= MEMO_MIN_TEXTS:
+            memo = self.counter.take_memo()
         try:
             with nogil:
-                if self.m >= MEMO_MIN_TEXTS:
-                    memo = self.counter.take_memo()
                 while True:
                     PyThread_acquire_lock(self.lock, WAIT_LOCK)
                     s = self._take(steal)
@@ -646,8 +636,8 @@ cdef class SharedCount:
                         self.state[s] = 2
                         mine += 1
                     PyThread_release_lock(self.lock)
-                self.counter.give_memo(memo)
         finally:
+            self.counter.give_memo(memo)
             PyMem_Free(local)
         return mine
 

@@ -221,6 +221,46 @@ def test_memos_kept_between_calls_and_shared_by_threads(encoding: Any) -> None:
         assert got[i] == expected[i % 5 :] + expected[: i % 5]
 
 
+def test_a_child_forked_while_threads_count_counts(encoding: Any) -> None:
+    """The memos are taken and given back under the GIL, no lock of their own: a child
+    forked while threads count with the counter counts too (with the memos left in the
+    pool; one a thread of the parent held is not in it)."""
+    import os
+    import threading
+    import time
+
+    counter = _counter()
+    rng = random.Random(5)
+    texts = [" ".join("".join(rng.choices("aeioubcdfgklmnprst", k=rng.randint(2, 9)))
+                      for _ in range(12)) for _ in range(3_000)]  # fmt: skip
+    expected = oracle(encoding, texts)
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter.count_many(texts)
+
+    workers = [threading.Thread(target=spin) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.05)
+    pid = os.fork()
+    if pid == 0:  # the child: only this thread
+        ok = list(counter.count_many(texts)) == expected
+        ok = ok and list(counter.shared(texts).counts()) == expected
+        os._exit(0 if ok else 1)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] and os.waitstatus_to_exitcode(done[1]) == 0
+
+
 def test_non_ascii_goes_to_tiktoken(counter: Any, encoding: Any) -> None:
     texts = ["caf\u00e9 au lait", "\u4f60\u597d\uff0c\u4e16\u754c", "emoji \U0001f600 here",
              "\u00a0non-breaking", "zero\u200bwidth", "it\u2019s", "line\u2028sep", "\x85next",
