@@ -571,7 +571,7 @@ class Engine:
         self.valid_end = self.dat_end
         if index.tail.n >= index.tail_limit():
             self._checkpoint_beside()
-        return [f"m{mid}" for mid in range(first_id, first_id + n)]
+        return _kernels.memory_ids(first_id, n)
 
     def _checkpoint_beside(self) -> None:
         """At the tail's limit: checkpoint from a thread while writes go on (fastmem._checkpoint);

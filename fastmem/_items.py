@@ -262,12 +262,23 @@ class Batch:
 
     __slots__ = ("payloads", "texts", "embeddings", "type_names", "type_index", "sessions",
                  "session_index", "importance", "flags", "timestamps", "text_tokens",
-                 "summary_tokens", "quantized", "terms")  # fmt: skip
+                 "summary_tokens", "quantized", "terms", "summarized")  # fmt: skip
 
     def __init__(self, items: list[Any], now: float) -> None:
+        # The items given a summary: every such item is checked by ``prepare`` (the
+        # compiled prepare_batch takes only items without one), so a bulk load's payloads
+        # need not be looked at one by one for a summary.
+        self.summarized: list[int] = []
+
+        def checked(i: int, item: Any, now: float) -> Prepared:
+            prepared = prepare(i, item, now)
+            if "u" in prepared.payload:
+                self.summarized.append(i)
+            return prepared
+
         (self.payloads, self.texts, self.embeddings, self.type_names, self.type_index,
          self.sessions, self.session_index, self.importance, self.flags,
-         self.timestamps) = _kernels.prepare_batch(items, now, prepare)  # fmt: skip
+         self.timestamps) = _kernels.prepare_batch(items, now, checked)  # fmt: skip
         # Set by summarize_and_count's result: the token counts of texts and summaries.
         self.text_tokens = self.summary_tokens = np.zeros(0, dtype=np.uint32)
         # The index's int8 rows and scales, and the texts' keyword terms, when made before
@@ -317,14 +328,14 @@ def prepare_commit(batch: Batch, embedder: Embedder | None, summarizer: Summariz
         if helper is not None:
             helper.discard()  # not started yet: it never runs
     batch.text_tokens, batch.summary_tokens = summarize_and_count(
-        batch.payloads, summarizer, tokens, text_counts
+        batch.payloads, summarizer, tokens, text_counts, batch.summarized
     )
     return vectors16
 
 
 def summarize_and_count(
     payloads: list[dict[str, Any]], summarizer: Summarizer | None, tokens: TokenCounter,
-    text_counts: list[int] | None = None,
+    text_counts: list[int] | None = None, given: list[int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Give each payload its summary (unless it has one); returns the token counts of the
     texts and of the summaries (0: none), as uint32 arrays: the payloads' ``"k"``.
@@ -332,32 +343,38 @@ def summarize_and_count(
     Every text is encoded once, in one batch (``text_counts``: counted already). The
     default summarizer (:class:`KeySentences` counting with ``tokens``) returns no summary
     for a text of at most its ``max_tokens`` tokens: such texts are not passed to it, so
-    they are not encoded a second time."""
-    if text_counts is None:
-        text_counts = tokens.count_many([p["x"] for p in payloads])
+    they are not encoded a second time. ``given``: the payloads that came with a summary,
+    ascending (None: each payload is looked at)."""
+    counts = np.array(
+        tokens.count_many([p["x"] for p in payloads]) if text_counts is None else text_counts,
+        dtype=np.uint32,
+    )
+    if given is None:
+        given = [j for j, p in enumerate(payloads) if "u" in p]
+    summed = list(given)  # the payloads with a summary
     if summarizer is not None:
         if isinstance(summarizer, KeySentences) and summarizer.count == tokens.count:
-            limit = summarizer.max_tokens
-            todo = [p for p, n in zip(payloads, text_counts) if n > limit and "u" not in p]
+            long = np.flatnonzero(counts > summarizer.max_tokens).tolist()
+            todo = [j for j in long if "u" not in payloads[j]]
         else:
-            todo = [p for p in payloads if "u" not in p]
-        made = summarizer.summarize([p["x"] for p in todo]) if todo else []
+            todo = [j for j, p in enumerate(payloads) if "u" not in p]
+        made = summarizer.summarize([payloads[j]["x"] for j in todo]) if todo else []
         if not isinstance(made, list) or len(made) != len(todo):
             raise InvalidInputError("the summarizer must return a list: one summary or None per text")
-        for payload, summary in zip(todo, made):
+        for j, summary in zip(todo, made):
             if summary is None:
                 continue
             if not isinstance(summary, str):
                 raise InvalidTypeError(f"the summarizer returned a {type(summary).__name__}, not a str")
             summary = tokens.truncate(summary.strip(), SUMMARY_TOKENS)
-            if summary and summary != payload["x"]:
+            if summary and summary != payloads[j]["x"]:
                 check_utf8(summary, "the summary")
-                payload["u"] = summary
-    summaries = [(j, p["u"]) for j, p in enumerate(payloads) if "u" in p]
+                payloads[j]["u"] = summary
+                summed.append(j)
     summary_counts = np.zeros(len(payloads), dtype=np.uint32)
-    if summaries:
-        summary_counts[[j for j, _ in summaries]] = tokens.count_many([u for _, u in summaries])
-    return np.array(text_counts, dtype=np.uint32), summary_counts
+    if summed:
+        summary_counts[summed] = tokens.count_many([payloads[j]["u"] for j in summed])
+    return counts, summary_counts
 
 
 def frame_batch(
@@ -442,30 +459,34 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
     the items without an embedding are embedded in one call. Sets ``batch.quantized``, the
     index's int8 rows and scales of them (made in the same pass)."""
     embeddings = batch.embeddings
-    given = [j for j, e in enumerate(embeddings) if e is not None]
-    if len(given) < len(embeddings) and embedder is not None:
+    # The common case first: every item has a float32 array (one copy, no list per item).
+    stacked = _kernels.gather_vectors(embeddings, dim)
+    given = None if stacked is not None else [j for j, e in enumerate(embeddings) if e is not None]
+    if given is not None and len(given) < len(embeddings) and embedder is not None:
         missing = [j for j, e in enumerate(embeddings) if e is None]
         encoded = embedder.encode([batch.texts[j] for j in missing])
         for j, vec in zip(missing, encoded):
             embeddings[j] = vec
-        given = list(range(len(embeddings)))
-    if not given:
+        given = None
+    if given is not None and not given:
         return None
-    rows = embeddings if len(given) == len(embeddings) else [embeddings[j] for j in given]
-    stacked = _kernels.gather_vectors(rows, dim)  # the common case: float32 arrays, one copy
+    every = given is None or len(given) == len(embeddings)
+    rows = embeddings if every else [embeddings[j] for j in given]  # type: ignore[union-attr]
+    if stacked is None:
+        stacked = _kernels.gather_vectors(rows, dim)
     try:
         half, q, scales = to_float16_quantized(rows if stacked is None else stacked, dim)
     except InvalidInputError as exc:
         row = getattr(exc, "row", None)
         if row is not None:
-            raise InvalidInputError(f"item {given[row]}: {exc}") from None
-        for j in given:  # find the item to name in the message
+            raise InvalidInputError(f"item {row if given is None else given[row]}: {exc}") from None
+        for j in range(len(embeddings)) if given is None else given:  # find the item to name
             try:
                 to_float16([embeddings[j]], dim)
             except InvalidInputError as item_exc:
                 raise type(item_exc)(f"item {j}: {item_exc}") from None
         raise InvalidInputError("embeddings have different lengths") from None
-    if len(given) == len(embeddings):
+    if every:
         vectors = half
         batch.flags |= fmt.FLAG_HAS_VECTOR
     else:

@@ -41,6 +41,7 @@ merge_postings_runs = _kernels_py.merge_postings_runs
 sort_postings = _kernels_py.sort_postings
 prepare_batch = _kernels_py.prepare_batch
 gather_vectors = _kernels_py.gather_vectors
+memory_ids = _kernels_py.memory_ids
 Cl100kCounter = _kernels_py.Cl100kCounter
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
@@ -48,7 +49,7 @@ _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payl
           "delta_header", "hot_section", "idx_open", "unpack", "pack_memories",
           "topk_int8", "dot_half", "to_half", "quantize_half", "to_half_quantized", "importance",
           "tokenize_batch", "bm25_topk", "merge_postings", "merge_postings_runs", "sort_postings",
-          "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip
+          "prepare_batch", "gather_vectors", "memory_ids", "Cl100kCounter")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -760,7 +760,8 @@ def prepare_batch(items: list[Any], now: float, fallback: Any) -> tuple[Any, ...
 
     ``fallback(i, item, now)`` (``fastmem._items.prepare``) checks one item, raising the
     error that names it, and returns its ``Prepared``; this reference calls it for every
-    item (the compiled twin only for item shapes it does not take itself). Returns
+    item (the compiled twin only for item shapes it does not take itself, which include
+    every item with metadata or a summary: ``fastmem._items.Batch`` counts on it). Returns
     ``(payloads, texts, embeddings, type_names, type_index, sessions, session_index,
     importance, flags, timestamps)``: per item its payload dict, text and embedding (or
     None); the distinct type names in order of first use and each item's index into them
@@ -789,6 +790,11 @@ def prepare_batch(items: list[Any], now: float, fallback: Any) -> tuple[Any, ...
         timestamps[i] = prepared.payload["t"]
     return (payloads, texts, embeddings, list(type_ids), type_index, list(session_ids),
             session_index, importance, flags, timestamps)  # fmt: skip
+
+
+def memory_ids(first: int, n: int) -> list[str]:
+    """The ids of ``n`` memories numbered from ``first``: ``["m<first>", ...]``."""
+    return [f"m{number}" for number in range(first, first + n)]
 
 
 def gather_vectors(vectors: list[Any], dim: int) -> np.ndarray | None:

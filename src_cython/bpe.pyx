@@ -19,6 +19,7 @@ from libc.string cimport memcmp, memcpy, memmove, memset
 
 cdef extern from "Python.h":
     void* PyMem_RawMalloc(size_t n) nogil
+    void* PyMem_RawCalloc(size_t n, size_t size) nogil
     void PyMem_RawFree(void* p) nogil
     bint PyUnicode_IS_ASCII(object o)
     void* PyUnicode_DATA(object o)
@@ -335,8 +336,11 @@ cdef Py_ssize_t merge_large(const Table* t, const uint8_t* piece, Py_ssize_t n) 
     return count
 
 
-# A batch remembers the counts of the short pieces it had to merge (a word that is no single
-# token comes back text after text): a direct-mapped table per call, so no thread shares one.
+# The counts of short pieces are remembered (a word comes back text after text, and most of
+# a bulk load's words are no single token: merged pair by pair, they cost the most): a
+# direct-mapped table, kept by the counter for its next calls (Cl100kCounter.take_memo) and
+# used by one thread at a time. An entry is the count of the piece it names, whichever call
+# made it.
 cdef struct Memo:
     uint64_t head
     uint64_t rest  # bytes 8 to 16, zero-padded
@@ -344,9 +348,10 @@ cdef struct Memo:
     uint32_t count
 
 cdef enum:
-    MEMO_SLOTS = 16384  # 384 KB: stays in the L2 cache beside the hot part of the ranks
+    MEMO_SLOTS = 65536  # 1.5 MB (twice as many slots: ~15% faster again on the workload, at 3 MB)
     MEMO_BYTES = 16  # the longest piece remembered
-    MEMO_MIN_TEXTS = 64  # a smaller batch does not repay clearing the memo
+    MEMO_MIN_TEXTS = 64  # a smaller batch does not repay taking a memo
+    MEMO_POOL = 4  # memos a counter keeps: one per thread counting at the same time
 
 
 cdef inline Py_ssize_t count_piece(const Table* t, Memo* memo, const uint8_t* p,
@@ -361,15 +366,17 @@ cdef inline Py_ssize_t count_piece(const Table* t, Memo* memo, const uint8_t* p,
         return merge_large(t, p, n)  # not one token either: none is this long
     head = load_head(p, n)
     h = hash_bytes(head, p, n)
-    if find(t, p, n, head, h) != RANK_MAX:
-        return 1  # most pieces are one token
     if memo == NULL or n > MEMO_BYTES:
+        if find(t, p, n, head, h) != RANK_MAX:
+            return 1  # most pieces are one token
         return merge_small(t, p, n)
+    # The memo first, for every piece: it stays in the L2 cache, where the ranks' table (4 MB)
+    # does not, and a batch's words repeat.
     rest = load_head(p + 8, n - 8) if n > 8 else 0
     m = &memo[(h >> 40) & (MEMO_SLOTS - 1)]
     if m.length == n and m.head == head and m.rest == rest:
         return m.count
-    k = merge_small(t, p, n)
+    k = 1 if find(t, p, n, head, h) != RANK_MAX else merge_small(t, p, n)
     m.head = head
     m.rest = rest
     m.length = <uint32_t>n
@@ -403,8 +410,13 @@ cdef class Cl100kCounter:
 
     cdef Table table
     cdef object _encode
+    # Memos kept between calls, each free for any thread to take: taken and given back
+    # under the GIL (no lock of their own that a fork() could leave held in a child).
+    cdef Memo* memos[MEMO_POOL]
+    cdef int n_memos
 
     def __cinit__(self, encoding):
+        self.n_memos = 0
         self.table.slots = NULL
         self.table.tails = NULL
         self.table.pairs = NULL
@@ -462,6 +474,27 @@ cdef class Cl100kCounter:
         PyMem_Free(self.table.slots)
         PyMem_Free(self.table.tails)
         PyMem_Free(self.table.pairs)
+        while self.n_memos:
+            self.n_memos -= 1
+            PyMem_RawFree(self.memos[self.n_memos])
+
+    cdef Memo* take_memo(self) noexcept:
+        """(With the GIL.) A memo for this thread alone until give_memo: one kept from an
+        earlier call, else a new one (NULL: out of memory; counting goes on without one)."""
+        if self.n_memos:
+            self.n_memos -= 1
+            return self.memos[self.n_memos]
+        return <Memo*>PyMem_RawCalloc(MEMO_SLOTS, sizeof(Memo))
+
+    cdef void give_memo(self, Memo* memo) noexcept:
+        """(With the GIL.) Keep ``memo`` for the next call (beyond MEMO_POOL: freed)."""
+        if memo == NULL:
+            return
+        if self.n_memos < MEMO_POOL:
+            self.memos[self.n_memos] = memo
+            self.n_memos += 1
+        else:
+            PyMem_RawFree(memo)
 
     def count(self, text) -> int:
         """The number of tokens of ``text`` (special tokens counted as plain text)."""
@@ -487,12 +520,9 @@ cdef class Cl100kCounter:
         cdef Py_ssize_t* lengths = <Py_ssize_t*>PyMem_Malloc((m + 1) * sizeof(Py_ssize_t))
         cdef const Table* t = &self.table
         cdef Memo* memo = NULL
-        if m >= MEMO_MIN_TEXTS:
-            memo = <Memo*>PyMem_Calloc(MEMO_SLOTS, sizeof(Memo))
-        if data == NULL or lengths == NULL or (m >= MEMO_MIN_TEXTS and memo == NULL):
+        if data == NULL or lengths == NULL:
             PyMem_Free(data)
             PyMem_Free(lengths)
-            PyMem_Free(memo)
             raise MemoryError()
         try:
             for i in range(m):
@@ -503,16 +533,18 @@ cdef class Cl100kCounter:
                 else:
                     data[i] = NULL
                     lengths[i] = -1
+            if m >= MEMO_MIN_TEXTS:
+                memo = self.take_memo()
             with nogil:
                 for i in range(m):
                     if data[i] != NULL:
                         lengths[i] = count_ascii(t, memo, data[i], lengths[i])
+            self.give_memo(memo)
             encode = self._encode
             return [lengths[i] if lengths[i] >= 0 else len(encode(held[i])) for i in range(m)]
         finally:
             PyMem_Free(data)
             PyMem_Free(lengths)
-            PyMem_Free(memo)
 
 
 cdef enum:
@@ -584,10 +616,7 @@ cdef class SharedCount:
         if local == NULL:
             raise MemoryError()
         if self.m >= MEMO_MIN_TEXTS:
-            memo = <Memo*>PyMem_Calloc(MEMO_SLOTS, sizeof(Memo))
-            if memo == NULL:
-                PyMem_Free(local)
-                raise MemoryError()
+            memo = self.counter.take_memo()
         try:
             with nogil:
                 while True:
@@ -608,7 +637,7 @@ cdef class SharedCount:
                         mine += 1
                     PyThread_release_lock(self.lock)
         finally:
-            PyMem_Free(memo)
+            self.counter.give_memo(memo)
             PyMem_Free(local)
         return mine
 

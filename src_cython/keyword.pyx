@@ -10,6 +10,7 @@ import numpy as np
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from libc.math cimport log
 from libc.stdlib cimport free, malloc, qsort
+from libc.string cimport memcpy, memset
 
 from _types cimport u8, u16, u32, i64, u64, f64
 from _heap cimport worse, sift_down, sift_up
@@ -355,15 +356,131 @@ def merge_postings_runs(
     return terms[:out_t], offsets[: out_t + 1], rows, tfs
 
 
+# Grouping by term (below) gives up, for the radix sort, past this share of distinct terms:
+# its table then no longer fits the cache, and the distinct terms' own sort costs more.
+cdef enum:
+    GROUP_MIN = 4096  # postings: fewer are radix-sorted (the table's setup is not worth it)
+    GROUP_MAX_SHARE = 8  # at most one distinct term per 8 postings
+
+
 def sort_postings(const u64[:] terms, const u32[:] rows, const u16[:] tf):
-    """Compiled twin of fastmem._kernels_py.sort_postings (LSD radix sort: stable)."""
+    """Compiled twin of fastmem._kernels_py.sort_postings (stable).
+
+    A bulk load's postings repeat their words (~18 per memory from a vocabulary of tens of
+    thousands): they are grouped by term in a hash table and placed by a counting sort over
+    the distinct terms (two passes over the postings, the distinct terms sorted on their
+    own), ~4x faster at 1 M postings than the 8 passes of the LSD radix sort that orders
+    any other input (issue 21). Both keep the rows of a term in their order."""
+    cdef Py_ssize_t n = terms.shape[0]
+    if rows.shape[0] != n or tf.shape[0] != n:
+        raise ValueError("postings arrays have inconsistent lengths")
+    if n >= GROUP_MIN:
+        grouped = _group_postings(terms, rows, tf)
+        if grouped is not None:
+            return grouped
+    return _radix_postings(terms, rows, tf)
+
+
+cdef object _group_postings(const u64[:] terms, const u32[:] rows, const u16[:] tf):
+    # sort_postings by a hash table of the distinct terms; None when there are more than
+    # n / GROUP_MAX_SHARE of them.
+    cdef Py_ssize_t n = terms.shape[0], i, limit = n // GROUP_MAX_SHARE, m = 0, pos
+    cdef Py_ssize_t cap = 1024, slot, r
+    cdef int shift = 64 - 10
+    cdef u64 key, MIX = 0x9E3779B97F4A7C15ULL
+    cdef u32 id_
+    cdef bint too_many = False
+    cdef u64* keys = <u64*>malloc((limit + 1) * sizeof(u64))  # each distinct term, by id
+    cdef i64* starts = <i64*>malloc((limit + 1) * sizeof(i64))  # postings per id, then next place
+    cdef u32* ids = <u32*>malloc(n * sizeof(u32))  # each posting's term id
+    cdef u32* table = <u32*>malloc(cap * sizeof(u32))  # id + 1 per slot; 0: empty
+    cdef u32* grown
+    try:
+        if keys == NULL or starts == NULL or ids == NULL or table == NULL:
+            raise MemoryError()
+        with nogil:
+            memset(table, 0, cap * sizeof(u32))
+            for i in range(n):
+                key = terms[i]
+                slot = <Py_ssize_t>((key * MIX) >> shift)
+                while True:
+                    id_ = table[slot]
+                    if id_ == 0 or keys[id_ - 1] == key:
+                        break
+                    slot = (slot + 1) & (cap - 1)
+                if id_ == 0:  # a new term
+                    if m == limit:
+                        too_many = True
+                        break
+                    keys[m], starts[m] = key, 0
+                    m += 1
+                    id_ = <u32>m
+                    table[slot] = id_
+                    if 2 * m > cap:  # keep the table at most half full: rebuild it twice as big
+                        grown = <u32*>malloc(2 * cap * sizeof(u32))
+                        if grown == NULL:
+                            too_many = True  # the radix sort needs no table
+                            break
+                        free(table)
+                        table, cap, shift = grown, 2 * cap, shift - 1
+                        memset(table, 0, cap * sizeof(u32))
+                        for r in range(m):
+                            slot = <Py_ssize_t>((keys[r] * MIX) >> shift)
+                            while table[slot] != 0:
+                                slot = (slot + 1) & (cap - 1)
+                            table[slot] = <u32>(r + 1)
+                ids[i] = id_ - 1
+                starts[id_ - 1] += 1
+        if too_many:
+            return None
+        distinct = np.empty(m, dtype=np.uint64)
+        if m:
+            memcpy(_u64_data(distinct), keys, m * sizeof(u64))
+        order = np.argsort(distinct)  # distinct keys: any sort gives the one order
+        out_t = np.empty(n, dtype=np.uint64)
+        out_r = np.empty(n, dtype=np.uint32)
+        out_f = np.empty(n, dtype=np.uint16)
+        _place(order, keys, starts, ids, terms, rows, tf, out_t, out_r, out_f)
+        return out_t, out_r, out_f
+    finally:
+        free(keys); free(starts); free(ids); free(table)
+
+
+cdef void _place(const i64[::1] order, const u64* keys, i64* starts, const u32* ids,
+                 const u64[:] terms, const u32[:] rows, const u16[:] tf, u64[::1] out_t,
+                 u32[::1] out_r, u16[::1] out_f) noexcept:
+    # The counting sort's placing pass: starts[id] holds each term's count, turned into
+    # where its postings go (terms in ``order``), each posting then put at its term's next
+    # place, in input order (stable).
+    cdef Py_ssize_t m = order.shape[0], n = out_t.shape[0], r, i
+    cdef i64 pos = 0, c, p
+    cdef u32 id_
+    with nogil:
+        for r in range(m):
+            c = starts[order[r]]
+            starts[order[r]] = pos
+            pos += c
+        for i in range(n):
+            id_ = ids[i]
+            p = starts[id_]
+            starts[id_] = p + 1
+            out_t[p] = keys[id_]
+            out_r[p] = rows[i]
+            out_f[p] = tf[i]
+
+
+cdef inline void* _u64_data(object a):
+    cdef u64[::1] view = a
+    return &view[0]
+
+
+cdef object _radix_postings(const u64[:] terms, const u32[:] rows, const u16[:] tf):
+    # sort_postings by an LSD radix sort on the terms' 8 bytes.
     cdef Py_ssize_t n = terms.shape[0], i, d, pos, c
     cdef int pass_
     cdef u64 key
     cdef Py_ssize_t[8][256] counts
     cdef bint in_tmp = False
-    if rows.shape[0] != n or tf.shape[0] != n:
-        raise ValueError("postings arrays have inconsistent lengths")
     out_t = np.empty(n, dtype=np.uint64)
     out_r = np.empty(n, dtype=np.uint32)
     out_f = np.empty(n, dtype=np.uint16)

@@ -67,7 +67,7 @@ cdef i64 _unit_halves(const f32[:, ::1] x, u16[:, ::1] h, i8[:, ::1] q, f32[::1]
     cdef f64 acc, inv
     cdef i64 bad = -1
     cdef bint quantized = q is not None
-    cdef f64 sums[4]
+    cdef f64 sums[8]
     cdef Py_ssize_t k, rows
     if dim == 0:  # no row has a norm
         return 0 if n else -1
@@ -79,10 +79,13 @@ cdef i64 _unit_halves(const f32[:, ::1] x, u16[:, ::1] h, i8[:, ::1] q, f32[::1]
             i = 0
             while i < n and bad < 0:
                 # Each row's squares are summed strictly in index order (the reference's
-                # order: the same bits); four rows at a time, so that four sums are under
-                # way at once instead of one add waiting for the one before.
-                rows = 4 if i + 4 <= n else 1
-                if rows == 4:
+                # order: the same bits); eight rows at a time, so that eight sums are under
+                # way at once instead of one add waiting for the one before (four: ~0.08
+                # µs a row more, at 384 floats).
+                rows = 8 if i + 8 <= n else (4 if i + 4 <= n else 1)
+                if rows == 8:
+                    _sum_squares8(&x[i, 0], dim, sums)
+                elif rows == 4:
                     _sum_squares4(&x[i, 0], dim, sums)
                 else:
                     sums[0] = _sum_squares(&x[i, 0], dim)
@@ -123,6 +126,23 @@ cdef inline void _sum_squares4(const f32* row, Py_ssize_t dim, f64* sums) noexce
         a2 = a2 + <f64>r2[j] * <f64>r2[j]
         a3 = a3 + <f64>r3[j] * <f64>r3[j]
     sums[0], sums[1], sums[2], sums[3] = a0, a1, a2, a3
+
+
+cdef inline void _sum_squares8(const f32* row, Py_ssize_t dim, f64* sums) noexcept nogil:
+    # _sum_squares4 of rows row .. row + 7 dim at once.
+    cdef f64 a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0, a4 = 0.0, a5 = 0.0, a6 = 0.0, a7 = 0.0
+    cdef Py_ssize_t j
+    for j in range(dim):
+        a0 = a0 + <f64>row[j] * <f64>row[j]
+        a1 = a1 + <f64>row[dim + j] * <f64>row[dim + j]
+        a2 = a2 + <f64>row[2 * dim + j] * <f64>row[2 * dim + j]
+        a3 = a3 + <f64>row[3 * dim + j] * <f64>row[3 * dim + j]
+        a4 = a4 + <f64>row[4 * dim + j] * <f64>row[4 * dim + j]
+        a5 = a5 + <f64>row[5 * dim + j] * <f64>row[5 * dim + j]
+        a6 = a6 + <f64>row[6 * dim + j] * <f64>row[6 * dim + j]
+        a7 = a7 + <f64>row[7 * dim + j] * <f64>row[7 * dim + j]
+    sums[0], sums[1], sums[2], sums[3] = a0, a1, a2, a3
+    sums[4], sums[5], sums[6], sums[7] = a4, a5, a6, a7
 
 
 cdef inline void _scaled(const f32* row, Py_ssize_t dim, f64 inv, f32* unit) noexcept nogil:

@@ -189,6 +189,78 @@ def test_a_batch_of_pieces_alike_but_for_their_end(counter: Any, encoding: Any) 
     assert counter.count_many(texts) == oracle(encoding, texts)
 
 
+def test_memos_kept_between_calls_and_shared_by_threads(encoding: Any) -> None:
+    """A counter keeps its memos of merged pieces for its next calls, each memo used by one
+    thread at a time: a piece that an earlier call left, or one alike but for its end that
+    took its slot since, is counted as itself; so are the pieces of threads that count with
+    the same counter at once (each takes a memo of its own)."""
+    import threading
+
+    counter = _counter()
+    rng = random.Random(11)
+    batches = [
+        [" qzxjvkwp" + "".join(rng.choices(string.ascii_lowercase, k=rng.randint(1, 7))) + " blorvik"
+         for _ in range(2_000)]
+        for _ in range(5)
+    ]  # fmt: skip
+    expected = [oracle(encoding, texts) for texts in batches]
+    for k in [*range(5), *reversed(range(5))]:
+        assert counter.count_many(batches[k]) == expected[k]
+    got: dict[int, list[list[int]]] = {}
+
+    def count(i: int) -> None:
+        got[i] = [list(counter.count_many(t)) if i % 2 else _count_shared(counter.shared(t), 2)
+                  for t in batches[i % 5 :] + batches[: i % 5]]  # fmt: skip
+
+    workers = [threading.Thread(target=count, args=(i,)) for i in range(6)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    for i in range(6):
+        assert got[i] == expected[i % 5 :] + expected[: i % 5]
+
+
+def test_a_child_forked_while_threads_count_counts(encoding: Any) -> None:
+    """The memos are taken and given back under the GIL, no lock of their own: a child
+    forked while threads count with the counter counts too (with the memos left in the
+    pool; one a thread of the parent held is not in it)."""
+    import os
+    import threading
+    import time
+
+    counter = _counter()
+    rng = random.Random(5)
+    texts = [" ".join("".join(rng.choices("aeioubcdfgklmnprst", k=rng.randint(2, 9)))
+                      for _ in range(12)) for _ in range(3_000)]  # fmt: skip
+    expected = oracle(encoding, texts)
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            counter.count_many(texts)
+
+    workers = [threading.Thread(target=spin) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.05)
+    pid = os.fork()
+    if pid == 0:  # the child: only this thread
+        ok = list(counter.count_many(texts)) == expected
+        ok = ok and list(counter.shared(texts).counts()) == expected
+        os._exit(0 if ok else 1)
+    stop.set()
+    for worker in workers:
+        worker.join()
+    deadline = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert done[0] and os.waitstatus_to_exitcode(done[1]) == 0
+
+
 def test_non_ascii_goes_to_tiktoken(counter: Any, encoding: Any) -> None:
     texts = ["caf\u00e9 au lait", "\u4f60\u597d\uff0c\u4e16\u754c", "emoji \U0001f600 here",
              "\u00a0non-breaking", "zero\u200bwidth", "it\u2019s", "line\u2028sep", "\x85next",

@@ -147,6 +147,36 @@ def test_prepare_batch_agrees_with_the_reference(batch):
     assert _outcome(ext.prepare_batch, batch) == _outcome(ref.prepare_batch, batch)
 
 
+@given(st.lists(items(), max_size=6))
+def test_every_item_with_a_summary_is_checked_by_the_fallback(batch):
+    """Batch learns which items came with a summary from the calls of prepare_batch's
+    fallback (a bulk load's payloads are not looked at one by one): both backends pass
+    every such item to it."""
+    for kernel in (ext.prepare_batch, ref.prepare_batch):
+        called: list[int] = []
+
+        def fallback(i, item, now, called=called):
+            called.append(i)
+            return _items.prepare(i, item, now)
+
+        try:
+            payloads = kernel(list(batch), NOW, fallback)[0]
+        except fastmem.FastmemError:
+            continue
+        summarized = [j for j, p in enumerate(payloads) if "u" in p]
+        assert set(summarized) <= set(called)
+    try:
+        assert _items.Batch(list(batch), NOW).summarized == summarized
+    except fastmem.FastmemError:
+        pass
+
+
+def test_a_batch_knows_its_items_given_a_summary():
+    batch = [{"text": "a"}, {"text": "b", "summary": "s"}, {"text": "c", "metadata": {"k": 1}},
+             {"text": "d", "summary": "t", "session": "x"}, {"text": "e"}]  # fmt: skip
+    assert _items.Batch(batch, NOW).summarized == [1, 3]
+
+
 def test_prepare_batch_raises_for_the_first_bad_item_in_order():
     batch = [{"text": "fine"}, {"text": "fine", "importance": 2.0}, {"text": ""}]
     for kernel in (ext.prepare_batch, ref.prepare_batch):
@@ -249,3 +279,11 @@ def test_a_large_batch_counts_its_texts_beside_and_stores_them_as_one_by_one(sto
         for mid, item in zip(ids[::97], items[::97]):
             assert store.info(mid).text_tokens == counter.count(item["text"])
         assert [h.id for h in store.search("note 300", k=1, mode="keyword")] == [ids[300]]
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(0, 30))
+def test_memory_ids_agree_with_the_reference(first, n):
+    n = min(n, 2**64 - first)
+    got = ext.memory_ids(first, n)
+    assert got == ref.memory_ids(first, n) == ["m" + str(first + i) for i in range(n)]
+    assert all(type(mid) is str and mid.isascii() and {mid: 1}[f"m{first + i}"] for i, mid in enumerate(got))

@@ -267,6 +267,29 @@ def test_sort_postings_matches_reference(pairs):
             sort(terms, rows[:-1] if len(rows) else np.zeros(1, np.uint32), tf)
 
 
+@pytest.mark.parametrize("distinct", [1, 3, 700, 1_400, 6_000])
+def test_sort_postings_large_matches_reference(distinct):
+    # 12,000 postings (over the compiled kernel's GROUP_MIN): few distinct terms are grouped
+    # in its hash table (700 and 1,400 grow it), 6,000 are more than it takes (radix sort);
+    # term 0 and 2**64 - 1 are terms like any other.
+    rng = np.random.default_rng(distinct)
+    vocab = rng.integers(0, 2**64, distinct, dtype=np.uint64, endpoint=False)
+    vocab[0], vocab[-1] = 0, 2**64 - 1
+    terms = vocab[rng.integers(0, distinct, 12_000)]
+    rows = rng.permutation(12_000).astype(np.uint32)  # any order: the sort keeps it
+    tf = rng.integers(1, 9, 12_000).astype(np.uint16)
+    got = kw_ext.sort_postings(terms, rows, tf)
+    want = ref.sort_postings(terms, rows, tf)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    # brute force: Python's sort is stable
+    assert list(zip(*(a.tolist() for a in got))) == sorted(
+        zip(terms.tolist(), rows.tolist(), tf.tolist()), key=lambda p: p[0]
+    )
+    strided = kw_ext.sort_postings(np.repeat(terms, 2)[::2], np.repeat(rows, 2)[::2], tf)
+    assert all(np.array_equal(g, s) for g, s in zip(got, strided))
+
+
 _NO_POSTINGS = (np.zeros(0, np.uint64), np.zeros(1, np.uint64), np.zeros(0, np.uint32),
                 np.zeros(0, np.uint16))  # fmt: skip
 

@@ -1,4 +1,5 @@
-# Stubs of the compiled item kernels; twins of fastmem._kernels_py.prepare_batch / gather_vectors.
+# Stubs of the compiled item kernels; twins of fastmem._kernels_py.prepare_batch / gather_vectors /
+# memory_ids.
 from typing import Any
 
 import numpy as np
@@ -8,3 +9,4 @@ CONSTANTS: dict[str, Any]
 
 def prepare_batch(items: list[Any], now: float, fallback: Any) -> tuple[Any, ...]: ...
 def gather_vectors(vectors: list[Any], dim: int) -> npt.NDArray[np.float32] | None: ...
+def memory_ids(first: int, n: int) -> list[str]: ...
