@@ -8,6 +8,7 @@ gives with the same store read from its data file alone (the index deleted: rebu
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import shutil
 import signal
@@ -394,3 +395,41 @@ def test_a_delta_its_slot_names_stays_when_the_last_sync_fails(store_path, monke
             writer.close()
         except fastmem.DurabilityError:
             pass
+
+
+class _AdvisedMap:
+    """A data file's map that records what was advised and what was read, in order."""
+
+    def __init__(self, dat) -> None:
+        self.dat, self.log = dat, []
+
+    def madvise(self, option, start, length):
+        self.log.append(("advise", option, start, start + length))
+        return self.dat.madvise(option, start, length)
+
+    def __getitem__(self, key):
+        self.log.append(("read", key.start, key.stop))
+        return self.dat[key]
+
+    def __len__(self):
+        return len(self.dat)
+
+
+def test_the_hot_section_reads_each_record_after_asking_for_it_alone(store_path):
+    """Read through the map, a record not in the page cache is read with the kernel's
+    read-around (read_ahead_kb: 8 MB on this project's machines): the 128 newest memories,
+    scattered through a bulk load's data file, read all of it back into memory (a close of
+    a 300k store opened cold: 138-549 ms and 258 MB, against 35 ms advised)."""
+    with fastmem.open(store_path, dim=DIM) as store:
+        store.add_many(_items(0, 300))
+        dat = _AdvisedMap(store._engine.data())
+        store._engine.index._hot(dat)
+    reads = [entry for entry in dat.log if entry[0] == "read"]
+    assert len(reads) == fmt.HOT_MEMORIES
+    advised = []
+    for entry in dat.log:
+        if entry[0] == "advise":
+            assert entry[1] == mmap.MADV_WILLNEED and entry[2] % mmap.PAGESIZE == 0
+            advised.append(entry[2:])
+        else:
+            assert any(a <= entry[1] and entry[2] <= b for a, b in advised)
