@@ -340,11 +340,12 @@ class MemoryIndex:
         hot_rows, hot_records = [], []
         for g in self.by_time(newest_first=True):
             row = self.row(g)
-            if hasattr(dat, "madvise"):  # this record alone: a miss in the map reads 8 MB around
-                start = row[F_OFFSET] - row[F_OFFSET] % mmap.PAGESIZE
-                dat.madvise(mmap.MADV_WILLNEED, start, row[F_OFFSET] + row[F_LENGTH] - start)
+            at, end = row[F_OFFSET], row[F_OFFSET] + row[F_LENGTH]
+            if hasattr(dat, "madvise") and at < end <= len(dat):  # (a damaged row: read as before)
+                # This record alone: a miss in the map would read 8 MB around it (read_ahead_kb)
+                dat.madvise(mmap.MADV_WILLNEED, at - at % mmap.PAGESIZE, end - at + at % mmap.PAGESIZE)
             hot_rows.append(fmt.INDEX_ROW.pack(*row))
-            hot_records.append(bytes(dat[row[F_OFFSET] : row[F_OFFSET] + row[F_LENGTH]]))
+            hot_records.append(bytes(dat[at:end]))
             if len(hot_rows) == fmt.HOT_MEMORIES:
                 break
         return fmt.pack_hot(hot_rows, hot_records)
