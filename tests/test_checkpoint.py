@@ -308,7 +308,6 @@ def test_a_version_1_index_is_read_then_replaced_by_version_2(tmp_path, fixture,
         assert [m.text for m in store.recent(2)] == ["and another", "a new memory"]
 
 
-
 def test_damaged_changed_rows_rebuild_the_index(store_path, tmp_path):
     ids = _build(store_path)
     with fastmem.open(store_path, dim=DIM) as store:
@@ -433,3 +432,44 @@ def test_the_hot_section_reads_each_record_after_asking_for_it_alone(store_path)
             advised.append(entry[2:])
         else:
             assert any(a <= entry[1] and entry[2] <= b for a, b in advised)
+
+
+def test_a_failed_checkpoint_leaves_no_merge_of_the_postings_running(store_path, monkeypatch):
+    """A full checkpoint merges the keyword postings on the helper thread while it writes
+    the rows. When a write fails first, save() must not return while that merge still runs
+    on the live keyword index: the next call would change the index under it (a fault
+    sweep's verify() then found the postings' offsets wrong)."""
+    import threading
+    import time
+
+    from fastmem import _kernels
+
+    started, running = threading.Event(), []
+    real_merge = _kernels.merge_postings_runs
+
+    def slow_merge(*args):
+        running.append(1)
+        started.set()
+        time.sleep(0.3)
+        try:
+            return real_merge(*args)
+        finally:
+            running.pop()
+
+    def failing_write(f, arr):
+        started.wait(10)  # the merge is under way, on the helper thread or in this one
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with fastmem.open(store_path, dim=DIM) as store:
+        ids = store.add_many(_items(0, 300))
+        before = store.search("hotel budget", 5, mode="keyword")
+        monkeypatch.setattr(_kernels, "merge_postings_runs", slow_merge)
+        monkeypatch.setattr(_index, "_write", failing_write)
+        with pytest.raises(OSError):
+            store.checkpoint()
+        assert running == []  # nothing of the failed checkpoint runs on after it
+        monkeypatch.undo()
+        assert store.search("hotel budget", 5, mode="keyword") == before
+        assert [m.id for m in store] == ids
+    with fastmem.open(store_path, readonly=True) as store:
+        assert store.verify().ok
