@@ -37,6 +37,7 @@ system pays for a model there.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -450,6 +451,8 @@ def child_restart(name: str, folder: str) -> dict[str, Any]:
     if prepare is not None:  # untimed (SQLite's lean table)
         prepare(path)
     restart = getattr(cls, "restart", None)
+    if os.environ.get("FASTMEM_BENCH_FREEZE"):  # restart_speed.py's children (see there)
+        gc.freeze()
     t0 = time.perf_counter()
     if restart is not None:  # fastmem and SQLite: as a user restarts (see each)
         texts, close = restart(path)

@@ -7,6 +7,15 @@ embeddings), the two systems alternating so that the machine's noise hits both a
 Prints the median, p95 and minimum of each and fastmem's ratio to SQLite; with
 ``--baseline DIR``, also the fastmem of another checkout (e.g. main's), in the same rounds.
 
+Each child runs ``gc.freeze()`` after its imports, before the clock (both systems alike;
+``--no-freeze`` leaves it out): it sets the collector's counts to zero and frees nothing.
+Without it, where Python's first cyclic collection falls depends on what the child
+allocated before the clock (its imports, even the checkout's path), and one that falls
+inside the ~0.5 ms restart adds to that run alone: a lottery that is neither system's
+doing (main's child reached the clock with 559 young objects, a branch with one module
+more 655, and its restart then ran a collection at 700). ``gc.collect()`` instead is not neutral: what it frees is given back, and SQLite's
+restart then took ~0.1 ms longer (0.65-0.68 against 0.56-0.57 ms, 60 runs each).
+
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE PYTHONPATH=. python benchmarks/restart_speed.py 100k --runs 40 --baseline /work/main
 
 The stores are built once (compare.py's adapters: fastmem with the vectors given and no
@@ -71,7 +80,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=40, help="fresh processes per system")
     parser.add_argument("--rebuild", action="store_true")
     parser.add_argument("--baseline", help="a checkout whose fastmem is timed too (same store)")
+    parser.add_argument("--no-freeze", action="store_true", help="no gc.freeze() before the clocks")
     args = parser.parse_args()
+    if not args.no_freeze:  # inherited by every child (compare.child_restart reads it)
+        os.environ["FASTMEM_BENCH_FREEZE"] = "1"
     (n,) = workload.parse_sizes(args.size)
     folders = build(n, args.rebuild)
     systems = [("fastmem", folders["fastmem"], None), ("sqlite", folders["sqlite"], None)]
@@ -84,7 +96,8 @@ def main() -> None:
         for label, folder, source in systems:
             runs[label].append(restart_ms(label.split()[0], folder, source))
     load = os.getloadavg()[0]
-    print(f"{n:,} memories, {args.runs} fresh processes each, alternating; load average {load:.1f}")
+    how = "" if args.no_freeze else "; gc.freeze() before the clock"
+    print(f"{n:,} memories, {args.runs} fresh processes each, alternating{how}; load average {load:.1f}")
     print("| system | median ms | p95 ms | min ms |\n|---|---:|---:|---:|")
     for name, ms in runs.items():
         print(f"| {name} | {statistics.median(ms):.3f} | {percentile(ms, 0.95):.3f} | {min(ms):.3f} |")

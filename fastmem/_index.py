@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import _format as fmt
-from . import _kernels
+from . import _idxopen, _kernels
 from ._io import map_data
 from ._keyword import KeywordIndex
 from ._replay import (  # noqa: F401 - F_* and the helpers are imported from here too
@@ -35,7 +35,7 @@ from ._tail import NO_ROWS as _NO_ROWS
 from ._tail import Tail
 from ._threads import Beside
 from ._vectors import quantize
-from .errors import CorruptIndexError, CorruptRecordError
+from .errors import CorruptIndexError
 from .types import Problem
 
 def _write(f: Any, arr: np.ndarray) -> None:
@@ -195,60 +195,31 @@ class MemoryIndex:
         # The descriptor stays open as long as the map: a compaction that replaces the file
         # closes it last, where freeing the file's cached pages need not hold the GIL.
         closer = weakref.finalize(mm, os.close, fd)
-        # The compiled parsers answer for valid bytes; fmt's say what is wrong (issue 21).
-        h = _kernels.idx_header(mm, fmt.IdxHeader) or fmt.unpack_idx_header(mm, path)
-        layout = fmt.header_layout(h)
-        # Version 2 files end with the commit slots and deltas (see docs/FORMAT.md); a file
-        # written without them (or by version 1) ends where its sections do.
-        with_slots = h.version >= 2 and size >= fmt.deltas_at(layout)
-        if layout.size != size and not with_slots:
-            raise CorruptIndexError(f"{path} has {size} bytes, its header says {layout.size}")
-        if h.uuid != uuid:
-            raise CorruptIndexError(f"{path} belongs to another data file", path=path)
-        if dat_dim and h.dim not in (0, dat_dim):
-            raise CorruptIndexError(f"{path} disagrees with its data file on the dimension")
-        slot = None
-        if with_slots:
-            at = fmt.slots_at(layout)
-            slot = (_kernels.current_slot(mm, at, fmt.Slot) or fmt.current_slot(mm, at))[1]
-        delta = dl = None
-        if slot is not None:
-            if not fmt.deltas_at(layout) <= slot.offset <= size - slot.length:
-                raise CorruptIndexError(f"{path}: the commit slot points outside the file", path=path)
-            delta = _kernels.delta_header(mm, slot.offset, fmt.DeltaHeader)
-            delta = delta or fmt.unpack_delta_header(mm, slot.offset, path)
-            dl = fmt.delta_layout(delta, h.dim)
-            if dl.size != slot.length or delta.live > h.rows + delta.rows:
-                raise CorruptIndexError(f"{path}: the delta's header is damaged", path=path)
+        # The compiled twin answers for a valid file in one call; the reference says what
+        # is wrong with another (fastmem._idxopen, issue 21).
+        opened = _kernels.idx_open(mm, size, uuid, dat_dim, dat, dat_end, _idxopen.TYPES)
+        h, layout, with_slots, slot, delta, dl, types, hot, base_last_id = (
+            opened or _idxopen.open_index(mm, size, path, uuid, dat_dim, dat, dat_end)
+        )
         state = h if delta is None else delta
-        _check_covers(path, dat, dat_end, state.covered, state.last_offset, state.last_crc)
         index = cls(h.dim, uuid)
         index.file_closer = closer
         index._mapped_fd = fd
         index.n_base = h.rows
         index._base_spec = (mm, layout, h.dim)
         index._base_spec_path = path
-        types, hot = (layout.types, h.types_len), (layout.hot, h.hot_len)
-        if delta is not None and dl is not None and slot is not None:
-            types, hot = (slot.offset + dl.types, delta.types_len), (slot.offset + dl.hot, delta.hot_len)
-        for name in fmt.unpack_types(mm[types[0] : types[0] + types[1]], path):
+        for name in fmt.unpack_types(types, path):
             index._add_type(name)
-        index.hot = _kernels.hot_section(mm, hot[0], hot[1], fmt.HotSection)
-        if index.hot is None:  # empty, or damaged: the parser says which
-            index.hot = fmt.unpack_hot(memoryview(mm)[hot[0] : hot[0] + hot[1]], path)
+        index.hot = hot
         index._base_bytes = memoryview(mm)[layout.rows : layout.rows + h.rows * fmt.INDEX_DTYPE.itemsize]
-        next_id = h.next_id if delta is None else delta.next_id
-        if h.rows:
-            index._base_last_id = fmt.INDEX_ROW.unpack_from(index._base_bytes, (h.rows - 1) * fmt.INDEX_DTYPE.itemsize)[F_ID]
-            if index._base_last_id >= next_id:
-                raise CorruptIndexError(f"{path}: the id counter is behind the rows", path=path)
+        index._base_last_id = base_last_id
         if h.keyword_version:
             index._keyword_section = (mm, h, layout)
         elif h.rows:  # written before indexes had postings: tokenize the base meanwhile
             index.keyword = KeywordIndex.build_in_background(
                 np.frombuffer(mm, fmt.INDEX_DTYPE, h.rows, layout.rows), dat, path
             )
-        index.live, index.next_id = state.live, next_id
+        index.live, index.next_id = state.live, state.next_id
         index.covered = index.applied = state.covered
         index.last_offset, index.last_crc = state.last_offset, state.last_crc
         if delta is not None and dl is not None and slot is not None:
@@ -832,19 +803,6 @@ def _increasing_below(values: np.ndarray, limit: int) -> bool:
         v = values.tolist()
         return v[-1] < limit and all(a < b for a, b in pairwise(v))
     return int(values[-1]) < limit and bool((values[1:] > values[:-1]).all())
-
-
-def _check_covers(path: str, dat: Any, dat_end: int, covered: int, last_offset: int, last_crc: int) -> None:
-    """Refuse an index (or delta) that covers data the data file does not hold (stale)."""
-    if not fmt.DAT_HEADER_SIZE <= covered <= dat_end:
-        raise CorruptIndexError(f"{path} covers more than its data file holds (stale)")
-    if covered > fmt.DAT_HEADER_SIZE:
-        try:
-            last = fmt.parse_record_header(dat, last_offset, dat_end, path)
-        except CorruptRecordError:
-            last = None
-        if last is None or last_offset + last.length != covered or last.crc != last_crc:
-            raise CorruptIndexError(f"{path} does not match its data file (stale)")
 
 
 def _check_base(rows: np.ndarray, order: np.ndarray, path: str) -> None:

@@ -30,6 +30,7 @@ idx_header = _kernels_py.idx_header
 current_slot = _kernels_py.current_slot
 delta_header = _kernels_py.delta_header
 hot_section = _kernels_py.hot_section
+idx_open = _kernels_py.idx_open
 unpack = _kernels_py.unpack
 pack_memories = _kernels_py.pack_memories
 importance = _kernels_py.importance
@@ -44,7 +45,7 @@ Cl100kCounter = _kernels_py.Cl100kCounter
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
           "file_size", "read_memory", "read_hot", "dat_header", "idx_header", "current_slot",
-          "delta_header", "hot_section", "unpack", "pack_memories",
+          "delta_header", "hot_section", "idx_open", "unpack", "pack_memories",
           "topk_int8", "dot_half", "to_half", "quantize_half", "to_half_quantized", "importance",
           "tokenize_batch", "bm25_topk", "merge_postings", "merge_postings_runs", "sort_postings",
           "prepare_batch", "gather_vectors", "Cl100kCounter")  # fmt: skip

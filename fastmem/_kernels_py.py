@@ -42,6 +42,7 @@ from ._format import (
     unpack_hot,
     unpack_idx_header,
 )
+from ._idxopen import open_index
 from .errors import CorruptionError, FormatVersionError
 
 
@@ -474,6 +475,14 @@ def delta_header(buf: Any, at: int, cls: type) -> Any:
     try:
         return cls(*unpack_delta_header(buf, at, ""))
     except CorruptionError:
+        return None
+
+
+def idx_open(buf: Any, size: int, uuid: bytes, dat_dim: int, dat: Any, dat_end: int, types: tuple[type, ...]) -> Any:
+    # The reference itself makes fastmem._format's named tuples, which ``types`` names.
+    try:
+        return open_index(buf, size, "", uuid, dat_dim, dat, dat_end)
+    except (CorruptionError, FormatVersionError):
         return None
 
 

@@ -1,7 +1,8 @@
 # cython: language_level=3
 """Compiled parse of the fixed headers a restart reads: the data file's header, the index
 file's header, its two commit slots, the header of the delta a slot names, and the table
-of the index's hot section (the newest memories' rows and records).
+of the index's hot section (the newest memories' rows and records); and ``idx_open``, the
+whole open of an index file in one call (twin of fastmem._idxopen.open_index).
 
 Twins of fastmem._format's unpack_dat_header, unpack_idx_header, current_slot,
 unpack_delta_header and unpack_hot (see fastmem._kernels_py, "headers"): each returns what the Python
@@ -191,3 +192,153 @@ def hot_section(object buf, Py_ssize_t at, Py_ssize_t length, object cls):
     whole = memoryview(buf)
     return cls(whole[at + 4 : at + rows_end], starts,
                whole[at + rows_end + 4 * <Py_ssize_t>count : at + length])
+
+
+# --- the whole open of an index file (twin of fastmem._idxopen.open_index) ----------------
+
+cdef enum:
+    SECTION_ALIGN = 64
+    DELTA_HEADER_SIZE = 128
+    RECORD_HEADER_SIZE = 20
+    MAX_RAW_PAYLOAD = 2 << 20
+
+cdef const char* RECORD_MAGIC = b"\x8fFMR"
+
+CONSTANTS.update(SECTION_ALIGN=SECTION_ALIGN, DELTA_HEADER_SIZE=DELTA_HEADER_SIZE,
+                 RECORD_HEADER_SIZE=RECORD_HEADER_SIZE, MAX_RAW_PAYLOAD=MAX_RAW_PAYLOAD,
+                 RECORD_MAGIC=RECORD_MAGIC[:4])
+
+
+cdef inline u64 _align(u64 n) noexcept nogil:
+    return (n + SECTION_ALIGN - 1) // SECTION_ALIGN * SECTION_ALIGN
+
+
+cdef bint _covers(object dat, i64 dat_end, u64 covered, u64 last_offset, u32 last_crc):
+    # Whether the data file holds what the index covers: _idxopen.check_covers without
+    # its errors (the record header is checked as fmt.parse_record_header checks it).
+    cdef Py_buffer view
+    cdef const u8* r
+    cdef u64 length
+    if covered < DAT_HEADER_SIZE or covered > <u64>dat_end:
+        return False
+    if covered == DAT_HEADER_SIZE:
+        return True
+    if last_offset < DAT_HEADER_SIZE or last_offset + RECORD_HEADER_SIZE > <u64>dat_end:
+        return False
+    PyObject_GetBuffer(dat, &view, PyBUF_SIMPLE)
+    try:
+        if <u64>view.len < last_offset + RECORD_HEADER_SIZE:
+            return False
+        r = <const u8*>view.buf + last_offset
+        length = RECORD_HEADER_SIZE + 2 * <u64>load_le16(r + 6) + load_le32(r + 8)
+        return (memcmp(r, RECORD_MAGIC, 4) == 0 and 1 <= r[5] <= 3 and load_le16(r + 6) <= MAX_DIM
+                and load_le32(r + 12) <= MAX_RAW_PAYLOAD and load_le32(r + 8) <= load_le32(r + 12)
+                and last_offset + length <= <u64>dat_end and last_offset + length == covered
+                and load_le32(r + 16) == last_crc)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def idx_open(object buf, Py_ssize_t size, bytes uuid, Py_ssize_t dat_dim, object dat,
+             Py_ssize_t dat_end, tuple types):
+    """``Opened`` of the index file mapped as ``buf`` (``size`` bytes), as
+    fastmem._idxopen.open_index returns it, or None where that one raises. ``types`` are
+    the named tuples to make (``_idxopen.TYPES``)."""
+    cdef Py_buffer view
+    cdef const u8* p
+    cdef const u8* d
+    cdef i64 n
+    cdef u64 rows, dim, types_len, hot_len, kw_terms, kw_postings, next_id
+    cdef u64 at_order, at_vectors, at_types, at_hot, end, at_terms, at_offsets, at_prows
+    cdef u64 at_tf, at_doc_len, slots_at, deltas_at, offset = 0, length = 0
+    cdef u64 d_rows, d_patches, d_postings, d_vectors, d_doc_len, d_prows, d_pdata
+    cdef u64 d_terms, d_posting_rows, d_tf, d_types, d_hot, types_at, hot_at
+    cdef u64 covered, last_offset
+    cdef u32 last_crc, version, kw_version
+    cdef bint with_slots
+    cdef i64 base_last_id = -1
+    Opened, IdxHeader, IdxLayout, KeywordLayout, Slot, DeltaHeader, DeltaLayout, HotSection = types
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    try:
+        p, n = <const u8*>view.buf, view.len
+        if n != size:
+            return None
+        h = _idx_header(p, n, 0, IdxHeader)
+        if h is None:
+            return None
+        rows, dim, types_len, hot_len = _le64(p + 32), load_le32(p + 48), load_le32(p + 76), load_le32(p + 88)
+        version, kw_version = load_le32(p + 8), load_le32(p + 100)
+        kw_terms, kw_postings = _le64(p + 104), _le64(p + 112)
+        # fmt.idx_layout
+        at_order = _align(IDX_HEADER_SIZE + rows * ROW_SIZE)
+        at_vectors = _align(at_order + rows * 4)
+        at_types = _align(at_vectors + rows * dim)
+        at_hot = _align(at_types + types_len) if hot_len else at_types + types_len
+        end = at_hot + hot_len
+        keyword = None
+        if kw_version:
+            at_terms = _align(end)
+            at_offsets = _align(at_terms + 8 * kw_terms)
+            at_prows = _align(at_offsets + 8 * (kw_terms + 1))
+            at_tf = _align(at_prows + 4 * kw_postings)
+            at_doc_len = _align(at_tf + 2 * kw_postings)
+            end = at_doc_len + 4 * rows
+            keyword = KeywordLayout(at_terms, at_offsets, at_prows, at_tf, at_doc_len, end)
+        layout = IdxLayout(IDX_HEADER_SIZE, at_order, at_vectors, at_types, at_hot, end, keyword)
+        slots_at = (end + SLOT_PAGE - 1) // SLOT_PAGE * SLOT_PAGE
+        deltas_at = slots_at + 2 * SLOT_PAGE
+        with_slots = version >= 2 and <u64>size >= deltas_at
+        if end != <u64>size and not with_slots:
+            return None
+        if len(uuid) != 16 or memcmp(p + 16, <const char*>uuid, 16) != 0:
+            return None
+        if dat_dim and dim != 0 and dim != <u64>dat_dim:
+            return None
+        covered, last_offset, last_crc, next_id = _le64(p + 56), _le64(p + 64), load_le32(p + 72), _le64(p + 80)
+        types_at, hot_at = at_types, at_hot
+        slot = delta = dl = None
+        if with_slots:
+            slot = _current_slot(p, n, slots_at, Slot)[1]
+        if slot is not None:
+            offset, length = slot[1], slot[2]
+            if offset < deltas_at or length > <u64>size or offset > <u64>size - length:
+                return None
+            delta = _delta_header(p, n, offset, DeltaHeader)
+            if delta is None:
+                return None
+            d = p + offset
+            d_rows, d_patches, d_postings = _le64(d + 8), _le64(d + 68), _le64(d + 76)
+            types_len, hot_len = load_le32(d + 60), load_le32(d + 64)
+            # fmt.delta_layout
+            d_vectors = _align(DELTA_HEADER_SIZE + d_rows * ROW_SIZE)
+            d_doc_len = _align(d_vectors + d_rows * dim)
+            d_prows = _align(d_doc_len + 4 * d_rows)
+            d_pdata = _align(d_prows + 4 * d_patches)
+            d_terms = _align(d_pdata + d_patches * ROW_SIZE)
+            d_posting_rows = _align(d_terms + 8 * d_postings)
+            d_tf = _align(d_posting_rows + 4 * d_postings)
+            d_types = _align(d_tf + 2 * d_postings)
+            d_hot = _align(d_types + types_len)
+            dl = DeltaLayout(DELTA_HEADER_SIZE, d_vectors, d_doc_len, d_prows, d_pdata, d_terms,
+                             d_posting_rows, d_tf, d_types, d_hot, d_hot + hot_len)
+            if d_hot + hot_len != length or _le64(d + 16) > rows + d_rows:
+                return None
+            covered, last_offset, last_crc, next_id = _le64(d + 24), _le64(d + 32), load_le32(d + 40), _le64(d + 44)
+            types_at, hot_at = offset + d_types, offset + d_hot
+        if not _covers(dat, dat_end, covered, last_offset, last_crc):
+            return None
+        if types_at + types_len > <u64>n or hot_at + hot_len > <u64>n:
+            return None
+        types_bytes = _bytes(p + types_at, types_len)
+        if rows:
+            base_last_id = <i64>_le64(p + IDX_HEADER_SIZE + (rows - 1) * ROW_SIZE)
+            if _le64(p + IDX_HEADER_SIZE + (rows - 1) * ROW_SIZE) >= next_id:
+                return None
+    finally:
+        PyBuffer_Release(&view)
+    hot = None
+    if hot_len:
+        hot = hot_section(buf, hot_at, hot_len, HotSection)
+        if hot is None:
+            return None
+    return Opened(h, layout, with_slots, slot, delta, dl, types_bytes, hot, base_last_id)

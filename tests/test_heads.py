@@ -1,12 +1,21 @@
 """The fixed headers a restart reads, parsed in C (``fastmem._ext.heads``): the compiled
 parsers against their references (fastmem._format's parsers, None where those raise) on
 real stores, on every damaged bit and cut of each header, and on fields out of range.
-The hot section's table too (``hot_section``), against ``fmt.unpack_hot``."""
+The hot section's table too (``hot_section``), against ``fmt.unpack_hot``.
+
+And the whole open of an index file in one call (``idx_open``) against its reference
+(``fastmem._idxopen.open_index``): the same ``Opened`` for valid files (with and without a
+delta, without rows, version 1), and None exactly where the reference raises: every flipped
+bit of the index header, the slots and the delta header, every cut, another store's or
+dimension's data file, a data file that does not hold what the index covers, a damaged hot
+section and a base whose last id is past the counter. A load of each damaged file fails
+with the reference's error on either backend."""
 
 from __future__ import annotations
 
 import struct
 import zlib
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -14,7 +23,10 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
+from fastmem import _idxopen, _kernels
 from fastmem import _kernels_py as ref
+from fastmem._index import MemoryIndex
+from fastmem.errors import CorruptionError, FormatVersionError
 
 ext = pytest.importorskip("fastmem._ext.heads")
 TYPES = {"dat_header": fmt.DatHeader, "idx_header": fmt.IdxHeader, "current_slot": fmt.Slot,
@@ -28,9 +40,14 @@ def backend():
 
 
 def _typed(value):
-    """``value`` with each field tagged by its type (1 == 1.0 == True in Python)."""
+    """``value`` with each field tagged by its type (1 == 1.0 == True in Python); views as
+    bytes."""
     if isinstance(value, tuple):
         return (type(value).__name__, [_typed(v) for v in value])
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if isinstance(value, memoryview):
+        return ("bytes", bytes(value))
     if isinstance(value, float):
         return ("float", struct.pack("<d", value))
     return (type(value).__name__, value)
@@ -260,3 +277,158 @@ def test_delta_headers_with_any_field_values(rows, live, patches, postings, when
                        when, 7, 8, min(patches, 2**64 - 1), min(postings, 2**64 - 1), 9)  # fmt: skip
     buf = b"pad" + _crc_tail(body)
     _same("delta_header", buf, 3)
+
+
+# --- the whole open of an index file (idx_open) -------------------------------------------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _opens(idx, dat, uuid, dim, dat_end=None):
+    """The compiled open's answer, equal to the reference's; and the class the reference
+    raises (None when it opens)."""
+    dat_end = len(dat) if dat_end is None else dat_end
+    got = ext.idx_open(idx, len(idx), uuid, dim, dat, dat_end, _idxopen.TYPES)
+    try:
+        want, error = _idxopen.open_index(idx, len(idx), "idx", uuid, dim, dat, dat_end), None
+    except (CorruptionError, FormatVersionError) as exc:
+        want, error = None, type(exc)
+    assert _typed(got) == _typed(want)
+    assert _typed(ref.idx_open(idx, len(idx), uuid, dim, dat, dat_end, ())) == _typed(want)
+    return got, error
+
+
+def _store(path: str, *, delta: bool, rows: int = 3000) -> tuple[bytes, bytes, bytes, int]:
+    """The files of a store (index, data) and its uuid and dimension."""
+    with fastmem.open(path, dim=4, embedder=None, durability="none") as store:
+        if rows:
+            store.add_many([{"text": f"memory {i}", "embedding": [1.0, i, 0, 0], "type": "note"}
+                            for i in range(rows)])  # fmt: skip
+    if delta:
+        with fastmem.open(path, embedder=None, durability="none") as store:
+            store.add("one more, in a delta", embedding=[0, 1.0, 0, 0], type="plan")
+            store.forget("m3")
+    dat, idx = Path(path + ".dat").read_bytes(), Path(path + ".idx").read_bytes()
+    header = fmt.unpack_dat_header(dat, "")
+    return idx, dat, header.uuid, header.dim
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """Stores with a delta, without one and without rows."""
+    root = tmp_path_factory.mktemp("idxopen")
+    return {name: _store(str(root / name), delta=delta, rows=rows)
+            for name, delta, rows in (("delta", True, 20_000), ("full", False, 3000), ("empty", False, 0))}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["delta", "full", "empty"])
+def test_valid_files_open_the_opens(stores, name):
+    idx, dat, uuid, dim = stores[name]
+    opened, error = _opens(idx, dat, uuid, dim)
+    assert error is None and opened is not None
+    assert (opened.delta is not None) == (name == "delta")
+    assert len(opened.hot.starts) == (0 if name == "empty" else fmt.HOT_MEMORIES)
+    assert opened.base_last_id == {"delta": 19_999, "full": 2999, "empty": -1}[name]
+    assert fmt.unpack_types(opened.types, "") == ([] if name == "empty" else ["note"])
+    assert _opens(idx, dat, uuid, 0)[1] is None  # a data file whose dimension is not set yet
+
+
+def test_the_version_1_fixture_opens_the_opens():
+    idx, dat = (
+        (FIXTURES / "v1" / "store.idx").read_bytes(),
+        (FIXTURES / "v1" / "store.dat").read_bytes(),
+    )
+    header = fmt.unpack_dat_header(dat, "")
+    opened, error = _opens(idx, dat, header.uuid, header.dim)
+    assert error is None and not opened.with_slots and opened.header.keyword_version == 0
+
+
+def test_every_flipped_bit_of_the_index_header(stores):
+    idx, dat, uuid, dim = stores["delta"]
+    for damaged in _flips(idx, 0, fmt.IDX_HEADER.size):
+        assert _opens(damaged, dat, uuid, dim)[0] is None
+    for damaged in _flips(idx, fmt.IDX_HEADER_CRC_AT, fmt.IDX_HEADER_SIZE):
+        assert _opens(damaged, dat, uuid, dim)[0] is None
+
+
+def test_every_flipped_bit_of_the_slots_and_the_delta_header(stores):
+    idx, dat, uuid, dim = stores["delta"]
+    at = fmt.slots_at(fmt.header_layout(fmt.unpack_idx_header(idx, "")))
+    for first in (at, at + fmt.SLOT_PAGE):  # a damaged slot is skipped: the other (none) answers
+        for damaged in _flips(idx, first, first + fmt.SLOT.size + 4):
+            _opens(damaged, dat, uuid, dim)
+    slot = fmt.current_slot(idx, at)[1]
+    for damaged in _flips(idx, slot.offset, slot.offset + fmt.DELTA_HEADER.size + 4):
+        assert _opens(damaged, dat, uuid, dim)[0] is None
+
+
+def test_every_cut_of_the_file(stores):
+    for name in ("delta", "full"):
+        idx, dat, uuid, dim = stores[name]
+        for end in [*range(0, len(idx), 509), *range(len(idx) - 300, len(idx))]:
+            assert _opens(idx[:end], dat, uuid, dim)[0] is None
+
+
+def test_another_store_another_dimension_and_a_stale_index(stores):
+    idx, dat, uuid, dim = stores["delta"]
+    assert _opens(idx, dat, bytes(16), dim)[0] is None
+    assert _opens(idx, dat, uuid[:8], dim)[0] is None
+    assert _opens(idx, dat, uuid, dim + 1)[0] is None
+    covered = fmt.unpack_delta_header(idx, fmt.current_slot(idx, fmt.slots_at(fmt.header_layout(
+        fmt.unpack_idx_header(idx, ""))))[1].offset, "").covered  # fmt: skip
+    for end in (covered - 1, covered - 20, fmt.DAT_HEADER_SIZE, fmt.DAT_HEADER_SIZE - 1):
+        assert _opens(idx, dat, uuid, dim, dat_end=end)[0] is None
+    longer = dat + bytes(100)
+    assert _opens(idx, longer, uuid, dim, dat_end=len(longer))[1] is None
+
+
+def test_every_flipped_bit_of_the_last_covered_record_header(stores):
+    idx, dat, uuid, dim = stores["delta"]
+    opened = _opens(idx, dat, uuid, dim)[0]
+    last = opened.delta.last_offset
+    flips = [
+        _opens(idx, damaged, uuid, dim)[1]
+        for damaged in _flips(dat, last, last + fmt.RECORD_HEADER_SIZE)
+    ]
+    assert set(flips) == {None, fastmem.CorruptIndexError}  # the version byte is not checked here
+
+
+def test_a_damaged_hot_section_and_a_last_id_past_the_counter(stores):
+    idx, dat, uuid, dim = stores["full"]
+    h = fmt.unpack_idx_header(idx, "")
+    layout = fmt.header_layout(h)
+    for pos in range(layout.hot, layout.hot + 4):  # the count
+        for damaged in _flips(idx, pos, pos + 1):
+            assert _opens(damaged, dat, uuid, dim)[0] is None
+    bad = bytearray(idx)
+    struct.pack_into("<Q", bad, layout.rows + (h.rows - 1) * fmt.INDEX_DTYPE.itemsize, h.next_id)
+    assert _opens(bytes(bad), dat, uuid, dim)[1] is fastmem.CorruptIndexError
+
+
+@pytest.mark.parametrize("kernels", ["cython", "python"])
+def test_a_load_fails_with_the_reference_error_on_either_backend(tmp_path, stores, kernels):
+    idx, dat, uuid, dim = stores["delta"]
+    (tmp_path / "s.dat").write_bytes(dat)
+    at = fmt.slots_at(fmt.header_layout(fmt.unpack_idx_header(idx, "")))
+    slot = fmt.current_slot(idx, at)[1]
+    cases = [
+        (0, 0),
+        (9, 0),
+        (fmt.IDX_HEADER_CRC_AT, 3),
+        (slot.offset + 20, 1),
+        (slot.offset + 40, 5),
+    ]
+    was = _kernels.use(kernels)
+    try:
+        for pos, bit in cases:
+            damaged = bytearray(idx)
+            damaged[pos] ^= 1 << bit
+            path = str(tmp_path / "s.idx")
+            Path(path).write_bytes(damaged)
+            with pytest.raises((CorruptionError, FormatVersionError)) as got:
+                MemoryIndex.load(path, uuid, dim, dat, len(dat))
+            with pytest.raises(type(got.value)) as want:
+                _idxopen.open_index(bytes(damaged), len(damaged), path, uuid, dim, dat, len(dat))
+            assert str(want.value) == str(got.value)
+    finally:
+        _kernels.use(was)

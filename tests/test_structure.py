@@ -20,6 +20,7 @@ PACKAGE = Path(fastmem.__file__).parent
 FLOORS: list[tuple[str, ...]] = [
     ("errors", "_stopwords", "_threads", "_ext"),  # leaves: import nothing of fastmem's
     ("types", "_format", "namespaces", "summarize", "embed", "export"),
+    ("_idxopen",),  # the checks an index file passes at open (the reference of heads.idx_open)
     ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
