@@ -127,12 +127,6 @@ class Background:
         ):
             return None
         k, n = first - current.n_base, current.tail.n
-        if n > k:
-            # Room for the tail's life, as MemoryIndex.append reserves it (pages cost memory
-            # only when written)
-            new.tail.append(
-                current.tail.rows[k:n], current.tail.vectors[k:n], 2 * new.tail_limit() + n
-            )
         new.keyword.continue_from(current.keyword, first)
         new.live, new.next_id, new.stats_changed = (
             current.live,
@@ -148,4 +142,11 @@ class Background:
             new.type_code(name, create=True)
         new.damaged = list(current.damaged)
         new.compacted_end, new.id_floor = current.compacted_end, current.id_floor
+        if not current.tail.saved and current.tail.dim == new.tail.dim:
+            # Last, as it moves current's rows: the arrays' pages are written already (fastmem._tail)
+            new.tail.take(current.tail, k)
+        elif n > k:  # room for the tail's life, as MemoryIndex.append reserves it
+            new.tail.append(
+                current.tail.rows[k:n], current.tail.vectors[k:n], 2 * new.tail_limit() + n
+            )
         return new

@@ -149,6 +149,14 @@ class Beside:
             self._fn = self._args = None  # type: ignore[assignment]
             self._done.set()
 
+    def cancel(self) -> None:
+        """:meth:`discard`, then wait for a job under way to end and drop what it made: once
+        this returns, nothing of the job runs on or is held (the helper thread may still
+        hold the job itself for a moment)."""
+        self.discard()
+        self._done.wait()
+        self._value = self._error = None
+
     def result(self) -> Any:
         """``fn``'s return value (run here if the helper has not started it); raises what
         ``fn`` raised."""
@@ -159,7 +167,10 @@ class Beside:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
-        return self._value
+        # Handed over, not kept: the helper thread may hold this job a moment longer, and a
+        # value may be large or hold a mapped file (a checkpoint's postings)
+        value, self._value = self._value, None
+        return value
 
 
 def _helper_loop(todo: queue.SimpleQueue[Beside]) -> None:

@@ -88,11 +88,20 @@ def test_rows_added_beside_the_thread_are_moved_into_the_new_tail(
     assert started == [1] and _running(store)
     ids += store.add_many(_items(600, BATCH))  # an append runs beside the thread
     assert _running(store)  # nothing waited for it (up to twice the limit: 1024 rows)
+    tail = store._engine.index.tail
+    rows_after = tail.rows[600:900].copy()
+    vectors_after = tail.vectors[600:900].copy()
     gate.set()
     assert store.get(ids[-1]).text == _items(600, BATCH)[-1]["text"]  # a read waits for it
     engine = store._engine
     assert engine._background is None
     assert engine.index.n_base == 600 and engine.index.tail.n == 300  # the file, then the rest
+    # ... moved to the front of the same arrays (their pages are written: fastmem._tail)
+    new = engine.index.tail
+    assert new.rows.ctypes.data == tail.rows.ctypes.data
+    assert new.vectors.ctypes.data == tail.vectors.ctypes.data
+    assert np.array_equal(new.rows[:300], rows_after)
+    assert np.array_equal(new.vectors[:300], vectors_after)
     with fastmem.open(store_path, readonly=True) as reader:  # the file and the rows after it
         assert store.search("hotel budget", 5, mode="keyword") == reader.search(
             "hotel budget", 5, mode="keyword"

@@ -24,7 +24,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
-    ("_vectors", "_keyword", "_replay", "tokens"),  # tokens: cl100k_base by a kernel
+    ("_vectors", "_keyword", "_replay", "_tail", "tokens"),  # tokens: cl100k_base by a kernel
     ("_index",),
     ("_vsearch",),
     ("_items", "retrieval", "_files", "_checkpoint"),  # what add accepts; ranking; files around

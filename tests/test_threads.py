@@ -158,6 +158,56 @@ def test_a_job_the_helper_has_not_started_runs_in_the_caller():
     assert first.result() is True
 
 
+def test_result_hands_the_value_over_and_keeps_no_reference():
+    import weakref
+
+    class Made:
+        pass
+
+    beside = Beside(Made)
+    value = beside.result()
+    made = weakref.ref(value)
+    del value  # the job itself is still held here, as the helper thread may hold it
+    assert made() is None and beside is not None
+
+
+def test_cancel_waits_for_a_job_under_way_and_drops_what_it_made():
+    import weakref
+
+    started, made = threading.Event(), []
+
+    class Made:
+        pass
+
+    def job():
+        started.set()
+        time.sleep(0.2)
+        value = Made()
+        made.append(weakref.ref(value))
+        return value
+
+    beside = Beside(job)
+    assert started.wait(WAIT)
+    beside.cancel()
+    assert made and made[0]() is None  # ended, and its value no longer held
+
+
+def test_cancel_of_a_job_not_started_never_runs_it():
+    release, started, ran = threading.Event(), threading.Event(), []
+
+    def busy():
+        started.set()
+        return release.wait(WAIT)
+
+    first = Beside(busy)
+    assert started.wait(WAIT)
+    second = Beside(ran.append, 1)  # queued behind the first
+    second.cancel()
+    release.set()
+    assert first.result() is True
+    assert ran == []
+
+
 def test_a_forked_child_gets_a_helper_of_its_own():
     script = textwrap.dedent("""
         import os, sys
