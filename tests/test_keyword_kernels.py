@@ -248,20 +248,26 @@ def test_merge_postings_rejects_inconsistent_input():
             merge(bad[0][:1], np.array([0, 3], np.uint64), *bad[2:], *none)
 
 
+def _sorted_as_reference_and_brute_force(terms, rows, tf):
+    """The compiled sort_postings of the postings, checked against the reference and
+    against Python's sort (stable: rows keep their order within a term)."""
+    got = kw_ext.sort_postings(terms, rows, tf)
+    want = ref.sort_postings(terms, rows, tf)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    assert list(zip(*(a.tolist() for a in got))) == sorted(
+        zip(terms.tolist(), rows.tolist(), tf.tolist()), key=lambda p: p[0]
+    )
+    return got
+
+
 @given(st.lists(st.tuples(st.integers(0, 2**64 - 1) | st.integers(0, 5), st.integers(1, 9)),
                 max_size=300))  # fmt: skip
 def test_sort_postings_matches_reference(pairs):
     terms = np.array([t for t, _ in pairs], dtype=np.uint64)
     rows = np.arange(len(pairs), dtype=np.uint32)
     tf = np.array([f for _, f in pairs], dtype=np.uint16)
-    got = kw_ext.sort_postings(terms, rows, tf)
-    want = ref.sort_postings(terms, rows, tf)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and np.array_equal(g, w)
-    # brute force: Python's sort is stable
-    assert list(zip(*(a.tolist() for a in got))) == sorted(
-        zip(terms.tolist(), rows.tolist(), tf.tolist()), key=lambda p: p[0]
-    )
+    got = _sorted_as_reference_and_brute_force(terms, rows, tf)
     for sort in (kw_ext.sort_postings, ref.sort_postings):
         with pytest.raises(ValueError):
             sort(terms, rows[:-1] if len(rows) else np.zeros(1, np.uint32), tf)
@@ -278,14 +284,7 @@ def test_sort_postings_large_matches_reference(distinct):
     terms = vocab[rng.integers(0, distinct, 12_000)]
     rows = rng.permutation(12_000).astype(np.uint32)  # any order: the sort keeps it
     tf = rng.integers(1, 9, 12_000).astype(np.uint16)
-    got = kw_ext.sort_postings(terms, rows, tf)
-    want = ref.sort_postings(terms, rows, tf)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and np.array_equal(g, w)
-    # brute force: Python's sort is stable
-    assert list(zip(*(a.tolist() for a in got))) == sorted(
-        zip(terms.tolist(), rows.tolist(), tf.tolist()), key=lambda p: p[0]
-    )
+    got = _sorted_as_reference_and_brute_force(terms, rows, tf)
     strided = kw_ext.sort_postings(np.repeat(terms, 2)[::2], np.repeat(rows, 2)[::2], tf)
     assert all(np.array_equal(g, s) for g, s in zip(got, strided))
 
