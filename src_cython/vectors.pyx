@@ -82,11 +82,9 @@ cdef i64 _unit_halves(const f32[:, ::1] x, u16[:, ::1] h, i8[:, ::1] q, f32[::1]
                 # order: the same bits); eight rows at a time, so that eight sums are under
                 # way at once instead of one add waiting for the one before (four: ~0.08
                 # µs a row more, at 384 floats).
-                rows = 8 if i + 8 <= n else (4 if i + 4 <= n else 1)
+                rows = 8 if i + 8 <= n else 1  # a batch's last < 8 rows: one by one
                 if rows == 8:
                     _sum_squares8(&x[i, 0], dim, sums)
-                elif rows == 4:
-                    _sum_squares4(&x[i, 0], dim, sums)
                 else:
                     sums[0] = _sum_squares(&x[i, 0], dim)
                 for k in range(rows):
@@ -113,23 +111,8 @@ cdef inline f64 _sum_squares(const f32* row, Py_ssize_t dim) noexcept nogil:
     return acc
 
 
-cdef inline void _sum_squares4(const f32* row, Py_ssize_t dim, f64* sums) noexcept nogil:
-    # Rows row, row + dim, row + 2 dim, row + 3 dim (C order).
-    cdef f64 a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0
-    cdef const f32* r1 = row + dim
-    cdef const f32* r2 = row + 2 * dim
-    cdef const f32* r3 = row + 3 * dim
-    cdef Py_ssize_t j
-    for j in range(dim):
-        a0 = a0 + <f64>row[j] * <f64>row[j]
-        a1 = a1 + <f64>r1[j] * <f64>r1[j]
-        a2 = a2 + <f64>r2[j] * <f64>r2[j]
-        a3 = a3 + <f64>r3[j] * <f64>r3[j]
-    sums[0], sums[1], sums[2], sums[3] = a0, a1, a2, a3
-
-
 cdef inline void _sum_squares8(const f32* row, Py_ssize_t dim, f64* sums) noexcept nogil:
-    # _sum_squares4 of rows row .. row + 7 dim at once.
+    # Rows row, row + dim, ..., row + 7 dim (C order), each summed in index order.
     cdef f64 a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0, a4 = 0.0, a5 = 0.0, a6 = 0.0, a7 = 0.0
     cdef Py_ssize_t j
     for j in range(dim):
