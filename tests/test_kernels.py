@@ -414,7 +414,7 @@ def test_topk_validates_shapes():
 
 float32_rows = hnp.arrays(
     np.float32,
-    st.tuples(st.integers(0, 19), st.integers(1, 40)),  # the kernel sums 8, 4 or 1 rows at once
+    st.tuples(st.integers(0, 19), st.integers(1, 40)),  # the kernel sums 8 rows at once, the last < 8 one by one
     elements=st.floats(-1e6, 1e6, width=32) | st.sampled_from([0.0, 1e-30, -1e-41, 6e-8, 3.4e38]),
 )
 
