@@ -95,32 +95,29 @@ def alone(shared):
 
 @contextlib.contextmanager
 def fresh(cluster, name):
-    """A new shared-storage deployment of 2 shards (spread over the nodes as Ray starts
-    them, so one is on a worker; earlier tests' restarts may have gathered the module
-    deployment's shards on the head) with 12 stores of 2 memories."""
+    """A new shared-storage deployment of 2 shards with 12 stores of 2 memories."""
     c = fray.connect(cluster.address, **settings(cluster, root=os.path.join(cluster.dir, name), name=name))
     try:
         for i in range(12):
             c.open(f"{name}-{i}").add_many([{"text": f"{name} {i} memory {j}"} for j in range(2)])
-        # SPREAD is best effort: a worker restarted by the test before may not take actors
-        # yet, and both shards land on the head. Start them again (same files) until one is
-        # on a worker; a hang guard, not a speed bound.
-        for _ in range(30):
-            if any(row.get("node") not in (None, "head") for row in c.status()):
-                break
-            c.shutdown()
-            time.sleep(2)
-            c.namespaces()  # starts the shard actors again
         yield c
     finally:
         c.shutdown()
 
 
-def on_a_worker(c, cluster, avoid=()):
-    """A shard served from a worker node (never the head), and that node's label."""
-    for row in c.status():
-        if row.get("node") in cluster.nodes and row["node"] != "head" and row["node"] not in avoid:
-            return row["shard"], row["node"], row["pid"]
+def on_a_worker(c, cluster):
+    """A shard served from a worker node (never the head), and that node's label.
+
+    SPREAD is best effort: a worker restarted by an earlier test may not take actors yet,
+    and both shards land on the head (CI saw it for the module's deployment too). Start
+    them again (same files) until one is on a worker; a hang guard, not a speed bound."""
+    for _ in range(30):
+        for row in c.status():
+            if row.get("node") in cluster.nodes and row["node"] != "head":
+                return row["shard"], row["node"], row["pid"]
+        c.shutdown()
+        time.sleep(2)
+        c.namespaces()  # starts the shard actors again
     pytest.fail(f"no shard on a worker node: {c.status()}")
 
 
