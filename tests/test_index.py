@@ -230,7 +230,9 @@ def test_save_load_round_trip_and_hot_section(tmp_path):
     tail_ts=st.lists(st.integers(0, 6), min_size=1, max_size=30),
     damaged=st.booleans(),
 )
-def test_checkpoint_time_order_merges_the_base_and_the_tail(tmp_path_factory, base_ts, tail_ts, damaged):
+def test_checkpoint_time_order_merges_the_base_and_the_tail(
+    tmp_path_factory, base_ts, tail_ts, damaged
+):
     """A full checkpoint's time order, from the base's order and the tail's merged, is the
     stable sort of every row's timestamp (ties in id order), tail rows older, newer or tied
     with the base's; a base whose order is not sorted by time (damage) is sorted again."""
@@ -246,7 +248,9 @@ def test_checkpoint_time_order_merges_the_base_and_the_tail(tmp_path_factory, ba
     assert loaded.base_order.tolist() == expected.tolist()
 
 
-def test_full_checkpoint_drops_the_old_files_vectors_from_the_cache_as_they_are_copied(tmp_path, monkeypatch):
+def test_full_checkpoint_drops_the_old_files_vectors_from_the_cache_as_they_are_copied(
+    tmp_path, monkeypatch
+):
     """A full checkpoint copies the base's vectors file to file, part by part, and after
     each part drops the old file's cached pages of it (issue 21: the new file's pages then
     reuse memory freed a moment before); never a part not copied yet. The new file holds
