@@ -261,17 +261,19 @@ class MemoryStore:
         if not items:
             return []
         # Checked, embedded and summarized before the writer lock: other processes' writes
-        # wait only for the append.
+        # wait only for the append. One pause of the collector over the batch's life: one
+        # between building it and writing it would collect its young objects (~0.15 µs a
+        # memory at 1 M in a profile); freed when this returns, they are never collected.
         with no_cyclic_gc():
             now = time.time()
             batch = Batch(items, now)
             vectors16 = prepare_commit(batch, self._embedder, self._summarizer, self.tokens, dim)
-        # A plain add only appends: a checkpoint's thread may go on beside it. The link to
-        # the old memory changes one of its rows: that waits for the thread.
-        with engine.writing(appending=supersedes is None), no_cyclic_gc():
-            if supersedes is not None:
-                return _supersede.commit(engine, batch, vectors16, supersedes)
-            return engine.commit_memories(batch, vectors16)
+            # A plain add only appends: a checkpoint's thread may go on beside it. The link
+            # to the old memory changes one of its rows: that waits for the thread.
+            with engine.writing(appending=supersedes is None):
+                if supersedes is not None:
+                    return _supersede.commit(engine, batch, vectors16, supersedes)
+                return engine.commit_memories(batch, vectors16)
 
     def check_items(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Check items as ``add_many`` would, writing nothing: what an import does before
