@@ -261,10 +261,7 @@ class MemoryStore:
         if not items:
             return []
         # Checked, embedded and summarized before the writer lock: other processes' writes
-        # wait only for the append. The collector is paused over the batch's whole life:
-        # its thousands of young payloads are freed by reference counting before it is back
-        # on, never walked (a pause that ended with them alive cost a collection per batch,
-        # ~0.1 µs a memory).
+        # wait only for the append. No collection walks the batch: it is freed before one can run.
         with no_cyclic_gc():
             now = time.time()
             batch = Batch(items, now)
@@ -272,10 +269,8 @@ class MemoryStore:
             # A plain add only appends: a checkpoint's thread may go on beside it. The link
             # to the old memory changes one of its rows: that waits for the thread.
             with engine.writing(appending=supersedes is None):
-                if supersedes is not None:
-                    ids = _supersede.commit(engine, batch, vectors16, supersedes)
-                else:
-                    ids = engine.commit_memories(batch, vectors16)
+                ids = (engine.commit_memories(batch, vectors16) if supersedes is None
+                       else _supersede.commit(engine, batch, vectors16, supersedes))  # fmt: skip
             del batch, vectors16
         return ids
 
