@@ -5,7 +5,8 @@ before the clock; fastmem opened with the default embedder, then the 20 newest t
 SQLite connected, then ``SELECT text ... ORDER BY ts DESC LIMIT 20`` on a table without
 embeddings), the two systems alternating so that the machine's noise hits both alike.
 Prints the median, p95 and minimum of each and fastmem's ratio to SQLite; with
-``--baseline DIR``, also the fastmem of another checkout (e.g. main's), in the same rounds.
+``--baseline DIR`` (repeatable), also the fastmem of another checkout (e.g. main's) or of an
+installed wheel (its site-packages), in the same rounds.
 
 Each child runs ``gc.freeze()`` after its imports, before the clock (both systems alike;
 ``--no-freeze`` leaves it out): it sets the collector's counts to zero and frees nothing.
@@ -79,7 +80,9 @@ def main() -> None:
     parser.add_argument("size", help="memories, e.g. 100k")
     parser.add_argument("--runs", type=int, default=40, help="fresh processes per system")
     parser.add_argument("--rebuild", action="store_true")
-    parser.add_argument("--baseline", help="a checkout whose fastmem is timed too (same store)")
+    parser.add_argument("--baseline", action="append", default=[],
+                        help="a checkout (or a site-packages) whose fastmem is timed too, on the same "
+                             "store; repeat it for several")
     parser.add_argument("--no-freeze", action="store_true", help="no gc.freeze() before the clocks")
     args = parser.parse_args()
     if not args.no_freeze:  # inherited by every child (compare.child_restart reads it)
@@ -87,8 +90,9 @@ def main() -> None:
     (n,) = workload.parse_sizes(args.size)
     folders = build(n, args.rebuild)
     systems = [("fastmem", folders["fastmem"], None), ("sqlite", folders["sqlite"], None)]
-    if args.baseline:
-        systems.append(("fastmem (baseline)", folders["fastmem"], os.path.abspath(args.baseline)))
+    for source in args.baseline:
+        source = os.path.abspath(source)
+        systems.append((f"fastmem ({source})", folders["fastmem"], source))
     for label, folder, source in systems:  # untimed warm-up (page cache)
         restart_ms(label.split()[0], folder, source)
     runs: dict[str, list[float]] = {label: [] for label, _, _ in systems}

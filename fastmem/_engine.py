@@ -164,9 +164,9 @@ class Engine:
             fd = os.open(self.dat_path, flags, 0o600)
         self._fd = fd
         try:
-            self._flock()
+            st = self._flock()
             recover(self.dat_path, self.idx_path)
-            state = self._build(self._fd, dim, locked=True)
+            state = self._build(self._fd, dim, locked=True, st=st)
             self._fd = -1  # adopted below, with the rest of the state
             self._adopt(state)
             self._cut_torn_tail()
@@ -178,19 +178,24 @@ class Engine:
             raise
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
-    def _build(self, fd: int, dim: int | None, *, locked: bool, retries: int = 3) -> _State:
+    def _build(
+        self, fd: int, dim: int | None, *, locked: bool, retries: int = 3, st: os.stat_result | None = None
+    ) -> _State:
         """Map the data file open as ``fd`` and load (or rebuild) its index, changing
         nothing of the handle's state. The caller keeps ``fd`` (a handle that finds the
         file replaced meanwhile returns a state on a new descriptor). Only a caller that
-        holds the writer lock (``locked``) may create the file."""
-        size = os.fstat(fd).st_size
+        holds the writer lock (``locked``) may create the file; it may pass ``fd``'s stat
+        taken under the lock (``st``: no writer can have changed the file since)."""
+        if st is None:
+            st = os.fstat(fd)
+        size = st.st_size
         created = size < fmt.DAT_HEADER_SIZE
         if created:
             if not locked:
                 raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
             self._create_data_file(fd, size, dim or 0)
             size = fmt.DAT_HEADER_SIZE
-        mapped = map_same(self.dat_path, fd, size)
+        mapped = map_same(self.dat_path, fd, size, st)
         if mapped is None:  # replaced again since fd was opened: follow
             return self._build_replaced(dim)
         map_fd, dat = mapped
@@ -324,9 +329,10 @@ class Engine:
 
     # --- the writer lock ------------------------------------------------------------------
 
-    def _flock(self) -> None:
+    def _flock(self) -> os.stat_result:
         """Take the OS lock on the data file, waiting up to ``timeout``; when the file was
         replaced meanwhile (a compaction elsewhere), continue on the new one and lock it.
+        Returns the locked file's stat (taken once locked: the open reads its size).
         The engine's thread lock is held only for each try, never while waiting: this
         handle's reads go on while its write waits."""
         deadline = time.monotonic() + self.timeout
@@ -340,8 +346,9 @@ class Engine:
                 except BlockingIOError:
                     holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
                 else:
-                    if os.fstat(self._fd).st_nlink:
-                        return
+                    st = os.fstat(self._fd)
+                    if st.st_nlink:
+                        return st
                     # A compaction or repair replaced the file: lock the new one.
                     fcntl.flock(self._fd, fcntl.LOCK_UN)
                     fd = os.open(self.dat_path, os.O_RDWR | os.O_APPEND)

@@ -78,26 +78,28 @@ def recover(dat_path: str, idx_path: str) -> None:
         fsync_dir(idx_path)
 
 
-def open_same(path: str, fd: int) -> int | None:
-    """A read-only descriptor of the file open as ``fd``, opened anew through ``path``: a
-    map made from it keeps a duplicate of it, which must not share ``fd``'s open file
-    description (a writer's lock is on it, and would outlive close()). ``None`` when
-    ``path`` names another file now (a compaction or repair replaced it since ``fd`` was
-    opened: the caller follows again)."""
+def open_same(path: str, fd: int, st: os.stat_result | None = None) -> int | None:
+    """A read-only descriptor of the file open as ``fd`` (whose stat is ``st``, when the
+    caller has it), opened anew through ``path``: a map made from it keeps a duplicate of
+    it, which must not share ``fd``'s open file description (a writer's lock is on it, and
+    would outlive close()). ``None`` when ``path`` names another file now (a compaction or
+    repair replaced it since ``fd`` was opened: the caller follows again)."""
     new = os.open(path, os.O_RDONLY)
-    a, b = os.fstat(fd), os.fstat(new)
+    a, b = st or os.fstat(fd), os.fstat(new)
     if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino):
         return new
     os.close(new)
     return None
 
 
-def map_same(path: str, fd: int, size: int) -> tuple[int, mmap.mmap] | None:
+def map_same(
+    path: str, fd: int, size: int, st: os.stat_result | None = None
+) -> tuple[int, mmap.mmap] | None:
     """A read-only map of the first ``size`` bytes of the file open as ``fd`` (fewer when a
     writer cut a failed or interrupted write off since ``size`` was taken), made through a
-    descriptor of its own (see :func:`open_same`), returned with it; ``None`` when ``path``
-    names another file now."""
-    map_fd = open_same(path, fd)
+    descriptor of its own (see :func:`open_same`; ``st``: ``fd``'s stat, when the caller
+    has it), returned with it; ``None`` when ``path`` names another file now."""
+    map_fd = open_same(path, fd, st)
     if map_fd is None:
         return None
     try:
@@ -154,7 +156,7 @@ class Retired:
             releaser().put(work)
 
 
-_releaser: tuple[int, queue.SimpleQueue[Any]] | None = None
+_releaser: queue.SimpleQueue[Any] | None = None
 _releaser_lock = threading.Lock()
 
 
@@ -169,11 +171,11 @@ def releaser() -> queue.SimpleQueue[Any]:
     that a reader meeting a swap only puts its old files there)."""
     global _releaser
     with _releaser_lock:
-        if _releaser is None or _releaser[0] != os.getpid():  # none yet, or forked since
+        if _releaser is None:  # none yet (a fork's hook drops the parent's: below)
             work: queue.SimpleQueue[Any] = queue.SimpleQueue()
             Background(lambda: _release_loop(work), "fastmem-release")
-            _releaser = (os.getpid(), work)
-        return _releaser[1]
+            _releaser = work
+        return _releaser
 
 
 def _release_loop(work: queue.SimpleQueue[Any]) -> None:

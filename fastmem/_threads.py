@@ -80,7 +80,7 @@ class Background:
         self._ident: int | None = None
         self._done = Flag()
         self._claim = threading.Lock()  # held by whichever runs target: starter or joiner
-        self._pid = os.getpid()
+        self._forks = _forks
         _schedule(self)
 
     def _run(self) -> None:
@@ -94,7 +94,7 @@ class Background:
         """Wait for ``target`` to return (or run it here, if its thread has not started);
         False on timeout. In a forked child, where the thread does not exist (as
         ``threading`` treats its threads there), at once."""
-        if os.getpid() != self._pid:
+        if _forks != self._forks:
             return True
         if self._claim.acquire(blocking=False):
             self._run()
@@ -181,10 +181,21 @@ def _helper_loop(todo: queue.SimpleQueue[Beside]) -> None:
         del job  # its value belongs to the caller now
 
 
-_helper_queue: tuple[int, queue.SimpleQueue[Beside]] | None = None
+_helper_queue: queue.SimpleQueue[Beside] | None = None
 _starter_lock = threading.Lock()
 _todo: list[Background] = []  # asked for, not yet started
-_scheduled = 0  # the pid of the process whose start of _todo is under way, or 0
+_scheduled = False  # whether a start of _todo is under way (not in a forked child: below)
+# Which process this is, as fork() counts them: 0 in the one that imported fastmem, one more
+# in each child that fork() makes (the hook below runs before any other code there). What
+# state made before a fork is told from the child's own by, instead of os.getpid(): a
+# process's first getpid costs ~9 µs, and a fresh process's restart made six (issue 21).
+_forks = 0
+
+
+def forks() -> int:
+    """How many forks lie between this process and the one that imported fastmem."""
+    return _forks
+
 
 # --- fork -------------------------------------------------------------------------------
 # A child made by fork() has one thread, the one that forked; every other thread of the
@@ -252,8 +263,9 @@ def _after_fork_in_parent() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _starter_lock, _todo, _scheduled, _helper_queue
-    _starter_lock, _todo, _scheduled = threading.Lock(), [], 0  # the parent's start is not here
+    global _starter_lock, _todo, _scheduled, _helper_queue, _forks
+    _forks += 1
+    _starter_lock, _todo, _scheduled = threading.Lock(), [], False  # the parent's start is not here
     _helper_queue = None  # nor its helper thread
     _reset_starter()
     for _, _, child in _fork_hooks:
@@ -268,17 +280,16 @@ os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
 def _schedule(thread: Background) -> None:
     """Queue ``thread``; the first of a call's requests schedules their start."""
     global _scheduled
-    pid = thread._pid  # os.getpid() of a moment ago: a syscall each, four Backgrounds an open
     with _starter_lock:
         _todo.append(thread)
-        if _scheduled == pid:
+        if _scheduled:
             return
-        _scheduled = pid
+        _scheduled = True
     try:
         _start_later(START_DELAY, _start_queued)
     except BaseException:  # no thread (a resource limit): the next request tries again
         with _starter_lock:
-            _scheduled = 0
+            _scheduled = False
         raise
 
 
@@ -286,18 +297,18 @@ def _helper() -> queue.SimpleQueue[Beside]:
     """This process's queue of jobs for its helper thread (made by the first)."""
     global _helper_queue
     with _starter_lock:
-        if _helper_queue is None or _helper_queue[0] != os.getpid():  # none, or forked since
+        if _helper_queue is None:  # none yet (a fork's hook drops the parent's: below)
             todo: queue.SimpleQueue[Beside] = queue.SimpleQueue()
             _thread.start_new_thread(_helper_loop, (todo,))
-            _helper_queue = (os.getpid(), todo)
-        return _helper_queue[1]
+            _helper_queue = todo
+        return _helper_queue
 
 
 def _start_queued() -> None:
     """Start what was asked for meanwhile (what one call asked for starts together)."""
     global _todo, _scheduled
     with _starter_lock:
-        batch, _todo, _scheduled = _todo, [], 0
+        batch, _todo, _scheduled = _todo, [], False
     for thread in batch:
         if thread._claim.acquire(blocking=False):  # not run by a join() meanwhile
             _thread.start_new_thread(thread._run, ())

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._threads import Background, Flag, ForkGate, at_fork
+from ._threads import Background, Flag, ForkGate, at_fork, forks
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
 __all__ = [
@@ -196,7 +196,7 @@ def _finish_loads() -> None:
     global _exiting
     _exiting = True  # before reading _started: a load either sees this or is waited for
     for model in list(_loading):
-        if model._pid == os.getpid() and model._started.is_set():
+        if model._forks == forks() and model._started.is_set():
             model._loaded.wait(EXIT_WAIT)
 
 
@@ -267,7 +267,7 @@ class _BackgroundModel:
     def _begin_load(self) -> None:
         self._loaded = Flag()
         self._started = Flag()
-        self._pid = os.getpid()
+        self._forks = forks()
         _loading.add(self)
         self._loader = Background(self._load, "fastmem-embedder")
 

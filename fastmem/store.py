@@ -261,17 +261,18 @@ class MemoryStore:
         if not items:
             return []
         # Checked, embedded and summarized before the writer lock: other processes' writes
-        # wait only for the append.
+        # wait only for the append. No collection walks the batch: it is freed before one can run.
         with no_cyclic_gc():
             now = time.time()
             batch = Batch(items, now)
             vectors16 = prepare_commit(batch, self._embedder, self._summarizer, self.tokens, dim)
-        # A plain add only appends: a checkpoint's thread may go on beside it. The link to
-        # the old memory changes one of its rows: that waits for the thread.
-        with engine.writing(appending=supersedes is None), no_cyclic_gc():
-            if supersedes is not None:
-                return _supersede.commit(engine, batch, vectors16, supersedes)
-            return engine.commit_memories(batch, vectors16)
+            # A plain add only appends: a checkpoint's thread may go on beside it. The link
+            # to the old memory changes one of its rows: that waits for the thread.
+            with engine.writing(appending=supersedes is None):
+                ids = (engine.commit_memories(batch, vectors16) if supersedes is None
+                       else _supersede.commit(engine, batch, vectors16, supersedes))  # fmt: skip
+            del batch, vectors16
+        return ids
 
     def check_items(self, items: Iterable[Mapping[str, Any]]) -> None:
         """Check items as ``add_many`` would, writing nothing: what an import does before

@@ -271,6 +271,31 @@ def test_a_bad_vector_in_a_large_batch_is_the_error_even_when_counting_fails(sto
         assert store.add_many(items[:2]) == ["m0", "m1"]  # the ids no failed call took
 
 
+def test_add_many_frees_its_batch_before_the_collector_is_back_on(store_path):
+    """The cycle collector is paused while a batch lives, and the batch's young payloads
+    are freed by reference counting before it is back on: ten batches of 1,000 run at most
+    three collections (each call leaves ~100 young objects of its own: the ids, the index's
+    new runs), where a pause that ended with them alive ran one per batch."""
+    import gc
+
+    runs = []
+
+    def seen(phase, info):
+        if phase == "start":
+            runs.append(info["generation"])
+
+    with fastmem.open(store_path, dim=8, embedder=None) as store:
+        batches = [_large_batch(1000) for _ in range(10)]
+        gc.callbacks.append(seen)
+        try:
+            for batch in batches:
+                store.add_many(batch)
+        finally:
+            gc.callbacks.remove(seen)
+        assert len(store) == 10_000
+    assert gc.isenabled() and len(runs) <= 3, runs
+
+
 def test_a_large_batch_counts_its_texts_beside_and_stores_them_as_one_by_one(store_path):
     items = _large_batch(_items.BESIDE_MIN + 5)
     with fastmem.open(store_path, dim=8, embedder=None) as store:

@@ -69,6 +69,20 @@ def test_tokenize_batch_matches_reference_across_the_sort_switch(texts):
         assert g.dtype == w.dtype and np.array_equal(g, w)
 
 
+def test_tokenize_batch_reads_each_ascii_character_as_the_rules_say():
+    """Every ASCII character alone, between letters and repeated before an upper-case
+    letter at a text's end: the compiled tokenizer's byte table against the reference and
+    a regular expression (a token may end a text, a separator may start or end one)."""
+    texts = [form.format(c=chr(c)) for c in range(128) for form in ("{c}", "a{c}B", "{c}{c}{c}Z")]
+    got, want = kw_ext.tokenize_batch(texts), ref.tokenize_batch(texts)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w)
+    for i, text in enumerate(texts):
+        counts = Counter(_fnv(t) for t in re.findall(rb"[0-9a-z]+", text.lower().encode()))
+        assert got[0][got[1] == i].tolist() == sorted(counts)
+        assert got[3][i] == sum(counts.values())
+
+
 def test_tokenize_caps_tf_and_rejects_non_bytes():
     text = "A " * 70000
     for tokenize in (kw_ext.tokenize_batch, ref.tokenize_batch):

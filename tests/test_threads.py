@@ -228,6 +228,34 @@ def test_a_forked_child_gets_a_helper_of_its_own():
     assert done.returncode == 0
 
 
+def test_a_forked_child_tells_the_parents_threads_from_its_own():
+    """A fork is counted (``forks()``; no getpid on the open path): in the child, a
+    Background asked for in the parent is not run (its thread is the parent's) and
+    ``join()`` returns at once; one asked for in the child runs there; the parent's release
+    queue is not the child's."""
+    script = textwrap.dedent("""
+        import os, sys, threading
+        from fastmem import _files, _threads
+        ran = []
+        parents = _threads.Background(lambda: ran.append("parent's"), "test")  # not started yet
+        queue = _files.releaser()
+        before = _threads.forks()
+        pid = os.fork()
+        if pid == 0:
+            done = threading.Event()
+            _threads.Background(done.set, "test")
+            ok = (_threads.forks() == before + 1 and parents.join(0) and ran == []
+                  and done.wait(10) and _files.releaser() is not queue)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert parents.join(10) and ran == ["parent's"] and _threads.forks() == before
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=60, check=False)
+    assert done.returncode == 0
+
+
 def test_a_discarded_job_never_runs():
     release, started = threading.Event(), threading.Event()
     ran: list[str] = []
