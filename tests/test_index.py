@@ -12,6 +12,7 @@ hypothesis property: random appends, forgets and checkpoints against a dict mode
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -221,6 +222,74 @@ def test_save_load_round_trip_and_hot_section(tmp_path):
     assert hot_ids == newest[: fmt.HOT_MEMORIES]  # ids equal rows here
     append(loaded, [n])
     assert loaded.hot_rows() is None  # the tail has a row: the hot section is stale
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    base_ts=st.lists(st.integers(0, 6), min_size=1, max_size=30),
+    tail_ts=st.lists(st.integers(0, 6), min_size=1, max_size=30),
+    damaged=st.booleans(),
+)
+def test_checkpoint_time_order_merges_the_base_and_the_tail(
+    tmp_path_factory, base_ts, tail_ts, damaged
+):
+    """A full checkpoint's time order, from the base's order and the tail's merged, is the
+    stable sort of every row's timestamp (ties in id order), tail rows older, newer or tied
+    with the base's; a base whose order is not sorted by time (damage) is sorted again."""
+    nb = len(base_ts)
+    index = base_and_tail(tmp_path_factory.mktemp("o"), list(range(nb)), list(range(nb, nb + len(tail_ts))),
+                          [float(t) for t in base_ts], [float(t) for t in tail_ts])  # fmt: skip
+    if damaged and nb > 1 and len(set(base_ts)) > 1:
+        index.base_order[:] = index.base_order[::-1].copy()  # in bounds, newest first
+    ts = np.array(base_ts + tail_ts, dtype=float)
+    expected = np.lexsort((np.arange(len(ts)), ts))
+    assert index._order().tolist() == expected.tolist()
+    loaded = checkpoint(index, str(tmp_path_factory.mktemp("o2") / "t.idx"))
+    assert loaded.base_order.tolist() == expected.tolist()
+
+
+def test_full_checkpoint_drops_the_old_files_vectors_from_the_cache_as_they_are_copied(
+    tmp_path, monkeypatch
+):
+    """A full checkpoint copies the base's vectors file to file, part by part, and after
+    each part drops the old file's cached pages of it (issue 21: the new file's pages then
+    reuse memory freed a moment before); never a part not copied yet. The new file holds
+    the same index."""
+    from fastmem import _index
+
+    monkeypatch.setattr(_index, "_COPY_PART", 4096, raising=False)  # several parts
+    path = str(tmp_path / "t.idx")
+    index = base_and_tail(tmp_path, list(range(3000)), list(range(3000, 3100)))
+    size = index.base_vectors.nbytes
+    events = []
+    real_copy, real_advise = os.copy_file_range, os.posix_fadvise
+
+    def copy(src, dst, count, offset_src=None, offset_dst=None):
+        n = real_copy(src, dst, count, offset_src, offset_dst)
+        events.append(("copy", src, offset_src, offset_src + n))
+        return n
+
+    def advise(fd, offset, length, advice):
+        events.append(("drop", fd, offset, offset + length, advice))
+        return real_advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "copy_file_range", copy)
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    before = snapshot(index)
+    loaded = checkpoint(index, path)
+    assert snapshot(loaded) == before
+    copies = [e for e in events if e[0] == "copy"]
+    assert len(copies) == -(-size // 4096) and copies[-1][3] - copies[0][2] == size
+    copied, dropped = -1, []
+    for kind, fd, start, end, *advice in events:
+        assert fd == copies[0][1]  # the old file's descriptor
+        if kind == "copy":
+            copied = end
+        else:
+            assert advice == [os.POSIX_FADV_DONTNEED] and end <= copied  # only what is copied
+            dropped.append((start, end))
+    assert dropped[0][0] <= copies[0][2] and dropped[-1][1] == copies[-1][3]
+    assert all(b[0] <= a[1] for a, b in pairwise(dropped))  # no part left out
 
 
 def _damaged(path, at, value):
