@@ -750,15 +750,29 @@ class MemoryIndex:
     def append(
         self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
         quantized: tuple[np.ndarray, np.ndarray] | None = None,
-        terms: tuple[np.ndarray, ...] | None = None,
+        terms: tuple[np.ndarray, ...] | None = None, staged: bool = False,
     ) -> None:  # fmt: skip
         """Add rows (``INDEX_DTYPE``, ids above every existing one), their float16 vectors
         (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search).
 
         ``quantized`` (:func:`quantize_rows` of the vectors) and ``terms``
-        (``_keyword.tokenize`` of the texts), when given, were made before the writer lock."""
+        (``_keyword.tokenize`` of the texts), when given, were made before the writer lock.
+        After :meth:`stage` of the same rows and vectors, ``staged=True`` takes them."""
         self.pinned = None
         self.keyword.add(len(self), texts, (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0, terms)
+        if not staged:
+            self.stage(rows, vectors16, quantized)
+        self.tail.publish(len(rows))
+        self.live += int(np.count_nonzero((rows["flags"] & fmt.FLAG_FORGOTTEN) == 0))
+        self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
+
+    def stage(
+        self, rows: np.ndarray, vectors16: np.ndarray | None,
+        quantized: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> None:  # fmt: skip
+        """Copy rows and their int8 vectors into the tail's room past its rows (sets the
+        rows' scales), changing nothing a reader sees: :meth:`append` with ``staged=True``
+        adds them. The copies can then run while the rows' records are being written."""
         if vectors16 is not None and self.dim:
             if quantized is None:
                 quantized = quantize_rows(vectors16, (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0)
@@ -766,9 +780,7 @@ class MemoryIndex:
         else:
             q = np.zeros((len(rows), self.dim), dtype=np.int8)
         bulk = len(rows) >= _BULK_ROWS
-        self.tail.append(rows, q, 2 * self.tail_limit() + len(rows) if bulk else 0)
-        self.live += int(np.count_nonzero((rows["flags"] & fmt.FLAG_FORGOTTEN) == 0))
-        self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
+        self.tail.stage(rows, q, 2 * self.tail_limit() + len(rows) if bulk else 0)
 
     def tail_limit(self) -> int:
         """The tail's row count at which the engine checkpoints."""

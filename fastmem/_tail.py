@@ -43,6 +43,13 @@ class Tail:
         self._vectors = vectors
 
     def append(self, rows: np.ndarray, vectors: np.ndarray, reserve: int = 0) -> None:
+        self.stage(rows, vectors, reserve)
+        self.n += len(rows)
+
+    def stage(self, rows: np.ndarray, vectors: np.ndarray, reserve: int = 0) -> None:
+        """Copy rows and their vectors past the tail's own rows, where nothing reads them
+        (readers and a checkpoint's frozen copy see the first ``n``): ``publish`` makes
+        them the tail's; an append that fails meanwhile leaves the tail as it was."""
         end = self.n + len(rows)
         if end > len(self.rows):
             cap = max(end, 2 * len(self.rows), 64, reserve)
@@ -54,7 +61,10 @@ class Tail:
             self.vectors = gv
         self.rows[self.n : end] = rows
         self.vectors[self.n : end] = vectors
-        self.n = end
+
+    def publish(self, count: int) -> None:
+        """The ``count`` rows staged last are the tail's now."""
+        self.n += count
 
     def take(self, other: Tail, first: int) -> None:
         """Continue an empty tail with ``other``'s rows from ``first`` on, moved to the front

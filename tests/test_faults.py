@@ -10,13 +10,15 @@ lost; nothing of the failed call is visible after a reopen; the store opens and
 from __future__ import annotations
 
 import errno
+import os
 import time
 import warnings
 
 import pytest
 
 import fastmem
-from fastmem import ContextPolicy, DurabilityError, StoreFullError
+from fastmem import ContextPolicy, DurabilityError, StoreFullError, _engine
+from fastmem._index import MemoryIndex
 
 from faults import Faults
 
@@ -57,7 +59,58 @@ def test_a_failed_append_raises_a_named_error_and_keeps_nothing(store_path, code
     assert kept in _contents(store_path)
 
 
-def test_a_failed_cut_back_keeps_the_failed_write_out(store_path):
+@pytest.fixture(params=["here", "beside"])
+def written(request, monkeypatch):
+    """Where a batch's records are written: by the calling thread, or (as a batch of
+    WRITE_BESIDE_MIN bytes or more) by the helper thread while the caller stages its rows."""
+    if request.param == "beside":
+        monkeypatch.setattr(_engine, "WRITE_BESIDE_MIN", 1)
+    return request.param
+
+
+def test_a_batch_whose_write_fails_keeps_nothing(store_path, written):
+    with _open(store_path) as store:
+        kept = store.add("acknowledged")
+        with Faults(fail_at=1, errno_=errno.ENOSPC, only=("write",)), pytest.raises(StoreFullError):
+            store.add_many([{"text": f"never acknowledged {i}", "type": "new kind"} for i in range(50)])
+        assert [m.text for m in store] == ["acknowledged"] and len(store) == 1
+        again = store.add_many([{"text": f"after {i}"} for i in range(50)])
+        assert again[0] == f"m{int(kept[1:]) + 1}"  # the failed batch's ids are given again
+        hits = store.search("never acknowledged", k=60, mode="keyword")
+        assert [h.memory.text for h in hits] == ["acknowledged"]  # no postings of the failed batch
+    assert sorted(m.text for m in _contents(store_path).values()) == sorted(
+        ["acknowledged", *(f"after {i}" for i in range(50))]
+    )
+
+
+def test_a_batch_written_beside_is_cut_back_when_its_staging_fails(store_path, monkeypatch):
+    """The helper thread's write succeeds, the caller's copy into the tail fails: the
+    records are cut off the file and the index is as before (nothing was acknowledged)."""
+    monkeypatch.setattr(_engine, "WRITE_BESIDE_MIN", 1)
+    with _open(store_path) as store:
+        store.add("acknowledged")
+        size = os.path.getsize(store.dat_path)
+        stage = MemoryIndex.stage
+
+        def failing(self, *args, **kwargs):
+            stage(self, *args, **kwargs)
+            monkeypatch.setattr(MemoryIndex, "stage", stage)  # once: the index's rebuild stages too
+            hang = time.monotonic() + 60  # a guard against a hang, not a speed bound
+            while os.path.getsize(store.dat_path) == size:  # the write has reached the file
+                assert time.monotonic() < hang
+                time.sleep(0.001)
+            raise MemoryError("staging failed")
+
+        monkeypatch.setattr(MemoryIndex, "stage", failing)
+        with pytest.raises(MemoryError):
+            store.add_many([{"text": f"never acknowledged {i}"} for i in range(50)])
+        assert os.path.getsize(store.dat_path) == size
+        assert [m.text for m in store] == ["acknowledged"]
+        store.add_many([{"text": "after"}])
+    assert sorted(m.text for m in _contents(store_path).values()) == ["acknowledged", "after"]
+
+
+def test_a_failed_cut_back_keeps_the_failed_write_out(store_path, written):
     """A short write (whole records of the batch reach the file), then ENOSPC, then the
     ftruncate that would cut them off fails too: the handle keeps the writer lock, refuses
     writes, and cuts them when it closes, so they never become visible."""

@@ -61,3 +61,17 @@ def test_take_refuses_a_tail_that_holds_rows_or_another_dimension():
         _filled(10).take(_filled(20), 5)
     with pytest.raises(ValueError):
         Tail(DIM + 1).take(_filled(20), 5)
+
+
+def test_staged_rows_are_not_the_tails_until_published():
+    tail = _filled(10)
+    rows, vectors = _rows(10, 5)
+    tail.stage(rows, vectors)
+    assert tail.n == 10  # unread: a reader and a frozen copy see the first n rows
+    again, _ = _rows(10, 3)  # a failed append's staging is overwritten by the next
+    tail.append(again, vectors[:3])
+    assert tail.n == 13 and list(tail.rows["id"][:13]) == list(range(13))
+    tail.stage(*_rows(13, 300))  # grows the arrays, rows kept
+    tail.publish(300)
+    assert tail.n == 313 and list(tail.rows["id"][:313]) == list(range(313))
+    assert (tail.vectors[:313] == _rows(0, 313)[1]).all()
