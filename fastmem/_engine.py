@@ -565,10 +565,10 @@ class Engine:
         except BaseException:
             if writing is not None:
                 writing.cancel()  # a write under way ends first; written, it is cut back
-            if self.dat_end != start:
+            if self.dat_end == start:
+                index.drop_types_since(n_types)
+            else:
                 self._undo_append(start)
-                raise
-            index.drop_types_since(n_types)
             raise
         try:
             index.append(rows, vectors16, batch.texts, quantized=batch.quantized, terms=batch.terms,
