@@ -485,6 +485,7 @@ def unpack_idx_header(buf: Any, path: str) -> IdxHeader:
         or kw_terms > kw_postings
         or kw_postings >= 1 << 48
         or next_id > MAX_ID + 1
+        or kw_tokens > live * (DOC_DEAD - 1)  # each live row counts < DOC_DEAD
     ):
         raise CorruptIndexError(f"{path}: the index header is damaged", path=path, offset=0)
     return IdxHeader(

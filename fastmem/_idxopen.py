@@ -62,7 +62,11 @@ def open_index(
             raise CorruptIndexError(f"{path}: the commit slot points outside the file", path=path)
         delta = fmt.unpack_delta_header(buf, slot.offset, path)
         dl = fmt.delta_layout(delta, h.dim)
-        if dl.size != slot.length or delta.live > h.rows + delta.rows:
+        if (
+            dl.size != slot.length
+            or delta.live > h.rows + delta.rows
+            or delta.live_tokens > delta.live * (fmt.DOC_DEAD - 1)
+        ):
             raise CorruptIndexError(f"{path}: the delta's header is damaged", path=path)
     state = h if delta is None else delta
     check_covers(path, dat, dat_end, state.covered, state.last_offset, state.last_crc)

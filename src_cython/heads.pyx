@@ -120,7 +120,8 @@ cdef object _idx_header(const u8* p, i64 n, i64 at, object cls):
     if (load_le32(p + 12) != IDX_HEADER_SIZE or load_le32(p + 52) != ROW_SIZE
             or load_le32(p + 48) > MAX_DIM or live > rows or rows >= (<u64>1 << 32)
             or (kw_version != 0 and kw_version != KEYWORD_VERSION) or kw_terms > kw_postings
-            or kw_postings >= (<u64>1 << 48) or _le64(p + 80) > MAX_ID + 1):
+            or kw_postings >= (<u64>1 << 48) or _le64(p + 80) > MAX_ID + 1
+            or _le64(p + 120) > live * <u64>0x7FFFFFFF):  # live < 2^32: no overflow
         return None
     return cls(_bytes(p + 16, 16), rows, live, load_le32(p + 48), _le64(p + 56),
                _le64(p + 64), load_le32(p + 72), load_le32(p + 76), _le64(p + 80),
@@ -321,7 +322,8 @@ def idx_open(object buf, Py_ssize_t size, bytes uuid, Py_ssize_t dat_dim, object
             d_hot = _align(d_types + types_len)
             dl = DeltaLayout(DELTA_HEADER_SIZE, d_vectors, d_doc_len, d_prows, d_pdata, d_terms,
                              d_posting_rows, d_tf, d_types, d_hot, d_hot + hot_len)
-            if d_hot + hot_len != length or _le64(d + 16) > rows + d_rows:
+            if (d_hot + hot_len != length or _le64(d + 16) > rows + d_rows
+                    or _le64(d + 84) > _le64(d + 16) * <u64>0x7FFFFFFF):  # live < 2^33 here
                 return None
             covered, last_offset, last_crc, next_id = _le64(d + 24), _le64(d + 32), load_le32(d + 40), _le64(d + 44)
             types_at, hot_at = offset + d_types, offset + d_hot

@@ -195,3 +195,17 @@ def test_damage_in_each_index_section(name, data):
         idx[at : at + len(value)] = value
     readonly = data.draw(st.booleans())
     fuzz_open.one_input(bytes([2 | (fuzz_open.READONLY_BIT if readonly else 0)]) + bytes(idx[: len(SEEDS[2]) - 1]))
+
+
+@pytest.mark.parametrize("live_tokens", [0, 2**64 - 1])
+def test_a_damaged_keyword_token_count_raises_only_fastmem_errors(live_tokens):
+    """The header's count of the live rows' keyword tokens (BM25's average length), the
+    fixed header's last field, out of step with the rows, the checksum made to fit: the
+    writes, forget and checkpoint raise only fastmem errors. (A count near 2**64 once
+    overflowed the header's u64 at the next checkpoint, and a count below a forgotten
+    row's tokens went negative: struct.error from close.)"""
+    idx = bytearray(SEEDS[2][1:])
+    at = fmt.IDX_HEADER.size - 8
+    idx[at : at + 8] = live_tokens.to_bytes(8, "little")
+    assert fmt.IDX_HEADER.unpack_from(idx)[-1] == live_tokens  # that field
+    fuzz_open.one_input(bytes([2]) + bytes(idx))
