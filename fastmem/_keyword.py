@@ -258,6 +258,13 @@ class KeywordIndex:
             if not lens[i] & fmt.DOC_DEAD:
                 self.live_tokens -= int(lens[i])
                 lens[i] |= np.uint32(fmt.DOC_DEAD)
+                if self.live_tokens < 0:  # a damaged header's count: the rows' own counts hold
+                    self.live_tokens = self._counted_live_tokens()
+
+    def _counted_live_tokens(self) -> int:
+        """The live rows' token count, summed from each row's (``live_tokens`` keeps it)."""
+        parts = [self.tail_len[: self.tail_n]] + ([self.base.doc_len] if self.base is not None else [])
+        return sum(int(d[(d & np.uint32(fmt.DOC_DEAD)) == 0].sum(dtype=np.uint64)) for d in parts)
 
     def _consolidate(self) -> None:
         """Sort the pending postings into a run; small runs are merged as in a binary

@@ -209,3 +209,30 @@ def test_a_damaged_keyword_token_count_raises_only_fastmem_errors(live_tokens):
     idx[at : at + 8] = live_tokens.to_bytes(8, "little")
     assert fmt.IDX_HEADER.unpack_from(idx)[-1] == live_tokens  # that field
     fuzz_open.one_input(bytes([2]) + bytes(idx))
+
+
+def test_a_keyword_token_count_damaged_low_is_counted_again_when_forgets_pass_it(tmp_path):
+    """The header's count damaged to 0 (which no bound can tell from a store of empty
+    texts), then forgets of rows with tokens: the count went negative and the next
+    checkpoint's header could not hold it (struct.error from close). It is counted again
+    from the rows' own token counts, so the checkpoint and a reopen's search work."""
+    import fastmem
+
+    path = str(tmp_path / "store")
+    with fastmem.open(path, dim=8, embedder=None, summarizer=None) as store:
+        ids = store.add_many([{"text": f"alpha beta word{i} more words", "embedding": fuzz_open._vector(i)}
+                              for i in range(20)])  # fmt: skip
+    with open(path + ".idx", "rb") as f:
+        idx = bytearray(f.read())
+    at = fmt.IDX_HEADER.size - 8  # keyword_live_tokens, the fixed header's last field
+    assert int.from_bytes(idx[at : at + 8], "little") == 20 * 5
+    idx[at : at + 8] = bytes(8)
+    with open(path + ".idx", "wb") as f:
+        f.write(fuzz_open.fix_idx_crc(bytes(idx)))
+    with fastmem.open(path, embedder=None, summarizer=None) as store:
+        for mid in ids[:10]:
+            store.forget(mid)
+        store.checkpoint()
+    with fastmem.open(path, embedder=None, summarizer=None) as store:
+        assert len(store.search("alpha", 20, mode="keyword")) == 10
+        assert store.verify().ok
