@@ -202,8 +202,8 @@ def test_a_damaged_keyword_token_count_raises_only_fastmem_errors(live_tokens):
     """The header's count of the live rows' keyword tokens (BM25's average length), the
     fixed header's last field, out of step with the rows, the checksum made to fit: the
     writes, forget and checkpoint raise only fastmem errors. (A count near 2**64 once
-    overflowed the header's u64 at the next checkpoint, and a count below a forgotten
-    row's tokens went negative: struct.error from close.)"""
+    overflowed the header's u64 at the next checkpoint: struct.error from close. A count
+    too low: the next test.)"""
     idx = bytearray(SEEDS[2][1:])
     at = fmt.IDX_HEADER.size - 8
     idx[at : at + 8] = live_tokens.to_bytes(8, "little")
