@@ -108,8 +108,11 @@ def _num(mid: str) -> int:
 
 
 def _stored_vector(v: list[float]) -> np.ndarray:
-    arr = np.asarray(v, dtype=np.float64)[None]  # normalised as the store does it
-    return (arr / np.linalg.norm(arr, axis=1, keepdims=True)).astype("<f2").astype(np.float64)[0]
+    """Normalised as the store does it (``to_half``'s contract): float32 in, the squared
+    norm summed in float64 in order, the product rounded to float32, then to float16."""
+    x = np.asarray(v, dtype=np.float32).astype(np.float64)
+    unit = (x * (1.0 / np.sqrt(np.add.accumulate(x * x)[-1]))).astype(np.float32)
+    return unit.astype("<f2").astype(np.float64)
 
 
 class MemoryStoreMachine(RuleBasedStateMachine):
@@ -432,3 +435,15 @@ def test_get_after_metadata_update(store_path: str) -> None:
         store.update(mid, metadata={"k": 1})
         assert store.get(mid).metadata == {"k": 1}
         assert [m.metadata for m in store.recent(1)] == [{"k": 1}]
+
+
+def test_the_models_vector_is_the_stored_one_on_a_rounding_edge(store_path: str) -> None:
+    """A unit component within float32 rounding of a float16 midpoint (0.58471678 in
+    float64, 0.5847168 in float32, the midpoint 0.5847167969): the store rounds through
+    float32 (``to_half``), so the model must too. Found by the machine above: a float64
+    model was one float16 step off (0.58447 against the stored 0.58496)."""
+    emb = [2.441735029220581, 7.131709098815918, 9.227614402770996, 0.0, 0.0, 0.0, 9.0, 5.1067094802856445]
+    with fastmem.open(store_path, dim=DIM, embedder=None, summarizer=None) as store:
+        store.add_many([{"text": "0", "embedding": emb}])
+        (hit,) = store.search([0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0], 1, mode="vector")
+    assert hit.score == _stored_vector(emb)[2] == 0.5849609375
