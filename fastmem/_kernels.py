@@ -43,13 +43,14 @@ prepare_batch = _kernels_py.prepare_batch
 gather_vectors = _kernels_py.gather_vectors
 memory_ids = _kernels_py.memory_ids
 Cl100kCounter = _kernels_py.Cl100kCounter
+ranks_file = _kernels_py.ranks_file
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
           "file_size", "read_memory", "read_hot", "dat_header", "idx_header", "current_slot",
           "delta_header", "hot_section", "idx_open", "unpack", "pack_memories",
           "topk_int8", "dot_half", "to_half", "quantize_half", "to_half_quantized", "importance",
           "tokenize_batch", "bm25_topk", "merge_postings", "merge_postings_runs", "sort_postings",
-          "prepare_batch", "gather_vectors", "memory_ids", "Cl100kCounter")  # fmt: skip
+          "prepare_batch", "gather_vectors", "memory_ids", "Cl100kCounter", "ranks_file")  # fmt: skip
 
 
 def use(backend: str) -> str:

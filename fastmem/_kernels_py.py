@@ -12,7 +12,6 @@ import math
 import os
 import re
 import struct
-import threading
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -22,6 +21,8 @@ import lz4.block
 import msgpack
 import numpy as np
 
+# The token counter's reference has a module of its own; these are the kernels' names.
+from ._bpe_py import CL100K_PATTERN, Cl100kCounter, SharedCount, ranks_file  # noqa: F401
 from ._format import (
     FLAG_FORGOTTEN,
     FLAG_PINNED,
@@ -36,11 +37,13 @@ from ._format import (
     RECORD_HEADER_SIZE,
     RECORD_KINDS,
     RECORD_MAGIC,
-    current_slot as _current_slot,
     unpack_dat_header,
     unpack_delta_header,
     unpack_hot,
     unpack_idx_header,
+)
+from ._format import (
+    current_slot as _current_slot,
 )
 from ._idxopen import open_index
 from .errors import CorruptionError, FormatVersionError
@@ -814,79 +817,3 @@ def gather_vectors(vectors: list[Any], dim: int) -> np.ndarray | None:
         if len(v) != length or not 0 < length <= MAX_DIM:
             return None
     return np.stack(vectors)
-# cl100k_base's split pattern, as tiktoken holds it; the compiled counter implements exactly
-# this one by hand and refuses an encoding with any other.
-CL100K_PATTERN = (
-    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|"""
-    r"""\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
-)
-
-
-class Cl100kCounter:
-    """Exact token counts in a tiktoken encoding with cl100k_base's pattern: tiktoken itself,
-    ``len(encoding.encode_ordinary(text))``. The compiled twin splits and merges ASCII text
-    on its own and must count the same.
-
-    Raises:
-        ValueError: the encoding's split pattern is not cl100k_base's.
-    """
-
-    def __init__(self, encoding: Any) -> None:
-        if encoding._pat_str != CL100K_PATTERN:
-            raise ValueError("not cl100k_base's pattern: this counter would split it wrongly")
-        self._encode = encoding.encode_ordinary
-
-    def count(self, text: str) -> int:
-        """The number of tokens of ``text`` (special tokens counted as plain text)."""
-        return len(self._encode(text))
-
-    def count_many(self, texts: Sequence[str]) -> list[int]:
-        """The token count of each text in ``texts``."""
-        return [len(self._encode(t)) for t in texts]
-
-    def shared(self, texts: Sequence[str]) -> SharedCount:
-        """The counts of ``texts`` made by every thread that calls the result's ``work()``."""
-        return SharedCount(self._encode, texts)
-
-
-class SharedCount:
-    """One batch's token counts, counted by every thread that calls :meth:`work` at once:
-    the texts in steps of ``STEP``, each taken under a lock, counted into the thread's own
-    list and copied in unless another thread finished that step first; ``work(steal=True)``
-    also counts the steps other threads hold but have not finished (its caller never waits
-    for a descheduled thread). When it returns, every count is in."""
-
-    STEP = 64
-
-    def __init__(self, encode: Callable[[str], list[int]], texts: Sequence[str]) -> None:
-        self._encode = encode
-        self._texts = list(texts)
-        self._out: list[int] = [0] * len(self._texts)
-        self._state = [0] * -(-len(self._texts) // self.STEP)  # free, taken, counted
-        self._lock = threading.Lock()
-
-    def work(self, steal: bool = False) -> int:
-        """Count free steps until none is left (and, with ``steal``, the taken ones);
-        returns how many steps this call counted first."""
-        mine = 0
-        while True:
-            with self._lock:
-                s = next((i for i, state in enumerate(self._state) if state == 0), -1)
-                if s >= 0:
-                    self._state[s] = 1
-                elif steal:
-                    s = next((i for i, state in enumerate(self._state) if state == 1), -1)
-            if s < 0:
-                return mine
-            a = s * self.STEP
-            local = [len(self._encode(t)) for t in self._texts[a : a + self.STEP]]
-            with self._lock:
-                if self._state[s] != 2:
-                    self._out[a : a + len(local)] = local
-                    self._state[s] = 2
-                    mine += 1
-
-    def counts(self) -> list[int]:
-        """The count of each text; counts what is not counted yet itself."""
-        self.work(steal=True)
-        return self._out

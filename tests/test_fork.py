@@ -50,9 +50,11 @@ FORKER = textwrap.dedent("""
             return fn(*args, **kwargs)
         return wrapper
 
-    if window == "tokenizer":
+    if window == "tokenizer":  # tiktoken's encoding (made from the ranks file, or by tiktoken)
         import tiktoken
-        tiktoken.get_encoding = slow(tiktoken.get_encoding)
+        tiktoken.Encoding.__init__ = slow(tiktoken.Encoding.__init__)
+    elif window == "counter":  # the compiled counter's table, read before the encoding
+        tokens.cl100k_ranks_file = slow(tokens.cl100k_ranks_file)
     elif window == "model":
         embed.MiniLM._load_model = slow(embed.MiniLM._load_model)
     elif window == "preload":
@@ -104,7 +106,7 @@ def backend():
     yield fastmem.BACKEND
 
 
-@pytest.mark.parametrize("window", ["tokenizer", "model", "preload", "commit"])
+@pytest.mark.parametrize("window", ["counter", "tokenizer", "model", "preload", "commit"])
 def test_a_child_forked_inside_a_load_window_adds(tmp_path, window):
     env = dict(os.environ)
     env.pop("FASTMEM_EMBEDDER", None)  # the default model: its load is one of the windows

@@ -18,7 +18,8 @@ import fastmem
 PACKAGE = Path(fastmem.__file__).parent
 
 FLOORS: list[tuple[str, ...]] = [
-    ("errors", "_stopwords", "_threads", "_ext"),  # leaves: import nothing of fastmem's
+    # leaves: import nothing of fastmem's (_bpe_py: the token counter's reference, tiktoken)
+    ("errors", "_stopwords", "_threads", "_ext", "_bpe_py"),
     ("types", "_format", "namespaces", "summarize", "embed", "export"),
     ("_idxopen",),  # the checks an index file passes at open (the reference of heads.idx_open)
     ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache

@@ -1,14 +1,16 @@
-# Stubs of the compiled token counter; the twin of fastmem._kernels_py.Cl100kCounter.
-from collections.abc import Sequence
+# Stubs of the compiled token counter; the twin of fastmem._bpe_py.
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from typing_extensions import Self, disjoint_base
 
 CL100K_PATTERN: str
 
+def ranks_file(data: bytes) -> dict[bytes, int]: ...
+
 @disjoint_base
 class Cl100kCounter:
-    def __new__(cls, encoding: Any) -> Self: ...
+    def __new__(cls, source: Any, encode: Callable[[str], list[int]] | None = None) -> Self: ...
     def count(self, text: str) -> int: ...
     def count_many(self, texts: Sequence[str]) -> list[int]: ...
     def shared(self, texts: Sequence[str]) -> SharedCount: ...
