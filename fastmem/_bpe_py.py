@@ -63,13 +63,16 @@ class Cl100kCounter:
         if isinstance(source, bytes):
             if not callable(encode):
                 raise TypeError("a counter made from a ranks file needs encode()")
-            if any(not 0 < len(k) <= 255 for k in ranks_file(source)):
+            ranks = ranks_file(source)
+            if any(not 0 < len(k) <= 255 for k in ranks):
                 raise ValueError("a token this counter cannot hold")
             self._encode = encode
+            self._token_bytes: Callable[[int], bytes] = {r: k for k, r in ranks.items()}.__getitem__
             return
         if source._pat_str != CL100K_PATTERN:
             raise ValueError("not cl100k_base's pattern: this counter would split it wrongly")
         self._encode = source.encode_ordinary
+        self._token_bytes = source.decode_single_token_bytes
 
     def count(self, text: str) -> int:
         """The number of tokens of ``text`` (special tokens counted as plain text)."""
@@ -82,6 +85,17 @@ class Cl100kCounter:
     def shared(self, texts: Sequence[str]) -> SharedCount:
         """The counts of ``texts`` made by every thread that calls the result's ``work()``."""
         return SharedCount(self._encode, texts)
+
+    def token_ends(self, text: str, limit: int) -> list[int] | None:
+        """Where each of the first ``limit`` tokens of ``text`` ends (character offsets, in
+        order; fewer when it has fewer), or None when the text is not ASCII."""
+        if not text.isascii():
+            return None
+        ends, at = [], 0
+        for token in self._encode(text)[: max(limit, 0)]:
+            at += len(self._token_bytes(token))  # an ASCII text's tokens: one byte a character
+            ends.append(at)
+        return ends
 
 
 class SharedCount:

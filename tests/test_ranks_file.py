@@ -218,20 +218,87 @@ def test_counting_does_not_wait_for_tiktoken(monkeypatch: pytest.MonkeyPatch, ke
         def count() -> None:
             done["counts"] = counter.count_many(["one two three", "four"])
             done["count"] = counter.count("five six")
-            done["truncated"] = counter.truncate("seven eight", 5)
+            done["truncated"] = [counter.truncate("seven eight", 5), counter.truncate("seven eight nine", 2)]
 
         worker = threading.Thread(target=count)
         worker.start()
         worker.join(10 if kernels == "cython" else 0.5)
         if kernels == "cython":
-            assert done == {"counts": [3, 1], "count": 2, "truncated": "seven eight"}
+            assert done == {"counts": [3, 1], "count": 2, "truncated": ["seven eight", "seven eight"]}
             assert counter.ready
         else:
             assert done == {}  # waiting for tiktoken
         release.set()
         worker.join(30)
         assert done["counts"] == [3, 1]
-        assert counter.truncate("seven eight nine ten", 2) == "seven eight"  # tiktoken's cut
+        assert counter.truncate("café au lait", 2) == "café"  # not ASCII: tiktoken's cut
     finally:
         release.set()
         _kernels.use(previous)
+
+
+def _truncate_by_tiktoken(encoding: Any, text: str, max_tokens: int) -> str:
+    """TokenCounter.truncate as it was before the counter cut ASCII text itself."""
+    tokens = encoding.encode_ordinary(text)
+    if len(tokens) <= max_tokens:
+        return text
+    for n in range(max_tokens, 0, -1):
+        try:
+            prefix = encoding.decode(tokens[:n], errors="strict")
+        except UnicodeDecodeError:
+            continue
+        if len(encoding.encode_ordinary(prefix)) <= max_tokens:
+            return prefix
+    return ""
+
+
+# ASCII text of letters, digits, punctuation and white space, with common pieces (hypothesis
+# shrinks it toward the edges of the split pattern).
+_TEXT = st.lists(
+    st.sampled_from(list("aeiou rstln'.,:-!?0123\n\t") + ["the ", "ing", "tion ", "  ", "zzzz"]), max_size=120
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_TEXT, st.integers(0, 60))
+def test_token_ends_are_tiktokens(text: str, limit: int) -> None:
+    """The compiled counter's token ends are tiktoken's (the reference's), long pieces
+    (tiktoken's heap merge, over 100 bytes) included."""
+    from fastmem._ext import bpe
+
+    compiled = bpe.Cl100kCounter(_encoding())
+    reference = _kernels_py.Cl100kCounter(_encoding())
+    for t in (text, text.replace(" ", "") * 3):
+        assert compiled.token_ends(t, limit) == reference.token_ends(t, limit)
+        assert reference.token_ends(t, limit) == _ends(t, limit)
+    assert compiled.token_ends(text + "é", limit) is None
+
+
+def _ends(text: str, limit: int) -> list[int]:
+    ends, at = [], 0
+    for token in _encoding().encode_ordinary(text)[:limit]:
+        at += len(_encoding().decode_single_token_bytes(token))
+        ends.append(at)
+    return ends
+
+
+@pytest.mark.parametrize("kernels", ["cython", "python"])
+def test_truncate_cuts_as_tiktoken_did(kernels: str) -> None:
+    previous = _kernels.BACKEND
+    _kernels.use(kernels)
+    try:
+        counter = TokenCounter("cl100k_base")
+        texts = ["one two three four five", "x" * 250, "don't  stop\n\n  me now 12345 678", "a b",
+                 "café au lait, s'il vous plaît", "", "     ", "The rent is $1,250/month; due 1st."]  # fmt: skip
+        for text in texts:
+            for limit in (0, 1, 2, 3, 5, 8, 40):
+                assert counter.truncate(text, limit) == _truncate_by_tiktoken(_encoding(), text, limit)
+    finally:
+        _kernels.use(previous)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_TEXT, st.integers(0, 40))
+def test_truncate_of_any_ascii_text_is_tiktokens(text: str, limit: int) -> None:
+    counter = TokenCounter("cl100k_base")
+    assert counter.truncate(text, limit) == _truncate_by_tiktoken(_encoding(), text, limit)
