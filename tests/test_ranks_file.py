@@ -255,7 +255,8 @@ def _truncate_by_tiktoken(encoding: Any, text: str, max_tokens: int) -> str:
 # ASCII text of letters, digits, punctuation and white space, with common pieces (hypothesis
 # shrinks it toward the edges of the split pattern).
 _TEXT = st.lists(
-    st.sampled_from(list("aeiou rstln'.,:-!?0123\n\t") + ["the ", "ing", "tion ", "  ", "zzzz"]), max_size=120
+    st.sampled_from(list("aeiou rstlnAZ'.,:-!?$0129\n\r\t\x0b") + ["the ", "ing", "tion ", "  ", "zzzz", "'s"]),
+    max_size=120,
 ).map("".join)
 
 
