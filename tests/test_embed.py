@@ -155,8 +155,8 @@ def test_the_packaged_model_is_looked_for_in_its_folder(monkeypatch):
     test_without_the_model_open_says_what_to_do)."""
     folder = Path(embed.__file__).resolve().parent / "models" / "all-MiniLM-L6-v2-int8"
     assert embed.ONNX_MODEL_DIR == folder
-    looked, isfile = [], os.path.isfile
-    monkeypatch.setattr(os.path, "isfile", lambda p: looked.append(p) or isfile(p))
+    looked, real_stat = [], os.stat
+    monkeypatch.setattr(os, "stat", lambda p, *a, **k: looked.append(p) or real_stat(p, *a, **k))
     assert embed.find_onnx_model() == folder
     assert looked == [os.path.join(os.fspath(folder), name) for name in ("model.onnx", "tokenizer.json")]
     looked.clear()
