@@ -26,7 +26,10 @@ def ranks_file(data: bytes) -> dict[bytes, int]:
     Raises:
         ValueError: a line that is not such a line (its number is in the message), or a
             token listed twice.
+        TypeError: ``data`` is not bytes.
     """
+    if not isinstance(data, bytes):
+        raise TypeError(f"expected bytes, got {type(data).__name__}")
     ranks: dict[bytes, int] = {}
     lines = 0
     for number, line in enumerate(data.split(b"\n"), 1):

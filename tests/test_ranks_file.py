@@ -145,6 +145,15 @@ def test_a_token_twice_is_refused() -> None:
             kind(data, _no_encode)
 
 
+@pytest.mark.parametrize("data", [None, "YQ== 0\n", bytearray(b"YQ== 0\n")])
+def test_only_bytes_are_parsed(data: Any) -> None:
+    from fastmem._ext import bpe
+
+    for parse in (bpe.ranks_file, _kernels_py.ranks_file):
+        with pytest.raises(TypeError):
+            parse(data)
+
+
 def test_a_counter_from_a_file_needs_encode() -> None:
     from fastmem._ext import bpe
 
