@@ -224,7 +224,9 @@ cdef bint _covers(object dat, i64 dat_end, u64 covered, u64 last_offset, u32 las
         return False
     if covered == DAT_HEADER_SIZE:
         return True
-    if last_offset < DAT_HEADER_SIZE or last_offset + RECORD_HEADER_SIZE > <u64>dat_end:
+    # dat_end >= covered > DAT_HEADER_SIZE: the subtraction cannot wrap (a sum with a
+    # damaged offset near 2**64 did, passed, and read far outside the map).
+    if last_offset < DAT_HEADER_SIZE or last_offset > <u64>dat_end - RECORD_HEADER_SIZE:
         return False
     PyObject_GetBuffer(dat, &view, PyBUF_SIMPLE)
     try:

@@ -197,6 +197,20 @@ def test_damage_in_each_index_section(name, data):
     fuzz_open.one_input(bytes([2 | (fuzz_open.READONLY_BIT if readonly else 0)]) + bytes(idx[: len(SEEDS[2]) - 1]))
 
 
+@pytest.mark.parametrize("last_offset", [2**64 - 1, 2**64 - 8, 2**64 - 20])
+def test_a_last_record_offset_near_2_64_is_refused(last_offset):
+    """The header's offset of the last record it covers damaged to near 2**64, the checksum
+    made to fit: the index is refused as stale (and rebuilt), as the reference refuses it.
+    The compiled open added a record header's size to it, the sum wrapped around, passed
+    the bounds check, and the record was read far outside the data file's map: a
+    segmentation fault, found by CI's hypothesis run of the test above."""
+    idx = bytearray(SEEDS[2][1:])
+    at = 64  # last_offset, after covered
+    idx[at : at + 8] = last_offset.to_bytes(8, "little")
+    assert fmt.IDX_HEADER.unpack_from(idx)[9] == last_offset  # that field
+    fuzz_open.one_input(bytes([2]) + bytes(idx))
+
+
 @pytest.mark.parametrize("live_tokens", [0, 2**64 - 1])
 def test_a_damaged_keyword_token_count_raises_only_fastmem_errors(live_tokens):
     """The header's count of the live rows' keyword tokens (BM25's average length), the
