@@ -34,6 +34,7 @@ cdef enum:
     HOT_MEMORIES = 128
 
 cdef u64 MAX_ID = (<u64>1 << 63) - 1
+cdef u64 MAX_DOC_TOKENS = 0x7FFFFFFF  # a live row's keyword tokens: below fmt.DOC_DEAD
 cdef const char* DAT_MAGIC = b"FMEMDATA"
 cdef const char* IDX_MAGIC = b"FMEMINDX"
 cdef const char* SLOT_MAGIC = b"FMEMSLOT"
@@ -44,7 +45,7 @@ CONSTANTS = dict(DAT_HEADER_SIZE=DAT_HEADER_SIZE, FORMAT_VERSION=FORMAT_VERSION,
                  IDX_VERSIONS=tuple(range(IDX_VERSION_FIRST, IDX_VERSION_LAST + 1)),
                  ROW_SIZE=ROW_SIZE, KEYWORD_VERSION=KEYWORD_VERSION, SLOT_SIZE=SLOT_SIZE,
                  SLOT_PAGE=SLOT_PAGE, DELTA_HEADER_END=DELTA_HEADER_END, MAX_ID=MAX_ID,
-                 HOT_MEMORIES=HOT_MEMORIES,
+                 HOT_MEMORIES=HOT_MEMORIES, MAX_DOC_TOKENS=MAX_DOC_TOKENS,
                  DAT_MAGIC=DAT_MAGIC[:8], IDX_MAGIC=IDX_MAGIC[:8], SLOT_MAGIC=SLOT_MAGIC[:8],
                  DELTA_MAGIC=DELTA_MAGIC[:8])
 
@@ -121,7 +122,7 @@ cdef object _idx_header(const u8* p, i64 n, i64 at, object cls):
             or load_le32(p + 48) > MAX_DIM or live > rows or rows >= (<u64>1 << 32)
             or (kw_version != 0 and kw_version != KEYWORD_VERSION) or kw_terms > kw_postings
             or kw_postings >= (<u64>1 << 48) or _le64(p + 80) > MAX_ID + 1
-            or _le64(p + 120) > live * <u64>0x7FFFFFFF):  # live < 2^32: no overflow
+            or _le64(p + 120) > live * MAX_DOC_TOKENS):  # live < 2^32: no overflow
         return None
     return cls(_bytes(p + 16, 16), rows, live, load_le32(p + 48), _le64(p + 56),
                _le64(p + 64), load_le32(p + 72), load_le32(p + 76), _le64(p + 80),
@@ -325,7 +326,7 @@ def idx_open(object buf, Py_ssize_t size, bytes uuid, Py_ssize_t dat_dim, object
             dl = DeltaLayout(DELTA_HEADER_SIZE, d_vectors, d_doc_len, d_prows, d_pdata, d_terms,
                              d_posting_rows, d_tf, d_types, d_hot, d_hot + hot_len)
             if (d_hot + hot_len != length or _le64(d + 16) > rows + d_rows
-                    or _le64(d + 84) > _le64(d + 16) * <u64>0x7FFFFFFF):  # live < 2^33 here
+                    or _le64(d + 84) > _le64(d + 16) * MAX_DOC_TOKENS):  # live < 2^33 here
                 return None
             covered, last_offset, last_crc, next_id = _le64(d + 24), _le64(d + 32), load_le32(d + 40), _le64(d + 44)
             types_at, hot_at = offset + d_types, offset + d_hot

@@ -76,6 +76,7 @@ def test_compiled_constants_match_the_format():
         fmt.DAT_MAGIC, fmt.IDX_MAGIC, fmt.SLOT_MAGIC, fmt.DELTA_MAGIC)  # fmt: skip
     assert fmt.DAT_HEADER.size == c["DAT_HEADER_SIZE"]
     assert c["HOT_MEMORIES"] == fmt.HOT_MEMORIES
+    assert c["MAX_DOC_TOKENS"] == fmt.DOC_DEAD - 1
 
 
 @pytest.fixture(scope="module")
