@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -217,6 +218,16 @@ for b in range(int(sys.argv[3]) if len(sys.argv) > 3 else 40):
 """
 
 
+def _open_after_kill(store_path) -> fastmem.MemoryStore:
+    """The kill can land inside an append as well as in the thread's checkpoint: the torn
+    tail is cut, and only that is allowed (any other recovery, a rebuilt index, fails)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", "fastmem cut .* interrupted write", fastmem.RecoveryWarning
+        )
+        return fastmem.open(store_path, dim=8)
+
+
 @pytest.mark.parametrize("where", ["before-rename", "after-rename"])
 def test_a_kill_during_the_threads_checkpoint_loses_nothing_acknowledged(
     store_path, tmp_path, where, backend
@@ -239,7 +250,7 @@ def test_a_kill_during_the_threads_checkpoint_loses_nothing_acknowledged(
     child.wait()
     child.stdout.close()
     assert seen_thread and len(acknowledged) >= 900
-    with fastmem.open(store_path, dim=8) as store:
+    with _open_after_kill(store_path) as store:
         assert store.verify().ok
         texts = {m.id: m.text for m in store}
     for n, mid in enumerate(acknowledged):
@@ -291,7 +302,7 @@ def test_kills_at_random_moments_of_a_load_that_checkpoints_in_a_thread(
         batches = [json.loads(line) for line in lines if line != "thread\n"]
         for b, ids in enumerate(batches):
             acknowledged.update((mid, f"batch {b} item {i}") for i, mid in enumerate(ids))
-    with fastmem.open(store_path, dim=8) as store:
+    with _open_after_kill(store_path) as store:
         assert store.verify().ok
         texts = {m.id: m.text for m in store}
     assert len(acknowledged) >= 300 and all(
@@ -306,7 +317,9 @@ def test_a_supersedes_link_goes_into_the_checkpoint_its_add_starts(store_path, s
     with fastmem.open(store_path, dim=DIM) as store:
         ids = store.add_many(_items(0, 511))
         assert not started
-        new = store.add("The user moved to Berlin.", embedding=np.ones(DIM, np.float32), supersedes=ids[0])
+        new = store.add(
+            "The user moved to Berlin.", embedding=np.ones(DIM, np.float32), supersedes=ids[0]
+        )
         assert started
         store._engine.finish_checkpoint()
         assert _header(store_path).rows == 512  # the thread's checkpoint holds both
