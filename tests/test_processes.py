@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -75,7 +76,13 @@ def _check_final_state(store_path: str, acks: list[dict], *, killed: bool) -> No
     assert len(ids) == len(set(ids))  # unique across processes
     forgotten = {a["id"] for a in acks if a["op"] == "forget"}
     importance = {a["id"]: a["importance"] for a in acks if a["op"] == "update"}
-    with fastmem.open(store_path, embedder=None, timeout=1) as store:  # the lock is free
+    with warnings.catch_warnings():
+        if killed:  # the last kills can land inside an append: only its torn tail is cut
+            warnings.filterwarnings(
+                "ignore", "fastmem cut .* interrupted write", fastmem.RecoveryWarning
+            )
+        store = fastmem.open(store_path, embedder=None, timeout=1)  # the lock is free
+    with store:
         assert store.verify().ok
         live = {m.id: m for m in store}
         for a in adds:
