@@ -15,10 +15,10 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 
 import numpy as np
 import pytest
+from conftest import torn_tail_allowed
 from test_checkpoint import DIM, _header, _items, _rebuilt_view, _view
 
 import fastmem
@@ -219,12 +219,8 @@ for b in range(int(sys.argv[3]) if len(sys.argv) > 3 else 40):
 
 
 def _open_after_kill(store_path) -> fastmem.MemoryStore:
-    """The kill can land inside an append as well as in the thread's checkpoint: the torn
-    tail is cut, and only that is allowed (any other recovery, a rebuilt index, fails)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings(
-            "ignore", "fastmem cut .* interrupted write", fastmem.RecoveryWarning
-        )
+    """The kill can land inside an append as well as in the thread's checkpoint."""
+    with torn_tail_allowed():
         return fastmem.open(store_path, dim=8)
 
 

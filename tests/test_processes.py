@@ -9,6 +9,7 @@ random moments, nothing acknowledged is lost and the lock is never left held.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -16,11 +17,11 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from conftest import torn_tail_allowed
 from procs_worker import read_acks
 
 import fastmem
@@ -76,11 +77,7 @@ def _check_final_state(store_path: str, acks: list[dict], *, killed: bool) -> No
     assert len(ids) == len(set(ids))  # unique across processes
     forgotten = {a["id"] for a in acks if a["op"] == "forget"}
     importance = {a["id"]: a["importance"] for a in acks if a["op"] == "update"}
-    with warnings.catch_warnings():
-        if killed:  # the last kills can land inside an append: only its torn tail is cut
-            warnings.filterwarnings(
-                "ignore", "fastmem cut .* interrupted write", fastmem.RecoveryWarning
-            )
+    with torn_tail_allowed() if killed else contextlib.nullcontext():
         store = fastmem.open(store_path, embedder=None, timeout=1)  # the lock is free
     with store:
         assert store.verify().ok
