@@ -346,15 +346,16 @@ class MemoryIndex:
         sizes, is written last."""
         self._views()  # the delta's changed rows, applied
         merging = Beside(self.keyword.section)
-        n = len(self)
-        tail_n = self.tail.n
-        types = fmt.pack_types(self.user_types)
-        hot = self._hot(dat)
-        layout = fmt.idx_layout(n, self.dim, len(types), len(hot))  # up to the postings
-        order = self._order()
-        tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = -1
         try:
+            n = len(self)
+            tail_n = self.tail.n
+            types = fmt.pack_types(self.user_types)
+            hot = self._hot(dat)
+            layout = fmt.idx_layout(n, self.dim, len(types), len(hot))  # up to the postings
+            order = self._order()
+            tmp = path + ".tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb", closefd=False) as f:
                 f.write(bytes(layout.rows))  # the header's place
                 _write(f, self.base_rows)
@@ -387,11 +388,13 @@ class MemoryIndex:
             if sync:
                 os.fsync(fd)
         finally:
-            # An error above: the merge is not wanted, but one under way works on the live
-            # postings (section() consolidates them) and its result may hold the mapped
-            # file: neither may outlive this call (a fault sweep found both).
+            # An error above (from the start: the file's creation too): the merge is not
+            # wanted, but one under way works on the live postings (section() consolidates
+            # them) and its result may hold the mapped file: neither may outlive this call
+            # (the fault sweep found both, the second only when the merge was slow).
             merging.cancel()
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         os.replace(tmp, path)
 
     def _write_base_vectors(self, f: Any) -> None:

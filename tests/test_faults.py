@@ -243,6 +243,36 @@ def test_a_failed_checkpoint_leaves_no_partial_index(store_path):
         store.add("the handle still writes")
 
 
+
+def test_a_checkpoint_that_cannot_create_its_file_leaves_no_merge_running(store_path, monkeypatch):
+    """A full checkpoint starts merging the postings on the helper thread before it creates
+    ``.idx.tmp``. When that creation fails, the merge (whose result holds the index's
+    mapped file) must be waited for and dropped before the error is raised: left running,
+    it kept the old index file open past the failed call (CI's fault sweep, under load)."""
+    import threading
+
+    from fastmem._keyword import KeywordIndex
+
+    ended = threading.Event()
+    real_section = KeywordIndex.section
+
+    def slow_section(self, *args, **kwargs):
+        time.sleep(0.3)  # still merging when the file's creation fails
+        try:
+            return real_section(self, *args, **kwargs)
+        finally:
+            ended.set()
+
+    with _open(store_path) as store:
+        store.add_many([{"text": f"memory {i}"} for i in range(100)])
+        monkeypatch.setattr(KeywordIndex, "section", slow_section)
+        with Faults(fail_at=1, errno_=errno.ENOSPC, only=("open",)), pytest.raises(StoreFullError):
+            store.checkpoint()
+        assert ended.is_set()
+        monkeypatch.undo()
+        assert not os.path.exists(store.idx_path + ".tmp")
+
+
 # --- a real full disk --------------------------------------------------------------------
 
 
