@@ -253,25 +253,32 @@ def test_a_checkpoint_that_cannot_create_its_file_leaves_no_merge_running(store_
 
     from fastmem._keyword import KeywordIndex
 
-    ended = threading.Event()
-    real_section = KeywordIndex.section
+    started, ended = threading.Event(), threading.Event()
+    real_section, real_open = KeywordIndex.section, os.open
 
     def slow_section(self, *args, **kwargs):
+        started.set()
         time.sleep(0.3)  # still merging when the file's creation fails
         try:
             return real_section(self, *args, **kwargs)
         finally:
             ended.set()
 
+    def failing_open(path, *args, **kwargs):
+        if str(path).endswith(".idx.tmp"):
+            assert started.wait(30), "the helper thread never began the merge"
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_open(path, *args, **kwargs)
+
     with _open(store_path) as store:
         store.add_many([{"text": f"memory {i}"} for i in range(100)])
         monkeypatch.setattr(KeywordIndex, "section", slow_section)
-        with Faults(fail_at=1, errno_=errno.ENOSPC, only=("open",)), pytest.raises(StoreFullError):
+        monkeypatch.setattr(os, "open", failing_open)
+        with pytest.raises(StoreFullError):
             store.checkpoint()
         assert ended.is_set()
         monkeypatch.undo()
         assert not os.path.exists(store.idx_path + ".tmp")
-
 
 # --- a real full disk --------------------------------------------------------------------
 
