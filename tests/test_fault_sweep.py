@@ -22,7 +22,8 @@ their first and last call: 272 combinations, ~12 s. ``FASTMEM_FAULT_SWEEP=full``
 every call number (628 combinations, ~35 s). Found so far: a failed backup left
 ``.idx.tmp`` or a ``.dat`` without its index, and leaked the source descriptor when its
 file could not be created; a failed directory sync after a compaction or repair leaked
-the old files' descriptors.
+the old files' descriptors; a full checkpoint whose ``.idx.tmp`` could not be created left
+its postings' merge running, holding the old index's map (and descriptor) open.
 """
 
 from __future__ import annotations
