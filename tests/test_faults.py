@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 import warnings
 
@@ -19,6 +20,7 @@ import pytest
 import fastmem
 from fastmem import ContextPolicy, DurabilityError, StoreFullError, _engine
 from fastmem._index import MemoryIndex
+from fastmem._keyword import KeywordIndex
 
 from faults import Faults
 
@@ -243,16 +245,11 @@ def test_a_failed_checkpoint_leaves_no_partial_index(store_path):
         store.add("the handle still writes")
 
 
-
 def test_a_checkpoint_that_cannot_create_its_file_leaves_no_merge_running(store_path, monkeypatch):
     """A full checkpoint starts merging the postings on the helper thread before it creates
     ``.idx.tmp``. When that creation fails, the merge (whose result holds the index's
     mapped file) must be waited for and dropped before the error is raised: left running,
     it kept the old index file open past the failed call (CI's fault sweep, under load)."""
-    import threading
-
-    from fastmem._keyword import KeywordIndex
-
     started, ended = threading.Event(), threading.Event()
     real_section, real_open = KeywordIndex.section, os.open
 
@@ -279,6 +276,7 @@ def test_a_checkpoint_that_cannot_create_its_file_leaves_no_merge_running(store_
         assert ended.is_set()
         monkeypatch.undo()
         assert not os.path.exists(store.idx_path + ".tmp")
+
 
 # --- a real full disk --------------------------------------------------------------------
 
