@@ -23,7 +23,8 @@ from typing import Any
 import workload
 
 import fastmem
-from fastmem import _engine, _index, _items, _kernels, _keyword, store as store_module, tokens
+from fastmem import _engine, _index, _items, _kernels, _keyword, _tail, tokens
+from fastmem import store as store_module
 
 spent: dict[str, float] = defaultdict(float)
 # --cpu: this thread's CPU time (user + system) instead of the wall clock, for a loaded
@@ -96,7 +97,7 @@ def main() -> None:
     _engine.Engine.checkpoint = timed("  checkpoint", _engine.Engine.checkpoint)  # type: ignore[method-assign]
     _index.MemoryIndex.append = timed("  index.append", _index.MemoryIndex.append)  # type: ignore[method-assign]
     _keyword.KeywordIndex.add = timed("    keyword.add", _keyword.KeywordIndex.add)  # type: ignore[method-assign]
-    _index._Tail.append = timed("    tail append", _index._Tail.append)  # type: ignore[method-assign]
+    _tail.Tail.append = timed("    tail append", _tail.Tail.append)  # type: ignore[method-assign]
     batches = workload.generate(n).fastmem_batches()
     folder = tempfile.mkdtemp(prefix="fastmem-add-", dir=os.environ.get("FASTMEM_BENCH_DIR"))
     path = os.path.join(folder, "store")
