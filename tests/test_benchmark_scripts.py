@@ -2,8 +2,9 @@
 build a store a particular way) still run. Nothing else would notice a refactor that moves
 what they wrap: ``add_many_stages.py`` wrapped ``_index._Tail`` long after it had moved to
 ``_tail.Tail``, and failed with an AttributeError at its first line of work. Each runs at its
-smallest size (one batch of the workload), with each kernel backend; what it prints is not checked, only that it ran.
-``procs_speed.py`` is left out: it starts several writer processes for tens of seconds."""
+smallest size (one batch of the workload), with each kernel backend; what it prints is not
+checked, only that it ran. ``procs_speed.py`` is left out: it starts several writer
+processes for tens of seconds."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ pytestmark = pytest.mark.skipif(
 def test_a_benchmark_script_that_wraps_private_code_still_runs(
     argv: list[str], backend: str, tmp_path: Path
 ) -> None:
-    env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_BENCH_DIR": str(tmp_path), "FASTMEM_BACKEND": backend}
+    env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_BENCH_DIR": str(tmp_path),
+           "FASTMEM_BACKEND": backend}  # fmt: skip
     done = subprocess.run([sys.executable, str(BENCHMARKS / argv[0]), *argv[1:]], check=False,
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
