@@ -2,10 +2,10 @@
 
     python benchmarks/plots.py
 
-* docs/restart.png and docs/query-latency.png from results-compare.json
+* docs/img/restart.png and docs/img/query-latency.png from results-compare.json
   (``python benchmarks/compare.py``, whose command each figure names);
-* docs/locomo-recall.png from RESULTS-locomo.md (``LOCOMO_COMMAND``);
-* docs/beam-recall.png from RESULTS-beam.md (``BEAM_COMMAND``).
+* docs/img/locomo-recall.png from RESULTS-locomo.md (``LOCOMO_COMMAND``);
+* docs/img/beam-recall.png from RESULTS-beam.md (``BEAM_COMMAND``).
 
 Needs matplotlib (``pip install '.[bench]'``).
 """
@@ -22,7 +22,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-DOCS = HERE.parent / "docs"
+DOCS = HERE.parent / "docs" / "img"
 FASTMEM_RED = "#d62728"
 LOCOMO_COMMAND = "python benchmarks/locomo.py --baselines --out benchmarks/RESULTS-locomo.md"
 BEAM_COMMAND = "python benchmarks/beam.py --baselines --out benchmarks/RESULTS-beam.md"
@@ -52,7 +52,7 @@ def _lines(ax: Any, results: dict[str, Any], key: str) -> None:
 
 
 def _save(fig: Any, name: str, commands: list[str]) -> None:
-    """docs/``name``, with the commands that regenerate it along the bottom."""
+    """docs/img/``name``, with the commands that regenerate it along the bottom."""
     fig.text(0.01, 0.01, "; ".join([*commands, "python benchmarks/plots.py"]), fontsize=7,
              alpha=0.7, wrap=True)  # fmt: skip
     fig.tight_layout(rect=(0, 0.05, 1, 1))

@@ -1,6 +1,6 @@
 """The on-disk format of a fastmem store: the single source of truth.
 
-A store is two files (``docs/FORMAT.md`` describes them for people):
+A store is two files (``docs/format.md`` describes them for people):
 
 ``<name>.dat``
     A 64-byte file header, then an append-only log of framed records. Every change to the
@@ -13,7 +13,7 @@ A store is two files (``docs/FORMAT.md`` describes them for people):
     section and the keyword section (BM25 postings), then two commit slots. A full
     checkpoint writes it whole to a temporary name and renames it over the old one; an
     incremental one appends a *delta* (what changed since the full one) and commits it by
-    writing the older slot (``docs/FORMAT.md``).
+    writing the older slot (``docs/format.md``).
 
 Every integer and float is little-endian. No other module packs or parses these bytes.
 """
@@ -109,7 +109,7 @@ IDX_HEADER_SIZE = 4096
 # written before it existed have zeros there), its term count, posting count and the
 # tokens of the live rows; the header's crc sits in its last 4 bytes.
 IDX_HEADER = struct.Struct("<8sII16sQQIIQQIIQIdIQQQ")
-KEYWORD_VERSION = 1  # the layout of the keyword section described in docs/FORMAT.md
+KEYWORD_VERSION = 1  # the layout of the keyword section described in docs/format.md
 DOC_DEAD = 0x80000000  # top bit of a keyword doc_len entry: the row is forgotten
 HOT_MEMORIES = 128  # newest live memories copied whole into the index's hot section
 IDX_HEADER_CRC_AT = IDX_HEADER_SIZE - 4
@@ -355,7 +355,7 @@ def _align(n: int) -> int:
 
 
 class KeywordLayout(NamedTuple):
-    """Byte offsets of the keyword section's arrays (see ``docs/FORMAT.md``)."""
+    """Byte offsets of the keyword section's arrays (see ``docs/format.md``)."""
 
     terms: int  # T x u64: the distinct term hashes, ascending
     offsets: int  # (T + 1) x u64: term i's postings are [offsets[i], offsets[i + 1])
@@ -538,7 +538,7 @@ class DeltaHeader(NamedTuple):
 
 
 class DeltaLayout(NamedTuple):
-    """Byte offsets of a delta's arrays, from the delta's start (see ``docs/FORMAT.md``)."""
+    """Byte offsets of a delta's arrays, from the delta's start (see ``docs/format.md``)."""
 
     rows: int  # rows x INDEX_DTYPE: the rows added since the full checkpoint
     vectors: int  # rows x dim int8

@@ -46,7 +46,7 @@ def open_index(
     """
     h = fmt.unpack_idx_header(buf, path)
     layout = fmt.header_layout(h)
-    # Version 2 files end with the commit slots and deltas (see docs/FORMAT.md); a file
+    # Version 2 files end with the commit slots and deltas (see docs/format.md); a file
     # written without them (or by version 1) ends where its sections do.
     with_slots = h.version >= 2 and size >= fmt.deltas_at(layout)
     if layout.size != size and not with_slots:

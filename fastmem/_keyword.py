@@ -23,7 +23,7 @@ Scoring is Okapi BM25 with ``k1 = 1.2``, ``b = 0.75`` and Lucene's non-negative 
 (``fastmem._kernels_py.bm25_topk`` has the formula).
 
 Where the postings live: the last checkpoint's postings are a section of the ``.idx``
-file (term hashes, offsets, rows, term frequencies, token counts; ``docs/FORMAT.md``),
+file (term hashes, offsets, rows, term frequencies, token counts; ``docs/format.md``),
 mapped lazily like the other sections. Memories added since (by ``add`` or replayed from
 ``.dat`` at open) are tokenized as they are applied, into in-memory runs; the next
 checkpoint merges them into the section. An index written before the section existed is

@@ -4,7 +4,7 @@
 functions here, which work on the store's :class:`~fastmem._engine.Engine` through its
 package-internal interface (see ``fastmem._engine``), never on the store itself. The
 on-disk rules they follow (the compacted prefix, the rename order and
-the recovery rule applied at open) are in ``docs/FORMAT.md`` under "Compaction".
+the recovery rule applied at open) are in ``docs/format.md`` under "Compaction".
 
 Compaction in three steps, so the store's lock is held only briefly:
 

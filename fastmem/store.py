@@ -688,7 +688,7 @@ class MemoryStore:
     def repair(self) -> RepairReport:
         """Keep every intact record of a damaged data file: rewrite the store from them
         (as ``compact`` does) and rebuild its index. What is cut away is kept in
-        ``<name>.dat.damaged-<time>`` (see ``docs/FORMAT.md``) and listed in the
+        ``<name>.dat.damaged-<time>`` (see ``docs/format.md``) and listed in the
         :class:`RepairReport`."""
         self._stop_preload()
         try:

@@ -305,7 +305,7 @@ class RepairReport:
     records: int  # intact records found in the damaged data file
     cut: list[Problem] = field(default_factory=list)  # the regions and records left out
     cut_bytes: int = 0
-    damaged_path: str | None = None  # where their bytes were kept (see docs/FORMAT.md)
+    damaged_path: str | None = None  # where their bytes were kept (see docs/format.md)
     bytes_before: int = 0
     bytes_after: int = 0
 

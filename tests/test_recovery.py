@@ -775,7 +775,7 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, backend: str) -> Non
 @pytest.mark.parametrize("lost", ["first page", "last page"])
 def test_a_partly_persisted_unsynced_append_stays_until_repair(store_path: str, lost: str) -> None:
     """A power loss kept an unsynced append's size and some of its pages, not all: no torn
-    tail by the rule (docs/FORMAT.md, "What is cut, and what is kept"), since a writer cannot
+    tail by the rule (docs/format.md, "What is cut, and what is kept"), since a writer cannot
     tell it from an acknowledged record whose pages were lost. Kept, reported, skipped;
     writes go on after it; repair() removes it."""
     with fastmem.open(store_path, durability="always") as s:
