@@ -245,6 +245,7 @@ class TokenCounter:
         return _CountedOnce(self.count_many, texts)
 
     def encode(self, text: str) -> list[int]:
+        """The token ids of ``text`` in this counter's encoding (special tokens as text)."""
         return self.encoding.encode_ordinary(text)
 
     def truncate(self, text: str, max_tokens: int) -> str:

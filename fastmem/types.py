@@ -279,10 +279,12 @@ class CompactReport:
 
     @property
     def bytes_before(self) -> int:
+        """Bytes of both files before the compaction."""
         return self.dat_before + self.idx_before
 
     @property
     def bytes_after(self) -> int:
+        """Bytes of both files after the compaction."""
         return self.dat_after + self.idx_after
 
     @property
@@ -292,6 +294,7 @@ class CompactReport:
 
     @property
     def reclaimed_fraction(self) -> float:
+        """The share of ``bytes_before`` given back, from 0.0 to 1.0."""
         return self.reclaimed / self.bytes_before if self.bytes_before else 0.0
 
 
