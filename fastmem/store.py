@@ -446,7 +446,8 @@ class MemoryStore:
                 vector whatever the mode).
             k: how many hits, 1 to 10,000.
             types: keep only these types.
-            since, until: keep only timestamps in ``[since, until]``.
+            since: keep only timestamps at or after ``since``.
+            until: keep only timestamps at or before ``until``.
             session: keep only this session.
             mode: ``"hybrid"`` (text: vector and keyword rankings fused as ``context()``
                 ranks, with importance and recency bonuses; the policy's weights), ``"vector"``
