@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=_int_arg(1, 1_000_000), default=1300,
                    help="tokens (default 1300)")  # fmt: skip
     p.add_argument("--session", help="the current session: its memories rank higher")
+    p.add_argument("--explain", action="store_true", help="each line's level, tokens and why "
+                   "it was chosen, and the candidates that did not fit")  # fmt: skip
     p.set_defaults(func=_cmd_context)
 
     command("verify", "check every record and the index (exit 1 on damage)").set_defaults(
@@ -529,8 +531,11 @@ def _cmd_context(args: argparse.Namespace, out: _Out) -> int:
         out.emit({"text": ctx.text, "tokens": ctx.tokens, "budget": ctx.budget,
                   "encoding": ctx.encoding, "degraded": ctx.degraded, "seconds": ctx.seconds,
                   "items": [{"id": i.id, "level": i.level, "score": i.score,
-                             "summary": i.summary, "text": i.text} for i in ctx.items]})  # fmt: skip
+                             "summary": i.summary, "text": i.text} for i in ctx.items]}
+                 if not args.explain else _explained(ctx))  # fmt: skip
         return EXIT_OK
+    if args.explain:
+        return _print_explained(ctx, out)
     from rich.panel import Panel
     from rich.text import Text
 
@@ -539,6 +544,33 @@ def _cmd_context(args: argparse.Namespace, out: _Out) -> int:
                             subtitle=f"{ctx.tokens} / {ctx.budget} {ctx.encoding} tokens, "
                                      f"{len(ctx.items)} memories, {1000 * ctx.seconds:.1f} ms, {mode}",
                             title_align="left", subtitle_align="left"))  # fmt: skip
+    return EXIT_OK
+
+
+def _explained(ctx: Any) -> dict[str, Any]:
+    """``context --explain --json``: the context with every item's and left-out's fields."""
+    def item(i: Any) -> dict[str, Any]:
+        return {**dataclasses.asdict(i), "level": i.level.name.lower()}
+
+    return {"text": ctx.text, "tokens": ctx.tokens, "budget": ctx.budget, "encoding": ctx.encoding,
+            "degraded": ctx.degraded, "seconds": ctx.seconds,
+            "items": [item(i) for i in ctx.items], "left_out": [item(i) for i in ctx.left_out]}  # fmt: skip
+
+
+def _print_explained(ctx: Any, out: _Out) -> int:
+    """``context --explain``: one row per line of the context, then what did not fit."""
+    from rich.table import Table
+
+    for title, items in ((f"context: {ctx.tokens} / {ctx.budget} {ctx.encoding} tokens, "
+                          f"{len(ctx.items)} memories, {1000 * ctx.seconds:.1f} ms", ctx.items),
+                         (f"ranked well, did not fit ({len(ctx.left_out)})", ctx.left_out)):  # fmt: skip
+        table = Table(title=title, title_justify="left")
+        for name in ("id", "level", "tokens", "why", "text"):
+            table.add_column(name, justify="right" if name == "tokens" else "left",
+                             overflow="fold", ratio=3 if name in ("why", "text") else None)  # fmt: skip
+        for i in items:
+            table.add_row(i.id, i.level.name.lower(), str(i.tokens), _e(i.reason), _e(_preview(i.text, 80)))
+        out.console.print(table)
     return EXIT_OK
 
 

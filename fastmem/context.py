@@ -14,6 +14,7 @@ tiktoken. Level 2,
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import re
@@ -210,7 +211,7 @@ def pack(
     candidates: list[Candidate],
     budget: int,
     count: Callable[[str], int],
-) -> tuple[str, int, list[ContextItem]]:
+) -> tuple[str, int, list[ContextItem], list[ContextItem]]:
     """Choose and render candidates within ``budget`` tokens, exactly.
 
     Candidates go in by descending priority while the estimate (their stored token counts
@@ -222,10 +223,12 @@ def pack(
     it fits and is cut to its passage otherwise. The rendered text is then counted exactly,
     and the lowest-priority items leave until it fits.
 
-    Returns ``(text, tokens, items)``.
+    Returns ``(text, tokens, items, left_out)``: each item with its line's exact ``tokens``
+    and its ``reason``; ``left_out``, the best candidates that did not go in, each with why.
     """
     order = sorted(range(len(candidates)), key=lambda i: -candidates[i].priority)
     chosen: dict[int, ContextItem] = {}
+    why_not: dict[int, str] = {}  # candidates left out: why (see Context.left_out)
     used = 0
     headers: set[str] = set()
     header_cost: dict[str, int] = {}
@@ -242,9 +245,11 @@ def pack(
         if c.excerpt is not None and not (c.whole and used + extra + c.tokens + line <= budget):
             room = budget - used - extra - line - SUMMARY_MARK_TOKENS
             if not c.whole and room < min(c.tokens, c.alternative[1] if c.alternative else c.tokens):
+                why_not[i] = f"did not fit: its passage or summary needs up to {c.tokens} tokens, {max(0, room)} left"
                 continue
             shown = _cut(c, count)
             if shown is None:
+                why_not[i] = "no passage of it matches the question, and it has no summary"
                 continue
             c = shown
             line += SUMMARY_MARK_TOKENS
@@ -253,18 +258,39 @@ def pack(
             used += extra + c.tokens + line
             headers.add(h)
         elif c.alternative is not None and used + extra + c.alternative[1] + SUMMARY_MARK_TOKENS + line <= budget:
-            chosen[i] = _as_summary(c.item, c.alternative[0])
+            chosen[i] = _as_summary(c.item, c.alternative[0], f"its summary: the text's {c.tokens} tokens did not fit")
             used += extra + c.alternative[1] + SUMMARY_MARK_TOKENS + line
             headers.add(h)
+        else:
+            why_not[i] = f"did not fit: needs {extra + c.tokens + line} tokens, {budget - used} were left at its turn"
     kept = sorted(chosen, key=lambda i: -candidates[i].priority)
     while True:
         items = [chosen[i] for i in kept]
         text = render(items)
         tokens = count(text) if text else 0
         if tokens <= budget:
-            return text, tokens, items
+            items = [dataclasses.replace(item, tokens=count(_line(item))) for item in items]
+            return text, tokens, items, _left_out(candidates, order, chosen, kept, why_not)
         # The estimate was short (tokens merge differently across lines): drop the least.
-        kept.pop()
+        why_not[kept.pop()] = "left out when the whole text was counted exactly: it came to more than the budget"
+
+
+def _left_out(candidates: list[Candidate], order: list[int], chosen: dict[int, ContextItem],
+              kept: list[int], why_not: dict[int, str]) -> list[ContextItem]:  # fmt: skip
+    """The best candidates that did not go in (at most ``Context.LEFT_OUT``), each with
+    the tokens of its text and the reason it stayed out."""
+    went_in = set(kept)
+    out = []
+    for i in order:
+        if i in went_in:
+            continue
+        c = candidates[i]
+        item = chosen.get(i, c.item)
+        why = why_not.get(i, "did not fit")
+        out.append(dataclasses.replace(item, tokens=c.tokens, reason=f"{why} ({c.item.reason})"))
+        if len(out) == Context.LEFT_OUT:
+            break
+    return out
 
 
 def _cut(c: Candidate, count: Callable[[str], int]) -> Candidate | None:
@@ -277,21 +303,21 @@ def _cut(c: Candidate, count: Callable[[str], int]) -> Candidate | None:
     return None
 
 
-def _as_summary(item: ContextItem, summary: str) -> ContextItem:
-    return ContextItem(item.id, item.level, item.score, summary, True, item.timestamp,
-                       item.session, item.type)  # fmt: skip
+def _as_summary(item: ContextItem, summary: str, why: str = "") -> ContextItem:
+    reason = f"{item.reason}; {why}" if why else item.reason
+    return dataclasses.replace(item, text=summary, summary=True, excerpt=False, reason=reason)
 
 
 def _as_excerpt(item: ContextItem, passage: str) -> ContextItem:
-    return ContextItem(item.id, item.level, item.score, passage, False, item.timestamp,
-                       item.session, item.type, True)  # fmt: skip
+    return dataclasses.replace(item, text=passage, summary=False, excerpt=True)
 
 
 def new_context(
     text: str, tokens: int, budget: int, items: list[ContextItem], encoding: str,
-    degraded: bool, started: float,
+    degraded: bool, started: float, left_out: list[ContextItem] | None = None,
 ) -> Context:  # fmt: skip
-    return Context(text, tokens, budget, items, encoding, degraded, time.perf_counter() - started)
+    return Context(text, tokens, budget, items, encoding, degraded, time.perf_counter() - started,
+                   left_out or [])  # fmt: skip
 
 
 def check_budget(budget: Any) -> int:
@@ -372,11 +398,11 @@ def build(
     engine: Engine, policy: ContextPolicy, ranked: list[Ranked], *, budget: int,
     counter: TokenCounter, stored_counts: bool, exclude: set[int], query: str = "",
     session: str | None = None,
-) -> tuple[str, int, list[ContextItem]]:  # fmt: skip
+) -> tuple[str, int, list[ContextItem], list[ContextItem]]:  # fmt: skip
     """The context from the three levels: pinned memories (up to ``pinned_share`` of the
     budget), level 1 (up to ``recent_share``, when :func:`about_now`) and the ranked search
     hits for ``query``, never the rows of ``exclude``; packed into ``budget`` tokens of
-    ``counter``'s encoding. Returns ``(text, tokens, items)``."""
+    ``counter``'s encoding. Returns ``(text, tokens, items, left_out)`` (see :func:`pack`)."""
     index = engine.index
     levels: dict[int, tuple[Level, float]] = {}  # row -> (level, priority)
     share = {Level.PINNED: policy.pinned_share * budget, Level.RECENT: policy.recent_share * budget}
@@ -393,13 +419,15 @@ def build(
             spent[level] += cost
             levels[g] = (level, _level_priority(level, i))
     scores = {}
-    for hit in ranked:
+    parts: dict[int, tuple[int, float | None, float]] = {}  # row -> (rank, cosine, BM25)
+    for place, hit in enumerate(ranked, 1):
         scores[hit.row] = hit.relevance
+        parts[hit.row] = (place, hit.cosine, hit.keyword)
         if hit.row not in levels and hit.row not in exclude:
             levels[hit.row] = (Level.FOUND, hit.relevance)
     focus = named_speakers(engine, ranked[:SPEAKER_ROWS], query) if policy.other_speaker < 1 else None
     candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget,
-                             query_stems(query), focus, sole_match(ranked), exclude)  # fmt: skip
+                             query_stems(query), focus, sole_match(ranked), exclude, parts)  # fmt: skip
     return pack(candidates, budget, counter.count)
 
 
@@ -475,11 +503,11 @@ def answer(
     engine: Engine, policy: ContextPolicy, query: str, *, vector: np.ndarray | None,
     degraded: bool, embedder: Embedder | None, session: str | None, budget: int,
     counter: TokenCounter, stored_counts: bool, exclude: set[str], touch: bool,
-) -> tuple[str, int, list[ContextItem], bool]:  # fmt: skip
+) -> tuple[str, int, list[ContextItem], bool, list[ContextItem]]:  # fmt: skip
     """``MemoryStore.context`` under the engine's lock: level 3 by
     :func:`~fastmem.retrieval.rank` (``vector`` and ``degraded`` are
     :func:`~fastmem.retrieval.embed_query`'s), then :func:`build`; the memories used
-    counted as accesses when ``touch``. Returns ``(text, tokens, items, degraded)``.
+    counted as accesses when ``touch``. Returns ``(text, tokens, items, degraded, left_out)``.
 
     When the query names a speaker of its best matches, it is ranked again with the
     embedding of the query without that name (:func:`without_names`; the keyword side
@@ -527,14 +555,14 @@ def _pack(
     engine: Engine, policy: ContextPolicy, query: str, ranked: tuple[list[Ranked], bool],
     session: str | None, budget: int, counter: TokenCounter, stored_counts: bool,
     exclude: set[str], touch: bool,
-) -> tuple[str, int, list[ContextItem], bool]:  # fmt: skip
-    text, tokens, items = build(engine, policy, ranked[0], budget=budget, counter=counter,
-                                stored_counts=stored_counts, exclude=engine.rows_of(exclude),
-                                query=query, session=session)  # fmt: skip
+) -> tuple[str, int, list[ContextItem], bool, list[ContextItem]]:  # fmt: skip
+    text, tokens, items, left_out = build(engine, policy, ranked[0], budget=budget, counter=counter,
+                                          stored_counts=stored_counts, exclude=engine.rows_of(exclude),
+                                          query=query, session=session)  # fmt: skip
     if touch:
         index = engine.index
         index.touch([index.find(parse_id(item.id)) for item in items], time.time())
-    return text, tokens, items, ranked[1]
+    return text, tokens, items, ranked[1], left_out
 
 
 def _candidates(
@@ -542,6 +570,7 @@ def _candidates(
     scores: dict[int, float], counter: TokenCounter, stored_counts: bool, budget: int,
     terms: frozenset[str] = frozenset(), focus: frozenset[str] | None = None,
     sole: int = -1, exclude: set[int] | frozenset[int] = frozenset(),
+    parts: dict[int, tuple[int, float | None, float]] | None = None,
 ) -> list[Candidate]:  # fmt: skip
     """Context candidates for rows, best first, near-duplicates left out (the better one
     stays). Reading stops once the candidates whose priority is at least the next row's
@@ -581,6 +610,8 @@ def _candidates(
             break
         level, priority = levels[g]
         score, is_sole, vector, has = scores.get(g, 0.0), g == sole, vectors[j], has_vector[j]
+        place, cosine, bm25 = (parts or {}).get(g, (0, None, None))
+        why = [_why(level, place, score)]
         for done in out[queued:]:
             heapq.heappush(waiting, (-done.priority, done.tokens))
         queued = len(out)
@@ -594,6 +625,7 @@ def _candidates(
         if newer is not None:  # the newest truth in the old one's place
             if newer in exclude:
                 continue
+            why.append(f"the newest version of {engine.cached_memory(g).id}, which ranked here")
             g, row, memory = newer, index.row(newer), engine.cached_memory(newer)
             one, flag = index.unit_vectors(np.array([g], dtype=np.int64))
             vector, has = one[0], flag[0]
@@ -615,17 +647,25 @@ def _candidates(
         else:
             text_tokens = counter.count(memory.text)
             summary_tokens = counter.count(memory.summary) if memory.summary else 0
-        item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
-                           memory.session, memory.type)  # fmt: skip
         summary = (memory.summary, summary_tokens) if memory.summary else None
         long = level == Level.FOUND and text_tokens > cap
         whole = long and (found == 1 or is_sole)
+        if whole:
+            why.append("the only match: whole if it fits")
+        elif long:
+            why.append(f"longer than {policy.item_share:.0%} of the budget: its passage that matches")
         if long and not whole:  # its passage (cut by the packer if it gets that far), at most ``cap``
             text_tokens = min(text_tokens, cap)
         if focus and level == Level.FOUND:
             speaker = speaker_of(memory)
             if speaker and speaker.group(0) not in focus:
                 priority *= policy.other_speaker
+                why.append(f"another speaker's turn than the question's (priority x{policy.other_speaker:g})")
+        if level == Level.FOUND and score < policy.full_text_score and summary is not None and not long:
+            why.append(f"its summary: relevance below {policy.full_text_score:g}")
+        item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,
+                           memory.session, memory.type, reason="; ".join(why), vector=cosine,
+                           keyword=bm25, rank=place)  # fmt: skip
         if level == Level.FOUND and not is_sole and policy.length_penalty and text_tokens > DENSITY_TOKENS:
             priority *= (DENSITY_TOKENS / text_tokens) ** policy.length_penalty
         if long:
@@ -640,6 +680,16 @@ def _candidates(
             out.append(Candidate(item, text_tokens, priority, summary))
             total += text_tokens
     return out
+
+
+def _why(level: Level, place: int, relevance: float) -> str:
+    """Why a memory is a candidate: its level, and its rank for the question if it has one."""
+    ranked = f"#{place} for the question, relevance {relevance:.2f}" if place else ""
+    if level == Level.PINNED:
+        return "pinned: in every context" + (f" (also {ranked})" if ranked else "")
+    if level == Level.RECENT:
+        return "level 1: one of the newest memories" + (f" (also {ranked})" if ranked else "")
+    return f"level 3: {ranked}"
 
 
 class Preload:

@@ -18,6 +18,7 @@ and ``_maintenance`` (eviction, compaction, repair, backup, verify).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import time
@@ -29,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from . import _format as fmt
-from . import _figures, _maintenance, _supersede, context as _context, retrieval
+from . import _figures, _items, _maintenance, _supersede, context as _context, retrieval
 from ._engine import Engine, no_cyclic_gc
 from ._index import F_FLAGS, F_ID
 from ._items import (
@@ -380,8 +381,8 @@ class MemoryStore:
             self._engine.check()
             return self._engine.vector(self._engine.live_row(mid)[1])
 
-    def recent(self, n: int = 20) -> list[Memory]:
-        """The ``n`` newest live memories by timestamp, newest first (level 1 of a restart)."""
+    def recent(self, n: int = 20, *, before: str | None = None) -> list[Memory]:
+        """The ``n`` newest live memories, newest first; those after memory ``before`` (a page)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
         n = min(n, 1 << 62)  # more than any store holds: all of them
@@ -389,10 +390,10 @@ class MemoryStore:
         engine = self._engine
         with engine.lock:
             engine.check()
-            hot = engine.hot_recent(n)
+            hot = engine.hot_recent(n) if before is None else None
             if hot is not None:
                 return hot
-            return [engine.memory(g) for g in islice(engine.index.by_time(newest_first=True), n)]
+            return [engine.memory(g) for g in islice(_newest_first(engine, before), n)]
 
     def pinned(self) -> list[Memory]:
         """The pinned memories, most important first (ties: the older id first)."""
@@ -498,8 +499,8 @@ class MemoryStore:
                 memory = engine.memory(g)
                 if session is not None and memory.session != session:
                     continue  # a 64-bit hash collision
-                hits.append(Hit(memory.id, score, memory, cosine, keyword,
-                                _supersede.newest_id(engine, g, memory)))  # fmt: skip
+                hits.append(Hit(memory.id, score, memory, cosine, keyword, _supersede.newest_id(engine, g, memory),
+                                *_bonuses(self.policy, memory, mode == "hybrid" and isinstance(query, str))))  # fmt: skip
                 if len(hits) == k:
                     break
             return hits
@@ -558,12 +559,12 @@ class MemoryStore:
         if self._embedder is not None:  # a model still loading: wait a little (not locked)
             ready_within(self._embedder, self.policy.embedder_wait)
         vector, degraded = retrieval.embed_query(self._embedder, query)  # not locked either
-        text, tokens, items, degraded = _context.answer(
+        text, tokens, items, degraded, left_out = _context.answer(
             self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
             session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,
             exclude=excluded_ids, touch=not self.readonly,
         )  # fmt: skip
-        return _context.new_context(text, tokens, budget, items, counter.name, degraded, started)
+        return _context.new_context(text, tokens, budget, items, counter.name, degraded, started, left_out)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
         if encoding is None or (isinstance(encoding, str) and encoding == self.tokens.name):
@@ -748,6 +749,60 @@ class MemoryStore:
         state = "closed" if self._engine.closed else f"{self._engine.index.live} memories"
         mode = "readonly" if self.readonly else self.durability
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+def _newest_first(engine: Engine, before: str | None) -> Iterator[int]:
+    """Live rows newest first, as ``index.by_time`` gives them; after the row of memory
+    ``before`` (an id, live or forgotten) when given: a timeline's next page found in
+    O(log n), not by walking the rows before it.
+
+    Raises:
+        UnknownMemoryError: ``before`` is no memory's id (never added, or compacted away).
+    """
+    index = engine.index
+    if before is None:
+        return index.by_time(newest_first=True)
+    g = index.find(_items.parse_id(before))
+    if g < 0:
+        raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
+    nb, base_order, tail_order = index.n_base, index.base_order, index._tail_sorted()
+    base_ts, tail_ts = index.base_rows["timestamp"], index.tail.rows["timestamp"]
+    if g < nb:  # a base row: then the tail's strictly older rows (a tie goes to the tail first)
+        bi = int(np.flatnonzero(base_order == g)[0]) - 1
+        ti = bisect.bisect_left(range(len(tail_order)), base_ts[g], key=lambda i: tail_ts[tail_order[i]]) - 1
+    else:  # a tail row: then the base's rows as old or older
+        ti = int(np.flatnonzero(tail_order == g - nb)[0]) - 1
+        bi = bisect.bisect_right(range(nb), tail_ts[g - nb], key=lambda i: base_ts[base_order[i]]) - 1
+    return _merge_newest(index, bi, ti)
+
+
+def _merge_newest(index: Any, bi: int, ti: int) -> Iterator[int]:
+    """``index.by_time(newest_first=True)`` from base position ``bi`` and tail position ``ti``
+    of the two time orders down (the same merge, started part way)."""
+    nb, base_order, tail_order = index.n_base, index.base_order, index._tail_sorted()
+    base_ts, tail_ts = index.base_rows["timestamp"], index.tail.rows["timestamp"]
+    b_flags, t_flags = index.base_rows["flags"], index.tail.rows["flags"]
+    while bi >= 0 or ti >= 0:
+        if bi >= 0 and (ti < 0 or base_ts[base_order[bi]] > tail_ts[tail_order[ti]]):
+            b = int(base_order[bi])
+            bi -= 1
+            if not b_flags[b] & fmt.FLAG_FORGOTTEN:
+                yield b
+        else:
+            t = int(tail_order[ti])
+            ti -= 1
+            if not t_flags[t] & fmt.FLAG_FORGOTTEN:
+                yield nb + t
+
+
+def _bonuses(policy: ContextPolicy, memory: Memory, hybrid: bool) -> tuple[float | None, float | None]:
+    """A hybrid hit's importance and recency bonuses, as ``retrieval.bonuses`` adds them to
+    its fused score (``(None, None)`` for the other modes, which add none)."""
+    if not hybrid:
+        return None, None
+    age = max(0.0, time.time() - memory.timestamp)
+    recency = policy.recency_weight * 2.0 ** (-age / (policy.recency_half_life_days * 86400.0))
+    return policy.importance_weight * memory.importance, recency
 
 
 def _resolve_embedder(embedder: Any) -> Any:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from .errors import InvalidInputError
 
@@ -64,9 +64,11 @@ class Memory(NamedTuple):
 @dataclass(frozen=True, slots=True)
 class Hit:
     """A search result: the memory and its score (see ``MemoryStore.search``); a hybrid
-    search also reports each component: the approximate cosine and the BM25 score.
-    ``superseded_by`` is the id of the newest live memory that replaces this one (``add``'s
-    ``supersedes``), ``None`` when none does."""
+    search also reports each component: the approximate cosine and the BM25 score, and the
+    importance and recency bonuses added to the fused score (the policy's weights times the
+    memory's importance and its recency decay; before the fused score is rescaled so that
+    the best hit has 1). ``superseded_by`` is the id of the newest live memory that
+    replaces this one (``add``'s ``supersedes``), ``None`` when none does."""
 
     id: str
     score: float
@@ -74,6 +76,8 @@ class Hit:
     vector: float | None = None
     keyword: float | None = None
     superseded_by: str | None = None
+    importance_bonus: float | None = None
+    recency_bonus: float | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +218,16 @@ class ContextItem:
     session: str | None
     type: str
     excerpt: bool = False  # the passage of a long memory that matches the query
+    # Provenance (what ``fastmem context --explain`` and the inspector show): the tokens of
+    # this item's line as the context renders it ("[type] (summary) text"), counted alone in
+    # the context's encoding; why it was chosen (or, in ``Context.left_out``, why it did
+    # not go in); a found memory's approximate cosine and BM25 score (None: not ranked, or
+    # no vector side); its place in the ranking (1: the best match; 0: not ranked).
+    tokens: int = 0
+    reason: str = ""
+    vector: float | None = None
+    keyword: float | None = None
+    rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -222,7 +236,11 @@ class Context:
 
     ``text`` is what to give the model; ``tokens`` is its exact token count, never over the
     budget. ``degraded`` is true when the embedding model was not loaded yet and the
-    context was built from keywords, recency and importance alone.
+    context was built from keywords, recency and importance alone. Each item says its
+    line's ``tokens`` and the ``reason`` it was chosen; ``left_out`` holds the candidates
+    that ranked well but did not fit (best first, at most ``LEFT_OUT``), each with the
+    ``reason`` it stayed out and the ``tokens`` it would have needed. The headers' tokens
+    and the line breaks make up the difference between ``tokens`` and the items' sum.
     """
 
     text: str
@@ -232,6 +250,9 @@ class Context:
     encoding: str
     degraded: bool = False
     seconds: float = 0.0
+    left_out: list[ContextItem] = field(default_factory=list)
+
+    LEFT_OUT: ClassVar[int] = 12  # the most candidates ``left_out`` lists
 
     @property
     def messages(self) -> list[dict[str, str]]:
