@@ -381,19 +381,19 @@ class MemoryStore:
             self._engine.check()
             return self._engine.vector(self._engine.live_row(mid)[1])
 
-    def recent(self, n: int = 20, *, before: str | None = None) -> list[Memory]:
-        """The ``n`` newest live memories, newest first; those after memory ``before`` (a page)."""
+    def recent(self, n: int = 20, *, before: str | None = None,
+               session: str | None = None) -> list[Memory]:
+        """The ``n`` newest live memories, newest first; those after memory ``before`` (a page);
+        with ``session``, that session's last ``n`` in the order they were added (see ``_newest``)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
-        n = min(n, 1 << 62)  # more than any store holds: all of them
-        self._last_call = time.monotonic()
+        n, self._last_call = min(n, 1 << 62), time.monotonic()  # n: more than any store holds
         engine = self._engine
         with engine.lock:
             engine.check()
-            hot = engine.hot_recent(n) if before is None else None
-            if hot is not None:
+            if before is None and session is None and (hot := engine.hot_recent(n)) is not None:
                 return hot
-            return [engine.memory(g) for g in islice(_newest_first(engine, before), n)]
+            return _newest(engine, n, before, session)
 
     def pinned(self) -> list[Memory]:
         """The pinned memories, most important first (ties: the older id first)."""
@@ -749,6 +749,29 @@ class MemoryStore:
         state = "closed" if self._engine.closed else f"{self._engine.index.live} memories"
         mode = "readonly" if self.readonly else self.durability
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> list[Memory]:
+    """``recent``'s memories when the index's copy of the newest cannot give them; those of
+    a session newest id first (``context.session_rows`` says why ids, not timestamps).
+
+    Raises:
+        UnknownMemoryError: ``before`` is no memory's id (never added, or compacted away).
+    """
+    if session is None:
+        return [engine.memory(g) for g in islice(_newest_first(engine, before), n)]
+    check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=False)
+    below = fmt.MAX_ID + 1 if before is None else _items.parse_id(before)
+    if before is not None and engine.index.find(below) < 0:
+        raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
+    out: list[Memory] = []
+    for g in _context.session_rows(engine.index, session, below):
+        if len(out) == n:
+            break
+        memory = engine.memory(g)
+        if memory.session == session:  # the index keeps a 64-bit hash of the name
+            out.append(memory)
+    return out
 
 
 def _newest_first(engine: Engine, before: str | None) -> Iterator[int]:

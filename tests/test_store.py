@@ -636,3 +636,29 @@ def test_the_importances_known_from_the_start_are_what_numpy_prints():
         short = _items._F32_SHORT[key]  # there from the import (other tests add more)
         assert short == float(str(np.float32(key))) == _items._shortest_f32(key)
         assert _items.f32(key) == short
+
+
+def test_recent_of_a_session_is_its_log_in_the_order_of_the_writes(tmp_path):
+    """recent(session=...) keeps one session's memories, newest write first, by id: a
+    memory written later with an older timestamp (another process's clock, a clock step)
+    still comes first; forgotten memories and other sessions are left out; ``before``
+    pages by id; the same answer before and after a checkpoint (tail rows, then base rows)."""
+    path = tmp_path / "log"
+    with fastmem.open(path, embedder=None) as store:
+        ids = store.add_many([{"text": f"a{i}", "session": "A", "timestamp": 100.0 + i} for i in range(4)])
+        store.add("b", session="B", timestamp=500.0)
+        late = store.add("a-late", session="A", timestamp=1.0)
+        store.forget(ids[1])
+        for _ in range(2):
+            assert [m.text for m in store.recent(10, session="A")] == ["a-late", "a3", "a2", "a0"]
+            assert [m.id for m in store.recent(2, session="A")] == [late, ids[3]]
+            assert [m.text for m in store.recent(2, session="A", before=ids[3])] == ["a2", "a0"]
+            assert store.recent(0, session="A") == [] and store.recent(5, session="C") == []
+            assert [m.text for m in store.recent(2)] == ["b", "a3"]  # no session: by time
+            store.checkpoint()
+        with pytest.raises(fastmem.InvalidInputError):
+            store.recent(1, session="")
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.recent(1, session=7)
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.recent(1, session="A", before="m999")
