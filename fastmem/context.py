@@ -123,9 +123,7 @@ def render(items: list[ContextItem]) -> str:
 
 
 def _line(item: ContextItem) -> str:
-    prefix = "" if item.type == "conversation" else f"[{item.type}] "
-    mark = "(summary) " if item.summary else EXCERPT_MARK if item.excerpt else ""
-    return prefix + mark + item.text
+    return item.line  # "[type] (summary) text" (EXCERPT_MARK for an excerpt)
 
 
 # --- excerpts -----------------------------------------------------------------------------

@@ -229,6 +229,13 @@ class ContextItem:
     keyword: float | None = None
     rank: int = 0
 
+    @property
+    def line(self) -> str:
+        """This item's line as ``Context.text`` holds it: ``"[type] "`` unless it is a
+        conversation turn, ``"(summary) "`` or ``"(excerpt) "`` when it is one, its text."""
+        prefix = "" if self.type == "conversation" else f"[{self.type}] "
+        return prefix + ("(summary) " if self.summary else "(excerpt) " if self.excerpt else "") + self.text
+
 
 @dataclass(frozen=True)
 class Context:

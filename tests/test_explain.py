@@ -30,10 +30,11 @@ def filled(tmp_path):
     return path
 
 
-def _line(item: fastmem.ContextItem) -> str:
+def _line(item: fastmem.ContextItem) -> str:  # as the context renders it, spelled out here
     prefix = "" if item.type == "conversation" else f"[{item.type}] "
     mark = "(summary) " if item.summary else "(excerpt) " if item.excerpt else ""
-    return prefix + mark + item.text
+    assert item.line == prefix + mark + item.text
+    return item.line
 
 
 def test_each_item_has_its_lines_tokens_and_a_reason(filled):
