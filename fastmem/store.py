@@ -420,6 +420,22 @@ class MemoryStore:
             self._engine.check()
             return self._engine.index.live
 
+    def ids(self, after: str | None = None) -> list[str]:
+        """The live memories' ids, oldest id first, read from the index alone; with
+        ``after``, only those added after that one (ids grow with every add, in any
+        process): what a cache of the store reads to catch up with other processes' adds.
+
+        Raises:
+            UnknownMemoryError: ``after`` is not an id fastmem makes (``"m<number>"``).
+        """
+        lo = -1 if after is None else _items.parse_id(after)
+        with self._engine.lock:
+            self._engine.check()
+            index = self._engine.index
+            ids, flags = index.column("id"), index.column("flags")
+        new = np.sort(ids[(ids > lo) & (flags & fmt.FLAG_FORGOTTEN == 0)])
+        return [f"m{i}" for i in new.tolist()]
+
     def __contains__(self, mid: object) -> bool:
         with self._engine.lock:
             self._engine.check()
