@@ -19,7 +19,12 @@ __all__ = ["Summarizer", "KeySentences", "split_sentences"]
 
 
 class Summarizer(Protocol):
-    def summarize(self, texts: list[str]) -> list[str | None]: ...
+    """What ``fastmem.open(summarizer=...)`` takes: anything that summarizes a batch of texts
+    (a local model, an LLM call, :class:`KeySentences`)."""
+
+    def summarize(self, texts: list[str]) -> list[str | None]:
+        """One summary per text, in order; ``None`` where a text needs none."""
+        ...
 
 
 # A sentence ends at . ! ? or … followed by a space, or at a line break.
@@ -28,6 +33,8 @@ _WORD = re.compile(r"[^\W_]+")
 
 
 def split_sentences(text: str) -> list[str]:
+    """The sentences of ``text``: split after ``.``, ``!``, ``?`` or ``…`` followed by a space,
+    and at line breaks; empty pieces dropped."""
     return [s for s in _SENTENCE_END.split(text.strip()) if s]
 
 
@@ -48,6 +55,7 @@ class KeySentences:
         self.count = count or (lambda s: (len(s) + 3) // 4)
 
     def summarize(self, texts: list[str]) -> list[str | None]:
+        """The key sentences of each text, or ``None`` for a text short enough already."""
         return [self._one(t) for t in texts]
 
     def _one(self, text: str) -> str | None:
