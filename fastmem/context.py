@@ -35,6 +35,7 @@ from ._index import (
     F_SUMMARY_TOKENS,
     F_TEXT_TOKENS,
     F_TS,
+    F_TYPE,
     MemoryIndex,
     session_hash,
 )
@@ -414,11 +415,12 @@ def about_now(index: MemoryIndex, recent: list[int], ranked: list[Ranked], query
 def build(
     engine: Engine, policy: ContextPolicy, ranked: list[Ranked], *, budget: int,
     counter: TokenCounter, stored_counts: bool, exclude: set[int], query: str = "",
-    session: str | None = None,
+    session: str | None = None, allowed: np.ndarray | None = None,
 ) -> tuple[str, int, list[ContextItem], list[ContextItem]]:  # fmt: skip
     """The context from the three levels: pinned memories (up to ``pinned_share`` of the
     budget), level 1 (up to ``recent_share``, when :func:`about_now`) and the ranked search
-    hits for ``query``, never the rows of ``exclude``; packed into ``budget`` tokens of
+    hits for ``query``, never the rows of ``exclude`` (nor, with ``allowed``, a type mask as
+    :func:`~fastmem.retrieval.type_mask` makes, pinned or newest rows of other types); packed into ``budget`` tokens of
     ``counter``'s encoding. Returns ``(text, tokens, items, left_out)`` (see :func:`pack`)."""
     index = engine.index
     levels: dict[int, tuple[Level, float]] = {}  # row -> (level, priority)
@@ -431,7 +433,9 @@ def build(
         for i, g in enumerate(rows):
             row = index.row(g)
             cost = row[F_TEXT_TOKENS] if row[F_TEXT_TOKENS] != fmt.UNKNOWN_TOKENS else UNCOUNTED_TOKENS
-            if g in levels or g in exclude or spent[level] + cost > share[level]:
+            if g in levels or g in exclude or spent[level] + cost > share[level] or (
+                allowed is not None and not allowed[row[F_TYPE]]
+            ):
                 continue
             spent[level] += cost
             levels[g] = (level, _level_priority(level, i))
@@ -520,8 +524,10 @@ def answer(
     engine: Engine, policy: ContextPolicy, query: str, *, vector: np.ndarray | None,
     degraded: bool, embedder: Embedder | None, session: str | None, budget: int,
     counter: TokenCounter, stored_counts: bool, exclude: set[str], touch: bool,
+    types: list[str] | None = None,
 ) -> tuple[str, int, list[ContextItem], bool, list[ContextItem]]:  # fmt: skip
-    """``MemoryStore.context`` under the engine's lock: level 3 by
+    """``MemoryStore.context`` under the engine's lock, of the memories of ``types`` (all
+    when ``None``; at every level): level 3 by
     :func:`~fastmem.retrieval.rank` (``vector`` and ``degraded`` are
     :func:`~fastmem.retrieval.embed_query`'s), then :func:`build`; the memories used
     counted as accesses when ``touch``. Returns ``(text, tokens, items, degraded, left_out)``.
@@ -544,38 +550,42 @@ def answer(
     """
     with engine.lock:
         engine.check()
-        first = _rank(engine, policy, query, vector, degraded, session)
+        where = retrieval.filters(engine.index, types, -math.inf, math.inf, None)
+        first = _rank(engine, policy, query, vector, degraded, session, where=where)
         second = vector is not None and embedder is not None and policy.other_speaker < 1
         names = _names(engine, first[0], query) if second else []
         rest = _without(query, names)
         if rest is None:
-            return _pack(engine, policy, query, first, session, budget, counter, stored_counts, exclude, touch)
+            return _pack(engine, policy, query, first, session, budget, counter, stored_counts, exclude, touch,
+                         where)  # fmt: skip
         words = rest if len(names) > 1 else query
     assert embedder is not None
     vector = retrieval.query_vector(embedder, rest)
     with engine.lock:
         engine.check()
-        ranked = _rank(engine, policy, words, vector, degraded, session, own_turns=True)
-        return _pack(engine, policy, query, ranked, session, budget, counter, stored_counts, exclude, touch)
+        where = retrieval.filters(engine.index, types, -math.inf, math.inf, None)
+        ranked = _rank(engine, policy, words, vector, degraded, session, own_turns=True, where=where)
+        return _pack(engine, policy, query, ranked, session, budget, counter, stored_counts, exclude, touch,
+                     where)  # fmt: skip
 
 
 def _rank(
     engine: Engine, policy: ContextPolicy, query: str, vector: np.ndarray | None, degraded: bool,
-    session: str | None, own_turns: bool = False,
+    session: str | None, own_turns: bool = False, where: retrieval.Filters = retrieval.NO_FILTERS,
 ) -> tuple[list[Ranked], bool]:  # fmt: skip
     return retrieval.rank(engine.index, query, policy.candidates, policy=policy, vector=vector,
                           degraded=degraded, session=session, now=time.time(),
-                          own_turns=own_turns)  # fmt: skip
+                          own_turns=own_turns, where=where)  # fmt: skip
 
 
 def _pack(
     engine: Engine, policy: ContextPolicy, query: str, ranked: tuple[list[Ranked], bool],
     session: str | None, budget: int, counter: TokenCounter, stored_counts: bool,
-    exclude: set[str], touch: bool,
+    exclude: set[str], touch: bool, where: retrieval.Filters = retrieval.NO_FILTERS,
 ) -> tuple[str, int, list[ContextItem], bool, list[ContextItem]]:  # fmt: skip
     text, tokens, items, left_out = build(engine, policy, ranked[0], budget=budget, counter=counter,
                                           stored_counts=stored_counts, exclude=engine.rows_of(exclude),
-                                          query=query, session=session)  # fmt: skip
+                                          query=query, session=session, allowed=where.allowed)  # fmt: skip
     if touch:
         index = engine.index
         index.touch([index.find(parse_id(item.id)) for item in items], time.time())

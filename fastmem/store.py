@@ -542,6 +542,7 @@ class MemoryStore:
         session: str | None = None,
         encoding: str | None = None,
         exclude: Iterable[str] | None = None,
+        types: Iterable[str] | None = None,
     ) -> Context:
         """The memories that matter for ``query``, as text within ``budget`` tokens.
 
@@ -562,6 +563,8 @@ class MemoryStore:
             encoding: count with another tiktoken encoding than the store's.
             exclude: ids of memories to leave out (e.g. those the model has already been
                 shown this session); ids of forgotten or unknown memories are ignored.
+            types: keep only memories of these types, at every level (e.g. one tenant's
+                types in a store several share); ``None``: every type.
         """
         started = time.perf_counter()
         self._last_call = time.monotonic()
@@ -572,13 +575,16 @@ class MemoryStore:
         session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         counter = self._counter(encoding)
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
+        if isinstance(types, str):
+            raise InvalidTypeError("types must be an iterable of type names, not one string")
+        names = _items.type_names(types)
         if self._embedder is not None:  # a model still loading: wait a little (not locked)
             ready_within(self._embedder, self.policy.embedder_wait)
         vector, degraded = retrieval.embed_query(self._embedder, query)  # not locked either
         text, tokens, items, degraded, left_out = _context.answer(
             self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
             session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,
-            exclude=excluded_ids, touch=not self.readonly,
+            exclude=excluded_ids, touch=not self.readonly, types=names,
         )  # fmt: skip
         return _context.new_context(text, tokens, budget, items, counter.name, degraded, started, left_out)
 
