@@ -383,9 +383,9 @@ class FastmemStore(BaseStore):
         most relevant texts, packed into at most ``budget`` tokens (counted exactly), for a
         node to put in front of the model (``.text``, or ``.messages`` as chat messages).
 
-        The ranking is :meth:`fastmem.MemoryStore.context`'s over the whole store, leaving
-        out every memory outside the prefix (other namespaces', expired and unindexed items,
-        memories not written by LangGraph).
+        It is :meth:`fastmem.MemoryStore.context` of the prefix's namespaces' types: ranked,
+        packed and shown as fastmem does for any agent; memories of other namespaces,
+        unindexed items and memories not written through LangGraph never enter it.
 
         Raises:
             InvalidNamespaceError: a label of the prefix is bad.
@@ -394,12 +394,15 @@ class FastmemStore(BaseStore):
         prefix = _check_labels(namespace_prefix, "namespace_prefix")
         with self._lock:
             self._sync()
+            types = self._search_types(prefix)
             now = time.time()
             omit = bool((self.ttl_config or {}).get("omit_expired"))
-            inside = {e.mid for ns, d in self._by_ns.items() if _under(ns, prefix)
-                      for e in d.values() if e.indexed and not (omit and e.expired(now))}  # fmt: skip
-            exclude = self._live - inside
-        return self.store.context(query, budget, exclude=exclude)
+            wanted = set(types)
+            # A hashed type may also hold a namespace outside the prefix that shares its
+            # first characters; expired items are hidden when the configuration says so.
+            exclude = {e.mid for ns, d in self._by_ns.items() if namespace_type(ns, True) in wanted
+                       for e in d.values() if not _under(ns, prefix) or (omit and e.expired(now))}  # fmt: skip
+        return self.store.context(query, budget, exclude=exclude, types=types)
 
     async def acontext(
         self, namespace_prefix: tuple[str, ...], query: str = "", budget: int = CONTEXT_BUDGET
