@@ -249,7 +249,8 @@ class FastmemSession(SessionABC):
                 chunk = encoded[part * CHUNK_BYTES : (part + 1) * CHUNK_BYTES]
                 meta = {METADATA_KEY: {"key": key, "part": part, "parts": parts, "chunk": chunk}}
                 record = first if part == 0 else {
-                    "text": _PART_TEXT, "type": _PART_TYPE, "session": self._name, "importance": 0.0,
+                    "text": _PART_TEXT, "type": _PART_TYPE, "session": self._name,
+                    "importance": 0.0,
                 }  # fmt: skip
                 records.append({**record, "metadata": meta})
         return records
