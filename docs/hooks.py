@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -58,7 +59,7 @@ def _section(prog: str, summary: str, parser: argparse.ArgumentParser, level: in
     out = [f"{'#' * level} `{prog}`", ""]
     if summary:
         out += [summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else "."), ""]
-    out += ["```", _usage(parser), "```", ""]
+    out += ["```text", _usage(parser), "```", ""]
     rows = [a for a in parser._actions
             if not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
     if rows:
@@ -79,7 +80,7 @@ def render_cli() -> str:
     from fastmem.ray import cli as ray_cli
 
     parser = build_parser()
-    lines = [f"```\n{_usage(parser)}\n```", ""]
+    lines = [f"```text\n{_usage(parser)}\n```", ""]
     for name, help_, sub in _subcommands(parser):
         if sub.add_help:
             lines += _section(f"fastmem {name}", help_, sub, 3)
@@ -94,3 +95,13 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, render_cli())
     return markdown
+
+
+# Some docstrings use Sphinx roles (":class:`Memory`"), which the Google-style parser leaves
+# as text before the rendered code span; the role adds nothing a reader needs.
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|mod|func|meth|attr|exc|data|obj):(?=<code)")
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Any) -> str:
+    """Drop Sphinx roles left in the rendered docstrings (MkDocs hook)."""
+    return _SPHINX_ROLE.sub("", html)
