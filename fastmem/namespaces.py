@@ -11,15 +11,16 @@ Upper case is refused: on a case-insensitive file system (macOS, Windows) ``Alic
 ``alice`` would be one directory, so two users would share a store. Map other user ids to
 valid names yourself (lower case them, or hash them, e.g. ``hashlib.sha256(uid).hexdigest()[:32]``).
 
->>> import fastmem, tempfile
->>> root = tempfile.mkdtemp()
->>> with fastmem.open(root, namespace="alice") as alice:
-...     _ = alice.add("Alice's cat is called Tom.")
->>> with fastmem.open(root, namespace="bob") as bob:
-...     [h.memory.text for h in bob.search("cat", mode="keyword")]
-[]
->>> fastmem.namespaces.list_namespaces(root)
-['alice', 'bob']
+Examples:
+    >>> import fastmem, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> with fastmem.open(root, namespace="alice") as alice:
+    ...     _ = alice.add("Alice's cat is called Tom.")
+    >>> with fastmem.open(root, namespace="bob") as bob:
+    ...     [h.memory.text for h in bob.search("cat", mode="keyword")]
+    []
+    >>> fastmem.namespaces.list_namespaces(root)
+    ['alice', 'bob']
 """
 
 from __future__ import annotations
