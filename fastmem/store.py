@@ -790,7 +790,10 @@ def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> 
     for g in _context.session_rows(engine.index, session, below):
         if len(out) == n:
             break
-        memory = engine.memory(g)
+        try:
+            memory = engine.memory(g)
+        except UnknownMemoryError:  # erased by another process's forget since the scan
+            continue
         if memory.session == session:  # the index keeps a 64-bit hash of the name
             out.append(memory)
     return out

@@ -234,15 +234,14 @@ class FastmemSession(SessionABC):
         for i, item in enumerate(items):
             if not isinstance(item, Mapping):
                 raise InvalidTypeError(f"items[{i}] must be a dict, not {type(item).__name__}")
-            try:
-                encoded = json.dumps(item, ensure_ascii=False).encode("utf-8", "surrogatepass")
+            try:  # ASCII, as SQLiteSession writes it: a lone surrogate survives too
+                encoded = json.dumps(item).encode("ascii")
             except (TypeError, ValueError) as exc:
                 raise InvalidTypeError(f"items[{i}] cannot be encoded as JSON: {exc}") from None
             text, kind = render(item)
             first = {"text": text, "type": kind, "session": self._name}
             if len(encoded) <= CHUNK_BYTES:
-                records.append({**first, "metadata": {METADATA_KEY: {"json": encoded.decode(
-                    "utf-8", "surrogatepass")}}})  # fmt: skip
+                records.append({**first, "metadata": {METADATA_KEY: {"json": encoded.decode()}}})
                 continue
             key, parts = uuid.uuid4().hex, (len(encoded) + CHUNK_BYTES - 1) // CHUNK_BYTES
             for part in range(parts):
@@ -423,7 +422,7 @@ def _newest_item(newest: list[fastmem.Memory]) -> tuple[list[str], dict[str, Any
 def _decode(data: Any) -> dict[str, Any] | None:
     try:
         if isinstance(data, bytes):
-            data = data.decode("utf-8", "surrogatepass")
+            data = data.decode("ascii")
         item = json.loads(data)
     except (TypeError, ValueError):
         return None
