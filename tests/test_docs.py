@@ -197,16 +197,50 @@ def test_the_cli_reference_lists_every_command():
     assert "--timeout" in page and "--budget" in page
 
 
-def test_mkdocs_build_strict(tmp_path):
-    mkdocs = shutil.which("mkdocs") or (Path(sys.executable).parent / "mkdocs")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site, built once with ``mkdocs build --strict`` (a warning fails the build)."""
+    mkdocs = shutil.which("mkdocs") or str(Path(sys.executable).parent / "mkdocs")
     if not Path(mkdocs).exists():
         pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")
     pytest.importorskip("mkdocstrings_handlers.python", reason="mkdocstrings[python] is not "
                         "installed (pip install -e '.[docs]')")  # fmt: skip
+    out = tmp_path_factory.mktemp("site")
     result = subprocess.run(
-        [str(mkdocs), "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        [mkdocs, "build", "--strict", "--site-dir", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert result.returncode == 0, "mkdocs build --strict failed:\n" + result.stderr[-4000:]
-    assert (tmp_path / "site" / "reference" / "api" / "index.html").exists()
+    return out
+
+
+def test_mkdocs_build_strict(site: Path):
+    api = (site / "reference" / "api" / "index.html").read_text(encoding="utf-8")
+    for name in ("MemoryStore", "fastmem.open", "ContextPolicy", "StoreLockedError"):
+        assert name in api, f"the API page does not document {name}"
+    cli = (site / "operations" / "cli" / "index.html").read_text(encoding="utf-8")
+    assert "fastmem verify" in cli and "--budget" in cli
+    assert not (site / "hooks.py").exists(), "the build hook was published with the site"
+
+
+# The pages a newcomer looks at first: the home page, a guide, the API reference.
+SCREENSHOT_PAGES = ["index.html", "guides/hermes/index.html", "reference/api/index.html"]
+
+
+@pytest.mark.parametrize("page", SCREENSHOT_PAGES)
+def test_a_browser_renders_the_page(site: Path, page: str, tmp_path: Path):
+    """Headless Chromium screenshots the built page as a reader would see it. An empty or
+    failed page makes a PNG of a few kilobytes; these pages make hundreds. (The screenshots
+    were also looked at by eye when the site was laid out.)"""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium to look at the site with")
+    shot = tmp_path / "page.png"
+    subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--screenshot={shot}", "--window-size=1280,1600", (site / page).as_uri()],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert shot.exists(), f"chromium made no screenshot of {page}"
+    assert shot.stat().st_size > 60_000, f"{page} renders nearly blank ({shot.stat().st_size} B)"
