@@ -80,9 +80,8 @@ def user_namespace(app_name: str, user_id: str) -> str:
             raise InvalidTypeError(f"{what} must be a string, not {type(value).__name__}")
         if not value:
             raise InvalidInputError(f"{what} must not be empty")
-    digest = hashlib.sha256(
-        f"{app_name}\0{user_id}".encode("utf-8", "surrogatepass")
-    ).hexdigest()[:20]
+    pair = json.dumps([app_name, user_id])  # unambiguous, whatever characters they hold
+    digest = hashlib.sha256(pair.encode()).hexdigest()[:20]
     return f"{_slug(app_name)}-{_slug(user_id)}-{digest}"
 
 
