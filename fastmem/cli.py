@@ -15,6 +15,7 @@ Commands (``fastmem COMMAND --help`` for each one's options)::
     fastmem import PATH FILE                JSON lines (as export writes them) into a store
     fastmem hermes install [--hermes-home DIR] [--activate]
     fastmem mcp --store PATH [--timeout S]  an MCP server over stdio (any number per store)
+    fastmem ui PATH [--port N] [--readonly] a local web inspector (fastmem[ui])
 
 ``PATH`` is a store's name (``PATH.dat`` + ``PATH.idx``), or with ``--namespace NAME`` the
 root directory of namespaced stores. Commands that only read open the store read-only, so
@@ -272,6 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how long a write waits for another process's write or compaction "
                         f"(default {LOCK_TIMEOUT:g}; then the tool call fails, naming that process)")  # fmt: skip
     p.set_defaults(func=_cmd_mcp)
+
+    p = command("ui", "a local web inspector: what a context holds and why, timeline, search, "
+                "changes (needs fastmem[ui])", json_=False)  # fmt: skip
+    p.add_argument("--port", type=_int_arg(0, 65535), metavar="N", help="default 8765 (or a free one)")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (default loopback)")
+    p.add_argument("--readonly", action="store_true", help="no changes: pin, forget, edit, add are off")
+    p.add_argument("--no-browser", action="store_true", help="print the address, do not open it")
+    p.set_defaults(func=_cmd_ui)
     return parser
 
 
@@ -852,6 +861,14 @@ def _cmd_hermes_install(args: argparse.Namespace, out: _Out) -> int:
     else:
         out.console.print(_e(str(result.message)))
     return EXIT_OK
+
+
+def _cmd_ui(args: argparse.Namespace, out: _Out) -> int:
+    from . import ui  # only here: fastmem[ui]'s packages load with this command alone
+
+    ui.require()
+    return int(ui.serve(_require_store(args), port=args.port, host=args.host,
+                        readonly=args.readonly, browser=not args.no_browser))  # fmt: skip
 
 
 def _cmd_mcp(args: argparse.Namespace, out: _Out) -> int:

@@ -1,0 +1,213 @@
+"""What each page of the inspector shows, read from a store through the public API only.
+
+Plain functions from a :class:`fastmem.MemoryStore` (and the request's parameters) to
+plain data the templates render; no web framework here, so the same facts are easy to
+test. Nothing reads every memory: the timeline pages through ``recent(before=...)``, the
+overview reads ``stats()`` (the index alone) and the newest few memories.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastmem
+from fastmem import Context, ContextItem, Level, Memory, MemoryStore
+from fastmem.export import SUPERSEDED_BY, to_jsonable
+from fastmem.tokens import counter_for
+
+__all__ = [
+    "LEVELS", "ContextView", "Segment", "context_json", "context_view", "group_timeline", "memory_detail",
+    "overview", "preview", "pulse", "search_view", "visible", "when",
+]  # fmt: skip
+
+# Level names as the pages show them, and the CSS class of each.
+LEVELS = {Level.PINNED: ("pinned", "lv-pinned"), Level.RECENT: ("level 1", "lv-recent"),
+          Level.FOUND: ("level 3", "lv-found")}  # fmt: skip
+# C0 controls (but tab and line feed) and DEL show as their Unicode control pictures.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+METADATA_SHOWN = 200_000  # characters of a memory's metadata JSON shown in full
+SUPERSEDES_HOPS = 20  # the most newer versions a memory's page follows
+
+
+def visible(text: str) -> str:
+    """``text`` with control characters as visible symbols (U+2400...): a memory holding
+    an escape sequence or a NUL shows what it holds. HTML escaping is the templates' job."""
+    return _CONTROL.sub(lambda m: "\u2421" if m.group() == "\x7f" else chr(0x2400 + ord(m.group())), text)
+
+
+def preview(text: str, n: int = 240) -> str:
+    """The first ``n`` characters of ``text`` on one line (whitespace collapsed), "…" if cut."""
+    flat = " ".join(text[: n * 4].split())
+    return visible(flat[:n] + ("…" if len(flat) > n or len(text) > n * 4 else ""))
+
+
+def when(ts: float | None) -> str:
+    """A timestamp as UTC date and time, ``-`` for none (or one out of range)."""
+    if ts is None or not 0 <= ts < 253402300800:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ts))
+
+
+def day(ts: float) -> str:
+    return time.strftime("%a %d %b %Y", time.gmtime(ts)) if 0 <= ts < 253402300800 else "(no date)"
+
+
+# --- overview and live -----------------------------------------------------------------
+
+
+def overview(store: MemoryStore, embedder: str) -> dict[str, Any]:
+    """The overview's figures: ``stats()`` (the index alone), the newest memories."""
+    stats = store.stats()
+    return {"stats": stats, "newest": store.recent(8), "embedder": embedder,
+            "version": fastmem.__version__, "top_types": list(stats.types.items())[:12]}  # fmt: skip
+
+
+def pulse(store: MemoryStore) -> dict[str, Any]:
+    """A cheap fingerprint of the store (count, newest memory, pins): what the pages poll
+    to show other processes' writes."""
+    newest = store.recent(1)
+    return {"memories": len(store), "newest": newest[0].id if newest else None,
+            "newest_ts": newest[0].timestamp if newest else None}  # fmt: skip
+
+
+# --- timeline --------------------------------------------------------------------------
+
+
+def group_timeline(memories: list[Memory], previous: Memory | None = None) -> list[dict[str, Any]]:
+    """Memories (newest first) with a header row wherever the day or the session changes;
+    ``previous`` is the last memory of the page before (no header repeated across pages)."""
+    out: list[dict[str, Any]] = []
+    last = (day(previous.timestamp), previous.session) if previous is not None else None
+    for m in memories:
+        key = (day(m.timestamp), m.session)
+        if key != last:
+            out.append({"header": True, "day": key[0], "session": m.session})
+            last = key
+        out.append({"header": False, "memory": m})
+    return out
+
+
+# --- one memory ------------------------------------------------------------------------
+
+
+def memory_detail(store: MemoryStore, mid: str) -> dict[str, Any]:
+    """A memory in full: its fields, how it is stored and used (``info``), its metadata as
+    JSON, and the newer versions that replace it (``superseded_by`` links, followed)."""
+    memory = store.get(mid)
+    info = store.info(mid)
+    meta = None
+    if memory.metadata is not None:
+        meta = json.dumps(to_jsonable(memory.metadata), ensure_ascii=False, indent=2)
+    chain: list[Memory] = []
+    seen = {memory.id}
+    link = (memory.metadata or {}).get(SUPERSEDED_BY)
+    while isinstance(link, str) and link not in seen and len(chain) < SUPERSEDES_HOPS:
+        seen.add(link)
+        try:
+            newer = store.get(link)
+        except fastmem.UnknownMemoryError:  # forgotten since: the chain ends there
+            break
+        chain.append(newer)
+        link = (newer.metadata or {}).get(SUPERSEDED_BY)
+    return {"m": memory, "info": info, "meta": meta, "meta_cut": meta is not None and len(meta) > METADATA_SHOWN,
+            "own_meta": json.dumps(to_jsonable({k: v for k, v in (memory.metadata or {}).items()
+                                                if k != SUPERSEDED_BY}), ensure_ascii=False, indent=2),
+            "chain": chain}  # fmt: skip
+
+
+# --- search ----------------------------------------------------------------------------
+
+
+def search_view(store: MemoryStore, q: str, *, mode: str, k: int, types: list[str] | None,
+                session: str | None, since: float | None, until: float | None) -> dict[str, Any]:  # fmt: skip
+    """``store.search`` with the page's filters, and the time it took."""
+    started = time.perf_counter()
+    hits = store.search(q, k, mode=mode, types=types or None, session=session, since=since, until=until)
+    return {"hits": hits, "ms": 1000 * (time.perf_counter() - started)}
+
+
+# --- context: what the model would see -------------------------------------------------
+
+
+@dataclass
+class Segment:
+    """A piece of ``Context.text`` in order: a header line, or one item's line."""
+
+    text: str
+    tokens: int
+    item: ContextItem | None = None  # None: a header
+
+
+@dataclass
+class ContextView:
+    """One context, taken apart for the page: the exact text as segments, the budget by
+    level, and the candidates left out."""
+
+    ctx: Context
+    segments: list[Segment]
+    by_level: dict[str, int]  # tokens of the items of each level, "headers" for the rest
+    counts: dict[str, int]  # items of each level
+    bar: list[tuple[str, str, float, int]]  # (label, css class, % of the budget, tokens)
+    unplaced: list[ContextItem] = field(default_factory=list)  # items not found in the text (none expected)
+    ms: float = 0.0  # what the page's call to context() took, as the page measured it
+
+
+def context_view(store: MemoryStore, q: str, budget: int, session: str | None) -> ContextView:
+    """``store.context(q, budget)`` and its parts: each line of the text in order with its
+    item (level, tokens, reason, score parts) or as a header with its tokens."""
+    started = time.perf_counter()
+    ctx = store.context(q, budget, session=session)
+    ms = 1000 * (time.perf_counter() - started)
+    count = store.tokens.count if ctx.encoding == store.tokens.name else counter_for(ctx.encoding).count
+    text = ctx.text
+    placed: list[tuple[int, ContextItem]] = []
+    unplaced = []
+    padded = "\n" + text + "\n"
+    for item in ctx.items:  # each line is whole between line breaks (texts are de-duplicated)
+        at = padded.find("\n" + item.line + "\n")
+        if at < 0:
+            unplaced.append(item)
+        else:
+            placed.append((at, item))
+    placed.sort(key=lambda p: p[0])
+    segments: list[Segment] = []
+    pos = 0
+    for at, item in placed:
+        for header in text[pos:at].split("\n"):
+            if header:
+                segments.append(Segment(header, count(header)))
+        segments.append(Segment(item.line, item.tokens, item))
+        pos = at + len(item.line) + 1
+    for header in text[pos:].split("\n"):
+        if header:
+            segments.append(Segment(header, count(header)))
+    by_level = {"pinned": 0, "level 1": 0, "level 3": 0}
+    counts = dict.fromkeys(by_level, 0)
+    for item in ctx.items:
+        name = LEVELS[item.level][0]
+        by_level[name] += item.tokens
+        counts[name] += 1
+    by_level["headers"] = max(0, ctx.tokens - sum(by_level.values()))
+    bar = [(name, cls, 100.0 * by_level[name] / ctx.budget, by_level[name])
+           for name, cls in (("pinned", "lv-pinned"), ("level 1", "lv-recent"),
+                             ("level 3", "lv-found"), ("headers", "lv-header"))]  # fmt: skip
+    return ContextView(ctx, segments, by_level, counts, bar, unplaced, ms)
+
+
+def context_json(view: ContextView) -> dict[str, Any]:
+    """The context view as JSON: the same facts the page shows."""
+    def item(i: ContextItem) -> dict[str, Any]:
+        return {"id": i.id, "level": LEVELS[i.level][0], "tokens": i.tokens, "reason": i.reason,
+                "score": i.score, "rank": i.rank, "vector": i.vector, "keyword": i.keyword,
+                "summary": i.summary, "excerpt": i.excerpt, "line": i.line}  # fmt: skip
+
+    ctx = view.ctx
+    return {"text": ctx.text, "tokens": ctx.tokens, "budget": ctx.budget, "encoding": ctx.encoding,
+            "degraded": ctx.degraded, "seconds": ctx.seconds,
+            "lines": [{"header": s.item is None, "tokens": s.tokens, "text": s.text,
+                       **({"item": item(s.item)} if s.item is not None else {})} for s in view.segments],
+            "left_out": [item(i) for i in ctx.left_out]}  # fmt: skip
