@@ -555,3 +555,17 @@ def test_run_from_a_running_loop_does_not_block_it(root):
         return ticks
 
     assert run(main()) >= 10
+
+
+def test_one_memory_serves_one_event_loop_after_another(root):
+    """Sync code drives async APIs with asyncio.run, one loop per call: a memory opened
+    by calls racing on one loop must open and close again on the next loop."""
+    memory = FastmemMemory(root, namespace="alice")
+
+    async def many_calls():
+        await asyncio.gather(*(memory.query("anything") for _ in range(4)))
+        await memory.close()
+
+    run(many_calls())
+    run(many_calls())  # a lock bound to the first loop would refuse this one
+    assert memory.store is None

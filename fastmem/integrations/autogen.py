@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from typing import Any
 
 import fastmem
@@ -147,7 +148,9 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
             raise InvalidTypeError("remember_user_messages must be True or False")
         self._remember = remember_user_messages
         self._store: fastmem.MemoryStore | None = self._given
-        self._opening = asyncio.Lock()
+        # A threading lock, not an asyncio one: an asyncio lock binds to the first loop that
+        # waits on it, and sync callers run one loop per call (asyncio.run).
+        self._opening = threading.Lock()
         self._last_remembered: str | None = None
 
     # --- AutoGen's interface -------------------------------------------------------------
@@ -273,10 +276,7 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
     async def close(self) -> None:
         """Close the store this memory opened (a store passed in stays open: its owner
         closes it); a later call opens it again, as ``ChromaDBVectorMemory`` does."""
-        async with self._opening:
-            store, self._store = self._store, self._given
-            if store is not None and store is not self._given:
-                await asyncio.to_thread(store.close)
+        await asyncio.to_thread(self._close)
 
     # --- component configuration ---------------------------------------------------------
 
@@ -306,12 +306,19 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
         store = self._store
         if store is not None:
             return store
-        async with self._opening:  # one open, however many calls wait for it
+        return await asyncio.to_thread(self._open_now)
+
+    def _open_now(self) -> fastmem.MemoryStore:
+        with self._opening:  # one open, however many calls wait for it
             if self._store is None:
-                self._store = await asyncio.to_thread(
-                    fastmem.open, self._path, namespace=self._namespace
-                )
+                self._store = fastmem.open(self._path, namespace=self._namespace)
             return self._store
+
+    def _close(self) -> None:
+        with self._opening:
+            store, self._store = self._store, self._given
+        if store is not None and store is not self._given:
+            store.close()
 
 
 # --- translation between AutoGen's types and fastmem's (run in worker threads where slow) ---
