@@ -39,7 +39,7 @@ import fastmem
 from fastmem.embed import MiniLM, default_embedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from locomo import arguments, plain_rankings, publish, store_for, table
+from locomo import arguments, plain_rankings, policy_of, publish, save_per_question, store_for, table
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parent.parent / "shared" / "data" / "beam-dev"
@@ -120,6 +120,7 @@ def run_fastmem(convs: list, budget: int, cache: str = "", policy: object = None
     """fastmem as a user runs it: the default embedder, a store per conversation."""
     recalls: dict[str, list[float]] = {a: [] for a in ABILITIES}
     latencies, sizes, gold_share, over = [], [], [], 0
+    each: dict[str, list] = {}  # "<conversation>#<n>" -> [ability, recall] (paired comparisons)
     for name, msgs, qs in convs:
         text_of = {m["metadata"]["id"]: norm(m["text"]) for m in msgs}
         with tempfile.TemporaryDirectory() as tmp:
@@ -127,7 +128,7 @@ def run_fastmem(convs: list, budget: int, cache: str = "", policy: object = None
             kwargs = {} if policy is None else {"policy": policy}
             with fastmem.open(path, **kwargs) as store:  # as after a restart
                 store._embedder.wait()  # full quality; degraded contexts are another figure
-                for question, ability, ids in qs:
+                for n, (question, ability, ids) in enumerate(qs):
                     started = time.perf_counter()
                     ctx = store.context(question, budget=budget)
                     latencies.append(time.perf_counter() - started)
@@ -136,6 +137,7 @@ def run_fastmem(convs: list, budget: int, cache: str = "", policy: object = None
                     text = norm(ctx.text)
                     hit = [i for i in ids if text_of[i] in text]
                     recalls[ability].append(len(hit) / len(ids))
+                    each[f"{name}#{n}"] = [ability, len(hit) / len(ids)]
                     gold_share.append(sum(store.tokens.count(text_of[i]) for i in hit) / budget)
     every = [r for rs in recalls.values() for r in rs]
     return {
@@ -148,6 +150,7 @@ def run_fastmem(convs: list, budget: int, cache: str = "", policy: object = None
         "over_budget": over,
         "p50_ms": 1e3 * statistics.median(latencies),
         "p95_ms": 1e3 * float(np.percentile(latencies, 95)),
+        "per_question": each,
     }
 
 
@@ -194,7 +197,7 @@ def report(result: dict, budget: int, convs: list, data: str) -> str:
     f = result["fastmem"]
     cats = [a for a in ABILITIES if a in f["by_category"]]
     title = (
-        f"BEAM 128K evidence recall within {budget} tokens — {len(convs)} conversations of "
+        f"BEAM {'500K' if '500k' in Path(data).name else '128K'} evidence recall within {budget} tokens — {len(convs)} conversations of "
         f"{Path(data).name}, {sum(len(c[1]) for c in convs)} messages, {f['questions']} questions"
     )
     lines = [title, "", *table(result, cats, SHORT)]
@@ -212,7 +215,8 @@ def report(result: dict, budget: int, convs: list, data: str) -> str:
 def main() -> None:
     args = arguments(__doc__, DEFAULT_DATA)
     convs = load(Path(args.data))
-    result = {"fastmem": run_fastmem(convs, args.budget, args.cache)}
+    result = {"fastmem": run_fastmem(convs, args.budget, args.cache, policy_of(args.policy))}
+    save_per_question(args.per_question, result, args.against)
     if args.baselines:
         result.update(run_baselines(convs, args.budget, default_embedder()))
     publish(report(result, args.budget, convs, args.data), result, args.out, "beam.py")

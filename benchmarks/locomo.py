@@ -111,6 +111,7 @@ def run_fastmem(data: list[dict], budget: int, cache: str = "", policy: object =
     """fastmem as a user runs it: the default embedder, a store per conversation."""
     recalls: dict[int, list[float]] = {c: [] for c in CATEGORIES}
     latencies, max_tokens, over = [], 0, 0
+    each: dict[str, list] = {}  # "<sample>#<n>" -> [category, recall] (paired comparisons)
     for sample in data:
         turns = turns_of(sample)
         text_of = {t["metadata"]["dia_id"]: t["text"] for t in turns}
@@ -119,7 +120,7 @@ def run_fastmem(data: list[dict], budget: int, cache: str = "", policy: object =
             kwargs = {} if policy is None else {"policy": policy}
             with fastmem.open(path, **kwargs) as store:  # as after a restart
                 _wait_ready(store)
-                for question, category, ids in questions(sample, set(text_of)):
+                for n, (question, category, ids) in enumerate(questions(sample, set(text_of))):
                     started = time.perf_counter()
                     ctx = store.context(question, budget=budget)
                     latencies.append(time.perf_counter() - started)
@@ -128,6 +129,7 @@ def run_fastmem(data: list[dict], budget: int, cache: str = "", policy: object =
                     recalls[category].append(
                         sum(text_of[i] in ctx.text for i in ids) / len(ids)
                     )
+                    each[f"{sample['sample_id']}#{n}"] = [CATEGORIES[category], recalls[category][-1]]
     every = [r for rs in recalls.values() for r in rs]
     return {
         "recall": statistics.fmean(every),
@@ -137,6 +139,7 @@ def run_fastmem(data: list[dict], budget: int, cache: str = "", policy: object =
         "over_budget": over,
         "p50_ms": 1e3 * statistics.median(latencies),
         "p95_ms": 1e3 * float(np.percentile(latencies, 95)),
+        "per_question": each,
     }
 
 
@@ -227,13 +230,59 @@ def arguments(doc: str, default_data: Path) -> argparse.Namespace:
     parser.add_argument("--baselines", action="store_true")
     parser.add_argument("--cache", default="", help="keep built stores here between runs")
     parser.add_argument("--out", default="")
+    parser.add_argument("--per-question", default="",
+                        help="write each question's recall here (JSON), for paired comparisons")
+    parser.add_argument("--against", default="",
+                        help="a --per-question file: the paired bootstrap of this run against it")
+    parser.add_argument("--policy", action="append", default=[], metavar="FIELD=VALUE",
+                        help="a ContextPolicy field other than its default (repeatable)")
     return parser.parse_args()
+
+
+def policy_of(settings: list[str]) -> object:
+    """The ContextPolicy of ``--policy FIELD=VALUE`` settings (None: the default)."""
+    if not settings:
+        return None
+    values = {}
+    for setting in settings:
+        name, _, value = setting.partition("=")
+        values[name] = json.loads(value)
+    return fastmem.ContextPolicy(**values)
+
+
+def save_per_question(path: str, result: dict, against: str = "") -> None:
+    """Write fastmem's per-question recalls (``--per-question``), print the paired
+    comparison with ``against`` when given, and drop them from the printed figures."""
+    each = result["fastmem"].pop("per_question")
+    if path:
+        Path(path).write_text(json.dumps(each))
+    if against:
+        print(paired(json.loads(Path(against).read_text()), each), file=sys.stderr)
+
+
+def paired(base: dict, new: dict, resamples: int = 10_000, seed: int = 0) -> str:
+    """The mean difference in recall of ``new`` against ``base`` question by question (the
+    questions both answered), its 95% bootstrap interval (``resamples`` resamples of the
+    questions, ``seed``), the questions up and down; then the same per category."""
+    rng = np.random.default_rng(seed)
+    keys = sorted(set(base) & set(new))
+    cats = sorted({base[k][0] for k in keys})
+    lines = []
+    for cat in [None, *cats]:
+        ks = [k for k in keys if cat is None or base[k][0] == cat]
+        d = np.array([new[k][1] - base[k][1] for k in ks])
+        means = d[rng.integers(0, len(d), (resamples, len(d)))].mean(axis=1)
+        lo, hi = np.percentile(means, [2.5, 97.5])
+        lines.append(f"paired {cat or 'all'} ({len(d)}): {d.mean():+.3f} [{lo:+.3f}, {hi:+.3f}]"
+                     f" up {int((d > 0).sum())} / down {int((d < 0).sum())}")
+    return "\n".join(lines)
 
 
 def main() -> None:
     args = arguments(__doc__, DEFAULT_DATA)
     data = json.loads(Path(args.data).read_text())
-    result = {"fastmem": run_fastmem(data, args.budget, args.cache)}
+    result = {"fastmem": run_fastmem(data, args.budget, args.cache, policy_of(args.policy))}
+    save_per_question(args.per_question, result, args.against)
     if args.baselines:
         result.update(run_baselines(data, args.budget, default_embedder()))
     title = (
