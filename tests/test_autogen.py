@@ -404,9 +404,23 @@ def test_remember_user_messages_stores_each_new_user_message_once(root):
         return first, second, stored
 
     first, second, stored = run(main())
-    assert [r.content for r in stored] == ["My dog is Rex.", "I live in Oslo."]
+    assert [r.content for r in stored] == ["user: My dog is Rex.", "user: I live in Oslo."]
     assert first.memories.results == []  # its own message is left out of its context
-    assert [r.content for r in second.memories.results] == ["My dog is Rex."]
+    assert [r.content for r in second.memories.results] == ["user: My dog is Rex."]
+
+
+def test_a_remembered_message_too_long_for_one_memory_is_cut_not_refused(root):
+    pasted = "Über " * 300_000  # 1.8 MB of UTF-8
+
+    async def main():
+        memory = FastmemMemory(root, namespace="alice", remember_user_messages=True)
+        context = UnboundedChatCompletionContext([user(pasted)])
+        await memory.update_context(context)
+        await memory.close()
+
+    run(main())
+    [stored] = memories_in(root, "alice")
+    assert len(stored.text.encode()) <= 1 << 20 and stored.text.startswith("user: Über Über")
 
 
 def test_component_config_round_trips(root):

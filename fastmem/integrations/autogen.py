@@ -62,6 +62,7 @@ _TEXT_TYPES = (MemoryMimeType.TEXT.value, MemoryMimeType.MARKDOWN.value)
 _JSON = MemoryMimeType.JSON.value
 _MIME_KEY = "mime_type"  # where the content's mime type is kept in a memory's metadata
 _QUERY_KEYWORDS = ("k", "types", "since", "until", "session", "mode")
+MAX_MESSAGE_BYTES = 1 << 20  # fastmem's largest memory: a longer user message is cut to it
 
 
 class FastmemMemoryConfig(BaseModel):
@@ -101,7 +102,8 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
         type: the fastmem type of what ``add`` writes (``"fact"``: ranks high).
         remember_user_messages: at each ``update_context``, also store the latest user
             message (type ``conversation``) if it is not the one stored last, so that what
-            the user told the agent is remembered without an explicit ``add``.
+            the user told the agent is remembered without an explicit ``add``. It is stored
+            as ``"<source>: <text>"`` (``"user: ..."``), cut to 1 MiB of UTF-8.
 
     Raises:
         InvalidInputError: a value is out of range or a namespace is not valid.
@@ -239,14 +241,16 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
             ``session``, ``timestamp``, ``summary`` and ``excerpt`` in its metadata.
         """
         messages = await model_context.get_messages()
-        latest = _latest_user_text(messages)
+        source, latest = _latest_user_message(messages)
         store = await self._open()
-        remember = self._remember and bool(latest.strip()) and latest != self._last_remembered
+        line = _cut(f"{source}: {latest.strip()}") if self._remember and latest.strip() else None
+        if line == self._last_remembered:
+            line = None  # the same message again (another agent's turn, a tool round)
         context, added = await asyncio.to_thread(
-            _context, store, latest, self._budget, self._session, remember
+            _context, store, latest, self._budget, self._session, line
         )
-        if remember:
-            self._last_remembered = latest
+        if line is not None:
+            self._last_remembered = line
         if not context.text:
             return UpdateContextResult(memories=MemoryQueryResult(results=[]))
         await model_context.add_message(SystemMessage(content=f"{HEADER}\n{context.text}"))
@@ -408,9 +412,9 @@ def _to_content(memory: fastmem.Memory, score: float | None) -> MemoryContent:
 
 
 def _context(
-    store: fastmem.MemoryStore, query: str, budget: int, session: str | None, remember: bool
+    store: fastmem.MemoryStore, query: str, budget: int, session: str | None, line: str | None
 ) -> tuple[fastmem.Context, str | None]:
-    added = store.add(query, type="conversation", session=session) if remember else None
+    added = None if line is None else store.add(line, type="conversation", session=session)
     exclude = None if added is None else [added]  # the model has this message already
     context = store.context(query, budget, session=session, exclude=exclude)
     return context, added
@@ -424,15 +428,24 @@ def _forget_all(store: fastmem.MemoryStore) -> None:
             pass
 
 
-def _latest_user_text(messages: list[Any]) -> str:
-    """The text of the newest ``UserMessage`` ("" when there is none); of a message made of
-    parts, its text parts joined (images have no text to search by)."""
+def _latest_user_message(messages: list[Any]) -> tuple[str, str]:
+    """The source and text of the newest ``UserMessage`` (``("user", "")`` when there is
+    none); of a message made of parts, its text parts joined (images have no text)."""
     for message in reversed(messages):
         if isinstance(message, UserMessage):
             if isinstance(message.content, str):
-                return message.content
-            return "\n".join(part for part in message.content if isinstance(part, str))
-    return ""
+                return message.source, message.content
+            return message.source, "\n".join(p for p in message.content if isinstance(p, str))
+    return "user", ""
+
+
+def _cut(text: str) -> str:
+    """``text`` within fastmem's largest memory (1 MiB of UTF-8): a pasted file is cut, not
+    refused, so that the agent's turn goes on."""
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= MAX_MESSAGE_BYTES:
+        return text
+    return data[:MAX_MESSAGE_BYTES].decode("utf-8", "ignore")
 
 
 def _raise_if_cancelled(token: CancellationToken | None) -> None:
