@@ -241,7 +241,7 @@ class FastmemSession(SessionABC):
             text, kind = render(item)
             first = {"text": text, "type": kind, "session": self._name}
             if len(encoded) <= CHUNK_BYTES:
-                records.append({**first, "metadata": {METADATA_KEY: {"json": encoded.decode()}}})
+                records.append({**first, "metadata": {METADATA_KEY: encoded.decode()}})
                 continue
             key, parts = uuid.uuid4().hex, (len(encoded) + CHUNK_BYTES - 1) // CHUNK_BYTES
             for part in range(parts):
@@ -356,9 +356,11 @@ def _text_of(value: Any) -> str:
     return "" if value is None else json.dumps(value, default=str)
 
 
-def _meta(memory: fastmem.Memory) -> dict[str, Any] | None:
+def _meta(memory: fastmem.Memory) -> str | dict[str, Any] | None:
+    """What a memory holds of an item: the item's JSON (a whole item), a dict (a chunk:
+    ``key``, ``part``, ``parts``, ``chunk``), or ``None`` (no item)."""
     meta = memory.metadata.get(METADATA_KEY) if isinstance(memory.metadata, dict) else None
-    return meta if isinstance(meta, dict) else None
+    return meta if isinstance(meta, (str, dict)) else None
 
 
 def _assemble(newest: list[fastmem.Memory]) -> list[tuple[list[str], dict[str, Any]]]:
@@ -373,8 +375,8 @@ def _assemble(newest: list[fastmem.Memory]) -> list[tuple[list[str], dict[str, A
         i += 1
         if meta is None:
             continue
-        if "json" in meta:
-            item = _decode(meta["json"])
+        if isinstance(meta, str):
+            item = _decode(meta)
             if item is not None:
                 out.append(([memories[i - 1].id], item))
             continue
@@ -384,7 +386,8 @@ def _assemble(newest: list[fastmem.Memory]) -> list[tuple[list[str], dict[str, A
         group, chunks = [memories[i - 1].id], [meta.get("chunk")]
         while len(group) < parts and i < len(memories):
             nxt = _meta(memories[i])
-            if nxt is None or nxt.get("key") != meta.get("key") or nxt.get("part") != len(group):
+            if not isinstance(nxt, dict) or nxt.get("key") != meta.get("key") \
+                    or nxt.get("part") != len(group):  # fmt: skip
                 break
             group.append(memories[i].id)
             chunks.append(nxt.get("chunk"))
@@ -404,12 +407,12 @@ def _newest_item(newest: list[fastmem.Memory]) -> tuple[list[str], dict[str, Any
         meta = _meta(memory)
         if meta is None:
             continue
-        if "json" in meta:
-            return [memory.id], _decode(meta["json"])
+        if isinstance(meta, str):
+            return [memory.id], _decode(meta)
         group = []
         for other in newest[i:]:  # the item's chunks, newest first
             other_meta = _meta(other)
-            if other_meta is None or other_meta.get("key") != meta.get("key"):
+            if not isinstance(other_meta, dict) or other_meta.get("key") != meta.get("key"):
                 break
             group.append(other)
         assembled = _assemble(group)
