@@ -8,42 +8,45 @@ through this module's attributes, so ``use()`` switches them at run time (the te
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-from . import _kernels_py
+if TYPE_CHECKING:  # the kernels' signatures, for type checkers; use() binds them at import
+    from ._kernels_py import (  # noqa: F401
+        Cl100kCounter,
+        bm25_topk,
+        check_record,
+        crc32,
+        current_slot,
+        dat_header,
+        delta_header,
+        dot_half,
+        file_size,
+        frame_records,
+        gather_vectors,
+        hot_section,
+        idx_header,
+        idx_open,
+        importance,
+        memory_ids,
+        merge_postings,
+        merge_postings_runs,
+        pack_memories,
+        prepare_batch,
+        quantize_half,
+        ranks_file,
+        read_hot,
+        read_memory,
+        record_payload,
+        scan_records,
+        sort_postings,
+        to_half,
+        to_half_quantized,
+        tokenize_batch,
+        topk_int8,
+        unpack,
+    )
 
 BACKEND: str = "python"
-crc32 = _kernels_py.crc32
-scan_records = _kernels_py.scan_records
-frame_records = _kernels_py.frame_records
-topk_int8 = _kernels_py.topk_int8
-dot_half = _kernels_py.dot_half
-to_half = _kernels_py.to_half
-quantize_half = _kernels_py.quantize_half
-to_half_quantized = _kernels_py.to_half_quantized
-check_record = _kernels_py.check_record
-record_payload = _kernels_py.record_payload
-file_size = _kernels_py.file_size
-read_memory = _kernels_py.read_memory
-read_hot = _kernels_py.read_hot
-dat_header = _kernels_py.dat_header
-idx_header = _kernels_py.idx_header
-current_slot = _kernels_py.current_slot
-delta_header = _kernels_py.delta_header
-hot_section = _kernels_py.hot_section
-idx_open = _kernels_py.idx_open
-unpack = _kernels_py.unpack
-pack_memories = _kernels_py.pack_memories
-importance = _kernels_py.importance
-tokenize_batch = _kernels_py.tokenize_batch
-bm25_topk = _kernels_py.bm25_topk
-merge_postings = _kernels_py.merge_postings
-merge_postings_runs = _kernels_py.merge_postings_runs
-sort_postings = _kernels_py.sort_postings
-prepare_batch = _kernels_py.prepare_batch
-gather_vectors = _kernels_py.gather_vectors
-memory_ids = _kernels_py.memory_ids
-Cl100kCounter = _kernels_py.Cl100kCounter
-ranks_file = _kernels_py.ranks_file
 
 _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payload",
           "file_size", "read_memory", "read_hot", "dat_header", "idx_header", "current_slot",
@@ -78,6 +81,10 @@ def use(backend: str) -> str:
             for name in _NAMES:
                 globals()[name] = compiled[name]
             return BACKEND
+    # The numpy reference (with its own imports: the token counter's Python BPE, bisect...)
+    # is imported only when it is used: with the compiled kernels, never.
+    from . import _kernels_py
+
     for name in _NAMES:
         globals()[name] = getattr(_kernels_py, name)
     return BACKEND

@@ -105,6 +105,14 @@ class Background:
         """Whether the caller is this thread."""
         return self._ident == _thread.get_ident()
 
+    def hurry(self) -> None:
+        """Start ``target`` now, in a thread of its own, if nothing has begun it yet: for a
+        caller about to wait for it (a context that needs the model), who would otherwise
+        wait out ``START_DELAY`` too. The delay is for the call that asked for the thread,
+        which has returned by then."""
+        if _forks == self._forks and self._claim.acquire(blocking=False):
+            _thread.start_new_thread(self._run, ())
+
 
 class Beside:
     """``fn(*args)`` run by this process's helper thread while the caller goes on with other

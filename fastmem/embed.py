@@ -2,7 +2,8 @@
 
 The default (:class:`MiniLM`) runs sentence-transformers/all-MiniLM-L6-v2 (6-layer BERT, 384
 dimensions, mean pooling, unit norm) on onnxruntime, from an int8 build of the model that
-ships inside fastmem (``fastmem/models/all-MiniLM-L6-v2-int8``, 24 MB, made by
+ships inside fastmem (``fastmem/models/all-MiniLM-L6-v2-int8``, 24 MB: the graph, its weights
+in ``model.onnx.data`` and the tokenizer, made by
 ``tools/build_model.py`` from the upstream weights and checked by sha256 at load). No torch,
 no download: a short query takes about 2 ms on one thread, the model is ready about 0.1 s
 after ``open()``.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import importlib.util
-import json
 import math
 import os
 import stat
@@ -44,6 +44,8 @@ __all__ = [
     "MODEL_DIM",
     "MODEL_NAME",
     "MODEL_SHA256",
+    "ONNX_DATA_FILE",
+    "ONNX_DATA_SHA256",
     "ONNX_MODEL_DIR",
     "ONNX_SHA256",
     "Embedder",
@@ -68,7 +70,12 @@ INT8_NAME = MODEL_NAME + ":onnx-int8-1"
 # Kept as a str too: a Path's first str() costs a fresh process's open() ~15 µs (issue 21).
 _PACKAGED_MODEL = os.path.join(os.path.dirname(os.path.realpath(__file__)), "models", "all-MiniLM-L6-v2-int8")
 ONNX_MODEL_DIR = Path(_PACKAGED_MODEL)
-ONNX_SHA256 = "852cb01615450440cfa82930efae067f31829f36b28ff49abbaba3541335396a"
+# The int8 build is two files (tools/build_model.py): the graph, and its weights beside it,
+# which onnxruntime reads straight from the file (a session is built in half the time it took
+# to parse them out of one 23 MB graph). Both are checked at load.
+ONNX_SHA256 = "0963d7e3a6c608d4ccebc4aee97b7acff4745f0e37e6098e8aaa14a12af88279"
+ONNX_DATA_SHA256 = "1a4c28772392f9e676f8b3f8ab92f82571338b68dc55aae3a22527f243582b3a"
+ONNX_DATA_FILE = "model.onnx.data"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as sentence-transformers does
 BATCH = 32  # texts per forward pass of the numpy runtime, sorted by length so padding stays small
 # Up to this many tokens in all (a query, a few short texts), the numpy model runs on one BLAS
@@ -250,6 +257,28 @@ def _load_tokenizer(path: Path) -> Any:
     return tokenizer
 
 
+class _Side:
+    """``fn(*args)`` in a daemon thread of its own; :meth:`result` waits for it and returns
+    its value, or the exception it raised (returned, not raised: the caller decides which
+    failure to report first)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._value: Any = None
+        self._thread = threading.Thread(target=self._run, args=(fn, *args),
+                                        name="fastmem-embedder-side", daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def _run(self, fn: Callable[..., Any], *args: Any) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to result()'s caller
+            self._value = exc
+
+    def result(self) -> Any:
+        self._thread.join()
+        return self._value
+
+
 class _BackgroundModel:
     """What both runtimes share: a load in a background thread, ``ready``/``wait``, input
     checks and the query cache. Subclasses set ``name`` and implement ``_load_model`` and
@@ -307,7 +336,10 @@ class _BackgroundModel:
             # join() runs the load in this thread if the starter has not begun it yet,
             # rather than waiting out the starter's delay.
             self._loader.join()
-        # A bounded wait only waits: running the load here could overrun the bound.
+        # A bounded wait does not run the load here (it could overrun the bound), but starts
+        # it now if its thread is still waiting out the starter's delay: this caller waits.
+        elif timeout > 0 and not self._loaded.is_set():
+            self._loader.hurry()
         if not self._loaded.wait(timeout):
             return False
         if self._error is not None:
@@ -388,10 +420,11 @@ class MiniLM(_BackgroundModel):
 
     Args:
         path: a folder with ``model.onnx`` and ``tokenizer.json`` (default: the copy in the
-            fastmem package; see :func:`find_onnx_model`).
-        verify: check ``model.onnx`` against :data:`ONNX_SHA256` before use (for the
-            packaged copy; a model of your own at ``path`` needs ``verify=False`` and a
-            ``name`` of its own).
+            fastmem package; see :func:`find_onnx_model`). A graph whose weights are in a
+            file beside it (ONNX external data, as the packaged one) is read from there.
+        verify: check ``model.onnx`` and ``model.onnx.data`` against :data:`ONNX_SHA256`
+            and :data:`ONNX_DATA_SHA256` before use (for the packaged copy; a model of your
+            own at ``path`` needs ``verify=False`` and a ``name`` of its own).
         query_cache: how many query vectors ``encode_query`` keeps.
         threads: threads that embed a list of texts (default: 2, or 1 on a 1-core machine).
         name: the identity recorded in stores (default :data:`INT8_NAME`).
@@ -433,51 +466,78 @@ class MiniLM(_BackgroundModel):
         return self._threads
 
     def _load_model(self) -> None:
+        # Three things at once, on a 2-core machine in about the time of the longest: the
+        # checksums and the tokenizer in threads of their own (hashlib, file reads and the
+        # parse of the tokenizer's 30k-word vocabulary let the GIL go), onnxruntime's import
+        # (a 35 MB library: ~35 ms holding the GIL) and its session here. One after another
+        # they took ~150 ms (tokenizer ~25, read and checksum ~30 beside the session).
+        checks = _Side(self._checksum_problem) if self._verify else None
+        tokenizer = _Side(_load_tokenizer, self.path / "tokenizer.json")
         try:
-            import onnxruntime as ort
-        except ImportError as exc:
-            raise EmbedderUnavailableError(f"onnxruntime is not installed: {INSTALL_HINT}") from exc
-        try:
-            self._tokenizer = _load_tokenizer(self.path / "tokenizer.json")
-        except ImportError as exc:
-            raise EmbedderUnavailableError(f"tokenizers is not installed: {INSTALL_HINT}") from exc
-        data = (self.path / "model.onnx").read_bytes()
-        # The checksum (24 MB: ~20-40 ms) runs beside the session's construction: hashlib
-        # releases the GIL on large buffers. The session is used only once it has passed.
-        digest: list[str] = []
-        hasher = threading.Thread(
-            target=lambda: digest.append(hashlib.sha256(data).hexdigest()),
-            name="fastmem-embedder-sha256", daemon=True,
-        ) if self._verify else None  # fmt: skip
-        if hasher is not None:
-            hasher.start()
-        options = ort.SessionOptions()
-        # One onnxruntime thread per run, on the caller's thread: parallelism comes from
-        # running texts on several of our threads. No spinning: a pool that spin-waits for
-        # work steals the core another thread (or process) needs.
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        options.log_severity_level = 3  # errors only: no notes about the graph on stderr
-        try:
-            session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # a damaged graph: onnxruntime's own exception types
-            error: Exception | None = exc
-        else:
-            error = None
-        if hasher is not None:
-            hasher.join()
-            if digest != [ONNX_SHA256]:  # checked first: it explains a damaged graph too
+            try:
+                import onnxruntime as ort
+            except ImportError as exc:
                 raise EmbedderUnavailableError(
-                    f"{self.path / 'model.onnx'} does not have the sha256 of fastmem's int8 "
-                    f"build of all-MiniLM-L6-v2 ({ONNX_SHA256}): reinstall fastmem"
+                    f"onnxruntime is not installed: {INSTALL_HINT}"
+                ) from exc
+            options = ort.SessionOptions()
+            # One onnxruntime thread per run, on the caller's thread: parallelism comes from
+            # running texts on several of our threads. No spinning: a pool that spin-waits
+            # for work steals the core another thread (or process) needs.
+            options.intra_op_num_threads = 1
+            options.inter_op_num_threads = 1
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+            # The packaged graph is saved optimized (tools/build_model.py): optimizing it again
+            # changes nothing (the same vectors, bit for bit, and the same speed) and cost
+            # ~5 ms of every load.
+            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            options.log_severity_level = 3  # errors only: no notes about the graph on stderr
+            try:
+                # From the path, not from bytes read here: onnxruntime then takes the weights
+                # from model.onnx.data directly (and bytes would be copied once more).
+                session = ort.InferenceSession(
+                    str(self.path / "model.onnx"), options, providers=["CPUExecutionProvider"]
                 )
+            except Exception as exc:  # a damaged graph: onnxruntime's own exception types
+                error: Exception | None = exc
+            else:
+                error = None
+        finally:
+            problem = checks.result() if checks is not None else None
+            loaded = tokenizer.result()
+        # The checksums first: they explain a damaged graph too. The session is used only
+        # once they have passed (the files were read twice, by the checksum and by
+        # onnxruntime: damage shows in both, a file swapped in between is not guarded).
+        if problem is not None:
+            raise EmbedderUnavailableError(problem)
         if error is not None:
             raise EmbedderUnavailableError(f"model.onnx could not be loaded: {error}") from None
+        if isinstance(loaded, ImportError):
+            raise EmbedderUnavailableError(
+                f"tokenizers is not installed: {INSTALL_HINT}"
+            ) from loaded
+        if isinstance(loaded, BaseException):
+            raise loaded
+        self._tokenizer = loaded
         self._session = session
         self.runtime = f"onnxruntime {ort.__version__}"
+
+    def _checksum_problem(self) -> str | None:
+        """Why the packaged graph and weights are not fastmem's build, or ``None``."""
+        for name, expected in (("model.onnx", ONNX_SHA256), (ONNX_DATA_FILE, ONNX_DATA_SHA256)):
+            digest = hashlib.sha256()
+            try:
+                with open(self.path / name, "rb", buffering=0) as f:
+                    while chunk := f.read(1 << 20):  # the GIL goes in read and in update
+                        digest.update(chunk)
+            except OSError as exc:
+                return f"{self.path / name} could not be read ({exc}): reinstall fastmem"
+            if digest.hexdigest() != expected:
+                return (f"{self.path / name} does not have the sha256 of fastmem's int8 build "
+                        f"of all-MiniLM-L6-v2 ({expected}): reinstall fastmem")  # fmt: skip
+        return None
 
     def _run(self, ids: list[int]) -> np.ndarray:
         row = np.asarray([ids], dtype=np.int64)
@@ -673,6 +733,8 @@ def _read_safetensors(data: bytes) -> dict[str, np.ndarray]:
     (size,) = struct.unpack_from("<Q", data, 0)
     if not 2 <= size <= min(MAX_SAFETENSORS_HEADER, len(data) - 8):
         raise EmbedderUnavailableError("model.safetensors has a bad header length")
+    import json  # here: only the float32 model's weights need it
+
     try:
         header = json.loads(data[8 : 8 + size])
     except ValueError as exc:

@@ -29,7 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import _kernels
-from ._bpe_py import CL100K_PATTERN
 from ._threads import Background, ForkGate
 from .errors import EncodingUnavailableError, InvalidInputError, InvalidTypeError
 
@@ -119,6 +118,8 @@ def _cl100k_from_file(tiktoken: Any) -> Any:
     ranks = cl100k_ranks_file()
     if ranks is None:
         return None
+    from ._bpe_py import CL100K_PATTERN  # here: the compiled counter does not need it
+
     return tiktoken.Encoding(_OFFLINE_NAMES[DEFAULT_ENCODING], pat_str=CL100K_PATTERN,
                              mergeable_ranks=_kernels.ranks_file(ranks),
                              special_tokens=dict(_CL100K_SPECIAL))  # fmt: skip

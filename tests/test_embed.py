@@ -139,15 +139,19 @@ def test_a_text_gets_the_same_vector_alone_in_a_list_or_on_another_thread(model)
 
 def test_the_packaged_model_is_the_one_recorded():
     folder = embed.ONNX_MODEL_DIR
-    data = (folder / "model.onnx").read_bytes()
+    graph = (folder / "model.onnx").read_bytes()
+    weights = (folder / embed.ONNX_DATA_FILE).read_bytes()
     import hashlib
 
-    assert hashlib.sha256(data).hexdigest() == embed.ONNX_SHA256
-    assert len(data) <= 30_000_000
+    assert hashlib.sha256(graph).hexdigest() == embed.ONNX_SHA256
+    assert hashlib.sha256(weights).hexdigest() == embed.ONNX_DATA_SHA256
+    assert embed.ONNX_DATA_FILE.encode() in graph  # the graph names its weights' file
+    assert len(graph) + len(weights) <= 30_000_000
     notice = (folder / "NOTICE").read_text()
     assert "Apache License, Version 2.0" in notice and embed.MODEL_SHA256 in notice
     build = json.loads((folder / "build.json").read_text())
     assert build["model.onnx_sha256"] == embed.ONNX_SHA256
+    assert build[f"{embed.ONNX_DATA_FILE}_sha256"] == embed.ONNX_DATA_SHA256
     assert build["upstream_sha256"] == embed.MODEL_SHA256
     assert embed.find_onnx_model() == folder
 
@@ -281,6 +285,20 @@ def test_the_default_model_is_ready_soon_after_construction(model):
     assert info["sha256"] == embed.ONNX_SHA256 and "packaged" in info["source"]
 
 
+def test_a_bounded_wait_starts_a_load_still_waiting_for_its_thread():
+    """A load is started a moment after open() (START_DELAY: open returns first); a caller
+    that then waits for the model (a context) starts it at once instead of waiting out
+    the delay. With the delay made a minute, a 30 s wait still gets the model."""
+    script = ("import fastmem._threads as t\n"
+              "t.START_DELAY = 60.0\n"
+              "from fastmem import embed\n"
+              "m = embed.MiniLM()\n"
+              "print(m.ready, m.wait(30), m.ready)\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split()  # fmt: skip
+    assert out == ["False", "True", "True"]
+
+
 def test_importing_fastmem_loads_no_model_runtime():
     code = ("import sys, fastmem; "
             "print(sorted(m for m in ('onnxruntime', 'tokenizers', 'torch') if m in sys.modules))")
@@ -309,10 +327,11 @@ def test_a_process_that_exits_while_the_model_loads_exits_cleanly(model, store_p
 def copy_onnx(model: embed.MiniLM, dest: Path, *, damage: bool = False) -> Path:
     dest.mkdir()
     shutil.copy(model.path / "tokenizer.json", dest / "tokenizer.json")
-    data = bytearray((model.path / "model.onnx").read_bytes())
+    shutil.copy(model.path / "model.onnx", dest / "model.onnx")
+    data = bytearray((model.path / embed.ONNX_DATA_FILE).read_bytes())
     if damage:
         data[len(data) // 2] ^= 1  # one bit of one weight
-    (dest / "model.onnx").write_bytes(bytes(data))
+    (dest / embed.ONNX_DATA_FILE).write_bytes(bytes(data))
     return dest
 
 
@@ -323,6 +342,34 @@ def test_an_int8_model_that_fails_its_checksum_is_refused(model, tmp_path):
     assert not tampered.ready
     with pytest.raises(EmbedderUnavailableError):
         tampered.encode(["x"])
+
+
+def test_a_missing_or_damaged_graph_file_is_refused(model, tmp_path):
+    """The graph is checked as its weights are: a changed or missing file of either fails
+    the load with a message that says so, before any vector is made."""
+    folder = copy_onnx(model, tmp_path / "m")
+    graph = bytearray((folder / "model.onnx").read_bytes())
+    graph[-1] ^= 1
+    (folder / "model.onnx").write_bytes(bytes(graph))
+    with pytest.raises(EmbedderUnavailableError, match="model.onnx does not have the sha256"):
+        embed.MiniLM(folder).wait(300)
+    folder = copy_onnx(model, tmp_path / "n")
+    (folder / embed.ONNX_DATA_FILE).unlink()
+    with pytest.raises(EmbedderUnavailableError, match=r"model.onnx.data could not be read"):
+        embed.MiniLM(folder).wait(300)
+
+
+INT8_REFERENCE = REFERENCE.parent / "minilm_int8_reference.npz"
+
+
+def test_the_packaged_model_gives_the_vectors_of_the_one_file_build(model):
+    """The packaged graph and its weights file are the one-file graph the model shipped as
+    before, split (tools/build_model.py, externalize): the vectors it made then, kept in
+    tests/data, are what it makes now."""
+    stored = np.load(INT8_REFERENCE)
+    vectors = model.encode([str(t) for t in stored["texts"]])
+    cosine = (vectors * stored["vectors"]).sum(axis=1)
+    assert cosine.min() >= 0.99999, cosine.min()
 
 
 def test_a_graph_that_does_not_parse_gives_a_clear_error(model, tmp_path):

@@ -21,9 +21,14 @@ What it does, and why:
 5. Saves the graph as onnxruntime's optimizer leaves it (EXTENDED level: fused int8 products,
    LayerNorm, GELU), so that a load does not redo that work. This uses onnxruntime's
    ``com.microsoft`` operators: the result needs onnxruntime, as the embedder does anyway.
-6. Copies ``tokenizer.json`` and writes the model's Apache-2.0 notice beside the graph.
+6. Moves the weights out of the graph into ``model.onnx.data`` (ONNX external data): the same
+   graph and the same bytes, but onnxruntime then reads the weights straight from that file
+   instead of parsing them out of a 23 MB protobuf message; a session was built in about
+   half the time (32 against 64 ms, median of 9 fresh processes), with the same vectors.
+7. Copies ``tokenizer.json`` and writes the model's Apache-2.0 notice beside the graph.
 
-The printed sha256 of ``model.onnx`` is what ``fastmem/embed.py`` (ONNX_SHA256) checks at load.
+The printed sha256 of ``model.onnx`` and ``model.onnx.data`` are what ``fastmem/embed.py``
+(ONNX_SHA256, ONNX_DATA_SHA256) checks at load.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "fastmem" / "models" / "all-MiniLM-L6-v2-int8"
 UPSTREAM_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 OPSET = 17
+DATA_FILE = "model.onnx.data"  # the weights beside the graph (see externalize)
 
 NOTICE = """\
 all-MiniLM-L6-v2, int8 ONNX build
@@ -176,6 +182,20 @@ def optimize(src: Path, dest: Path) -> None:
     ort.InferenceSession(str(src), options, providers=["CPUExecutionProvider"])
 
 
+def externalize(src: Path, dest: Path) -> None:
+    """Write the graph of ``src`` to ``dest`` and its weights (every tensor of 1 kB or more,
+    in graph order) to ``model.onnx.data`` beside it, which ``dest`` names by that relative
+    path. Nothing else changes: the nodes, the tensors' bytes and so the vectors are those of
+    the one-file graph (tests/test_embed.py compares them with vectors it made)."""
+    import onnx
+
+    model = onnx.load(str(src))
+    (dest.parent / DATA_FILE).unlink(missing_ok=True)  # onnx appends to an existing file
+    onnx.save_model(model, str(dest), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=DATA_FILE, size_threshold=1024)  # fmt: skip
+    (dest.parent / DATA_FILE).chmod(0o644)  # onnx creates it readable by its owner only
+
+
 def build(out: Path) -> str:
     upstream = upstream_folder()
     out.mkdir(parents=True, exist_ok=True)
@@ -184,10 +204,12 @@ def build(out: Path) -> str:
         export(upstream, fp32)
         quantize(fp32, Path(tmp) / "model-int8.onnx")
         quantize_word_embeddings(Path(tmp) / "model-int8.onnx")
-        optimize(Path(tmp) / "model-int8.onnx", out / "model.onnx")
+        optimize(Path(tmp) / "model-int8.onnx", Path(tmp) / "model-optimized.onnx")
+        externalize(Path(tmp) / "model-optimized.onnx", out / "model.onnx")
     shutil.copyfile(upstream / "tokenizer.json", out / "tokenizer.json")
     (out / "NOTICE").write_text(NOTICE.format(upstream=UPSTREAM_SHA256))
     digest = hashlib.sha256((out / "model.onnx").read_bytes()).hexdigest()
+    data_digest = hashlib.sha256((out / DATA_FILE).read_bytes()).hexdigest()
     # What built it: another torch or onnxruntime may write a different (equally valid) file.
     import onnx
     import onnxruntime
@@ -195,11 +217,12 @@ def build(out: Path) -> str:
     import transformers
 
     info = {"upstream": "sentence-transformers/all-MiniLM-L6-v2",
-            "upstream_sha256": UPSTREAM_SHA256, "model.onnx_sha256": digest, "opset": OPSET,
+            "upstream_sha256": UPSTREAM_SHA256, "model.onnx_sha256": digest,
+            f"{DATA_FILE}_sha256": data_digest, "opset": OPSET,
             "built_with": {m.__name__: m.__version__
                            for m in (torch, transformers, onnx, onnxruntime)}}  # fmt: skip
     (out / "build.json").write_text(json.dumps(info, indent=2) + "\n")
-    return digest
+    return f"{digest} {data_digest}"
 
 
 def main() -> None:
@@ -211,12 +234,13 @@ def main() -> None:
     if args.check:
         with tempfile.TemporaryDirectory() as tmp:
             digest = build(Path(tmp))
-            committed = hashlib.sha256((OUT / "model.onnx").read_bytes()).hexdigest()
+            committed = " ".join(hashlib.sha256((OUT / name).read_bytes()).hexdigest()
+                                 for name in ("model.onnx", DATA_FILE))
             print(f"rebuilt {digest}\ncommitted {committed}")
             sys.exit(0 if digest == committed else 1)
     digest = build(args.out)
-    size = (args.out / "model.onnx").stat().st_size
-    print(f"{args.out / 'model.onnx'}: {size / 1e6:.1f} MB, sha256 {digest}")
+    size = sum((args.out / name).stat().st_size for name in ("model.onnx", DATA_FILE))
+    print(f"{args.out / 'model.onnx'} and {DATA_FILE}: {size / 1e6:.1f} MB, sha256 {digest}")
 
 
 if __name__ == "__main__":

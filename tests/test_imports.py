@@ -1,0 +1,92 @@
+"""What ``import fastmem`` loads: the store's own modules, numpy, lz4 and msgpack, and nothing
+that only some calls need (the model's runtime, the token counter's tiktoken, the CLI's rich,
+the integrations, the agent frameworks, the numpy reference kernels when the compiled ones are
+there). Each check runs in a fresh interpreter, whose ``sys.modules`` is what a user's
+process gets; the benchmark of what the import costs is benchmarks/cold_start.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fastmem
+
+SOURCE = str(Path(fastmem.__file__).resolve().parents[1])  # the fastmem these tests import
+
+# Loaded by the calls that need them, never by the import.
+NEVER = (
+    "onnxruntime", "tokenizers", "tiktoken", "tiktoken_ext", "torch", "rich", "threadpoolctl",
+    "fastmem.integrations", "fastmem.ui", "fastmem.ray", "fastmem.cli", "fastmem.doctor",
+    "fastmem._demo", "ray", "langgraph", "langchain_core", "agents", "google.adk",
+    "autogen_core", "autogen_agentchat", "llama_index", "starlette", "uvicorn", "mcp",
+)  # fmt: skip
+# Every package outside the standard library that the import may load.
+THIRD_PARTY = {"fastmem", "numpy", "lz4", "msgpack"}
+# What the interpreter and the build add by themselves: the editable install's finder,
+# setuptools' distutils shim, the compiled kernels' shared Cython runtime.
+RUNTIME_PREFIXES = ("__editable__", "_distutils_hack", "_cython_", "cython_runtime", "__main__")
+
+
+def modules_after(code: str, backend: str | None = None) -> dict[str, object]:
+    """``sys.modules`` (sorted names) and fastmem.BACKEND after running ``code`` in a fresh
+    interpreter, started outside the checkout with this checkout first on its path."""
+    env = {k: v for k, v in os.environ.items() if k != "FASTMEM_BACKEND"}
+    if backend is not None:
+        env["FASTMEM_BACKEND"] = backend
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (SOURCE, env.get("PYTHONPATH"))))
+    script = (f"{code}\nimport json, sys, fastmem\n"
+              "print(json.dumps({'modules': sorted(sys.modules), 'backend': fastmem.BACKEND,"
+              " 'file': fastmem.__file__}))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, cwd=os.path.dirname(SOURCE), timeout=120, check=True)  # fmt: skip
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["file"].startswith(SOURCE + os.sep), result["file"]
+    return result
+
+
+def loaded(names: list[str], prefix: str) -> list[str]:
+    return [m for m in names if m == prefix or m.startswith(prefix + ".")]
+
+
+def test_import_fastmem_loads_none_of_what_only_some_calls_need():
+    names = modules_after("import fastmem")["modules"]
+    assert {prefix: loaded(names, prefix) for prefix in NEVER if loaded(names, prefix)} == {}
+
+
+def test_import_fastmem_loads_no_package_beyond_numpy_lz4_and_msgpack():
+    names = modules_after("import fastmem")["modules"]
+    outside = {m.split(".")[0] for m in names} - set(sys.stdlib_module_names)
+    unexpected = {m for m in outside - THIRD_PARTY if not m.startswith(RUNTIME_PREFIXES)}
+    assert unexpected == set()
+
+
+def test_the_numpy_reference_kernels_load_only_without_the_compiled_ones():
+    compiled = modules_after("import fastmem")
+    if compiled["backend"] != "cython":
+        pytest.skip("fastmem's compiled kernels are not built here")
+    assert loaded(compiled["modules"], "fastmem._kernels_py") == []
+    assert loaded(compiled["modules"], "fastmem._bpe_py") == []
+    reference = modules_after("import fastmem", backend="python")
+    assert reference["backend"] == "python"
+    assert "fastmem._kernels_py" in reference["modules"]
+
+
+def test_the_public_api_is_whole_without_the_lazy_modules():
+    """Every public name resolves in a fresh process and the import still loads none of
+    what the calls load later (a name bound lazily would import its module here)."""
+    names = modules_after("import fastmem\nfor n in fastmem.__all__: getattr(fastmem, n)")["modules"]
+    assert {prefix: loaded(names, prefix) for prefix in NEVER if loaded(names, prefix)} == {}
+
+
+def test_the_command_line_loads_rich_only_to_print():
+    """``fastmem context --json`` (a hook's call) answers without rich; its import alone
+    loads none of the integrations."""
+    names = modules_after("import fastmem.cli")["modules"]
+    never = [p for p in NEVER if p not in ("fastmem.cli",)]
+    assert {prefix: loaded(names, prefix) for prefix in never if loaded(names, prefix)} == {}
