@@ -50,15 +50,35 @@ from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
+from typing_extensions import Self
 
 import fastmem
-from fastmem.errors import DependencyUnavailableError, InvalidInputError, InvalidTypeError, UnknownMemoryError
+from fastmem.embed import default_embedder, ready_within
+from fastmem.errors import (
+    DependencyUnavailableError,
+    InvalidInputError,
+    InvalidTypeError,
+    UnknownMemoryError,
+)
 
 try:
     from langgraph.store.base import (
-        BaseStore, GetOp, IndexConfig, InvalidNamespaceError, Item, ListNamespacesOp,
-        MatchCondition, Op, PutOp, Result, SearchItem, SearchOp, TTLConfig, ensure_embeddings,
-        get_text_at_path, tokenize_path,
+        BaseStore,
+        GetOp,
+        IndexConfig,
+        InvalidNamespaceError,
+        Item,
+        ListNamespacesOp,
+        MatchCondition,
+        Op,
+        PutOp,
+        Result,
+        SearchItem,
+        SearchOp,
+        TTLConfig,
+        ensure_embeddings,
+        get_text_at_path,
+        tokenize_path,
     )  # fmt: skip
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise DependencyUnavailableError(
@@ -80,6 +100,9 @@ META = "langgraph"  # the metadata key that holds the item
 # contexts: a context here answers from the items of a namespace prefix.
 POLICY = fastmem.ContextPolicy(recent=0, neighbour_weight=0.0, neighbour_gap=1000.0)
 CONTEXT_BUDGET = 1300
+# Seconds a query search waits for the embedding model still loading (it is ready ~0.1 s
+# after the open): a LangGraph query is a semantic search, never a keyword-only one.
+EMBED_WAIT = 30.0
 
 
 class LangChainEmbedder:
@@ -119,8 +142,18 @@ def _unit(vectors: np.ndarray) -> np.ndarray:
 class _Entry:
     """One item in the catalog: its memory and what ``Item`` needs."""
 
-    __slots__ = ("mid", "number", "namespace", "key", "value", "created", "updated", "ttl",
-                 "expires", "indexed")  # fmt: skip
+    __slots__ = (
+        "created",
+        "expires",
+        "indexed",
+        "key",
+        "mid",
+        "namespace",
+        "number",
+        "ttl",
+        "updated",
+        "value",
+    )  # fmt: skip
 
     def __init__(self, mid: str, memory: fastmem.Memory, item: dict[str, Any]) -> None:
         self.mid, self.number = mid, int(mid[1:])
@@ -193,7 +226,7 @@ def _under(namespace: tuple[str, ...], prefix: tuple[str, ...]) -> bool:
 # --- filters and namespace matching: langgraph.store.memory's semantics ---------------------
 
 
-def matches(value: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bool:  # noqa: A002
+def matches(value: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bool:
     """Whether an item's value passes a search ``filter``, as ``InMemoryStore`` decides
     (a comparison with a missing or non-numeric field is false, not a ``TypeError``).
 
@@ -303,6 +336,7 @@ class FastmemStore(BaseStore):
         self.index_config = None if index is None else dict(index)
         self.ttl_config = None if ttl is None else dict(ttl)  # type: ignore[assignment]
         self._fields = self._check_config()
+        self._embedder: Any = None  # waited for before a query search, when known
         if isinstance(path, fastmem.MemoryStore):
             self.store, self._owned = path, False
         else:
@@ -311,6 +345,10 @@ class FastmemStore(BaseStore):
             if embed is not None and "embedder" not in options:
                 options["embedder"] = LangChainEmbedder(embed, (self.index_config or {}).get("dims", 0))
             self.store, self._owned = fastmem.open(path, **options), True
+            if "embedder" in options:
+                self._embedder = options["embedder"]
+            elif os.environ.get("FASTMEM_EMBEDDER", "default") != "none":
+                self._embedder = default_embedder()  # the process's model, which the store uses
         self._lock = threading.RLock()
         self._catalog: dict[tuple[tuple[str, ...], str], _Entry] | None = None
         self._by_ns: dict[tuple[str, ...], dict[str, _Entry]] = {}
@@ -444,7 +482,7 @@ class FastmemStore(BaseStore):
                     swept = self.sweep_ttl()
                     if swept:
                         logger.info("fastmem store swept %d expired items", swept)
-                except Exception:  # noqa: BLE001 - a failed sweep must not end the sweeper
+                except Exception:
                     logger.exception("fastmem store TTL sweep failed")
             future.set_result(None)
 
@@ -469,7 +507,7 @@ class FastmemStore(BaseStore):
         if self._owned:
             self.store.close()
 
-    def __enter__(self) -> FastmemStore:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -495,7 +533,7 @@ class FastmemStore(BaseStore):
             if op.index is not None and op.index is not False and (
                 isinstance(op.index, str) or not all(isinstance(p, str) and p for p in op.index)
             ):
-                raise InvalidInputError(f"index must be False, None or a list of JSON paths, got {op.index!r}")
+                raise InvalidTypeError(f"index must be False, None or a list of JSON paths, got {op.index!r}")
         elif isinstance(op, SearchOp):
             _check_labels(op.namespace_prefix, "namespace_prefix")
             _check_window(op.limit, op.offset)
@@ -513,7 +551,7 @@ class FastmemStore(BaseStore):
             if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 1):
                 raise InvalidInputError(f"max_depth must be an int >= 1 or None, got {depth!r}")
         elif not isinstance(op, GetOp):
-            raise ValueError(f"Unknown operation type: {type(op)}")
+            raise ValueError(f"Unknown operation type: {type(op)}")  # noqa: TRY004 - as InMemoryStore
 
     def _get(self, op: GetOp, now: float) -> Item | None:
         self._sync()
@@ -556,6 +594,8 @@ class FastmemStore(BaseStore):
         types = self._search_types(op.namespace_prefix)
         if not types:
             return []
+        if self._embedder is not None:
+            ready_within(self._embedder, EMBED_WAIT)
         want = op.offset + op.limit
         k = min(MAX_K, max(2 * want, 20))
         omit = bool((self.ttl_config or {}).get("omit_expired"))
