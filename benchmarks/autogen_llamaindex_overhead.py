@@ -1,0 +1,261 @@
+"""What the AutoGen and LlamaIndex adapters cost over the fastmem calls they wrap, and how
+AutoGen's memories compare on one workload.
+
+    python benchmarks/autogen_llamaindex_overhead.py [--memories 1000] [--calls 200]
+
+One store of ``--memories`` short facts about made-up people (the default embedder:
+all-MiniLM-L6-v2, int8), then, in one process and one event loop:
+
+* **adapter overhead** — each adapter call against the core call it wraps, called directly
+  (synchronously, on the loop's thread): ``FastmemMemory.add`` / ``MemoryStore.add``,
+  ``FastmemMemory.query`` / ``MemoryStore.search``, ``FastmemMemory.update_context`` /
+  ``MemoryStore.context``, ``FastmemMemoryBlock.aget`` / ``MemoryStore.context`` and
+  ``FastmemMemoryBlock.aput`` (4 messages) / ``MemoryStore.add_many``. Adapter and core
+  calls alternate, each with a question never asked before (fastmem caches query
+  embeddings), and the overhead is the median of the pairs' differences over the core
+  call's median. The adapter's cost is
+  mostly its hop to a worker thread (``asyncio.to_thread``), which keeps the event loop free.
+* **AutoGen's memories** — ``query`` and ``update_context`` of ``FastmemMemory`` (its
+  default 1,300-token context, and a 100-token one: about Chroma's five facts),
+  ``ListMemory`` and (when ``chromadb`` is installed: the ``bench`` extra)
+  ``ChromaDBVectorMemory``, all holding the same facts; Chroma embeds with fastmem's own
+  model (a custom embedding function), so both vector sides compute the same vectors.
+  ``update_context`` is also reported in tokens added to the model's input (cl100k_base).
+
+Each figure is the median (p50) and p90 over ``--calls`` calls, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import fastmem
+import fastmem.embed
+from fastmem.tokens import TokenCounter
+
+NAMES = ["Ada", "Bruno", "Chen", "Dalia", "Emeka", "Freya", "Goran", "Hana", "Ivo", "Jonas",
+         "Kemal", "Lucia", "Mateo", "Nadia", "Oskar", "Priya", "Quinn", "Rosa", "Sven", "Tariq"]
+THINGS = ["cat", "bicycle", "garden", "violin", "boat", "camera", "piano", "kayak", "laptop",
+          "tent", "guitar", "telescope", "sourdough starter", "motorbike", "aquarium"]
+PLACES = ["Lisbon", "Oslo", "Kyoto", "Quito", "Tunis", "Perth", "Riga", "Lima", "Cork", "Pune",
+          "Bergen", "Dakar", "Hanoi", "Split", "Tartu", "Cusco", "Leeds", "Basel", "Izmir"]
+TEMPLATES = [
+    "{name} keeps a {thing} at the flat in {place} and uses it every weekend.",
+    "{name} moved to {place} in {year} and still misses the old {thing}.",
+    "The {thing} that {name} bought in {place} cost {n} euros.",
+    "{name} said the {thing} broke during the trip to {place} in {year}.",
+    "{name}'s favourite memory of {place} involves a borrowed {thing}.",
+]
+
+
+def facts(count: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    return [
+        rng.choice(TEMPLATES).format(
+            name=rng.choice(NAMES), thing=rng.choice(THINGS), place=rng.choice(PLACES),
+            year=rng.randint(1990, 2025), n=rng.randint(20, 3000),
+        )  # fmt: skip
+        for _ in range(count)
+    ]
+
+
+def questions(seed: int) -> Iterator[str]:
+    """Questions never asked before (a running number makes each one new)."""
+    rng = random.Random(seed)
+    for i in range(10**9):
+        yield (f"What do we know about {rng.choice(NAMES)} and the {rng.choice(THINGS)} in "
+               f"{rng.choice(PLACES)}? ({i})")  # fmt: skip
+
+
+def percentiles(seconds: list[float]) -> tuple[float, float]:
+    ordered = sorted(seconds)
+    return statistics.median(ordered) * 1e3, ordered[int(0.9 * (len(ordered) - 1))] * 1e3
+
+
+async def timed_async(call: Callable[[], Awaitable[Any]]) -> float:
+    started = time.perf_counter()
+    await call()
+    return time.perf_counter() - started
+
+
+def timed(call: Callable[[], Any]) -> float:
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+
+async def overhead(
+    label: str, calls: int, adapter: Callable[[], Awaitable[Any]], core: Callable[[], Any]
+) -> None:
+    """Adapter and core calls in pairs, the pair's order alternating (ABBA: neither side
+    always runs second, on warmer caches). The overhead is the median of the pairs'
+    differences over the core's median: paired, it is less at the mercy of the machine's
+    load drifting during the run than a ratio of two medians."""
+    mine: list[float] = []
+    theirs: list[float] = []
+    for i in range(calls):
+        if i % 2:
+            theirs.append(timed(core))
+            mine.append(await timed_async(adapter))
+        else:
+            mine.append(await timed_async(adapter))
+            theirs.append(timed(core))
+    (a50, a90), (c50, c90) = percentiles(mine), percentiles(theirs)
+    extra = statistics.median(a - c for a, c in zip(mine, theirs)) * 1e3
+    share = f"{extra / c50:+8.1%}" if c50 >= 0.01 else f"{extra:+6.3f}ms"  # a no-op: the hop
+    print(f"  {label:<44} {a50:8.3f} {a90:8.3f} {c50:8.3f} {c90:8.3f} {share}")
+
+
+async def run(args: argparse.Namespace) -> None:
+    from autogen_core.memory import ListMemory, MemoryContent, MemoryMimeType
+    from autogen_core.model_context import UnboundedChatCompletionContext
+    from autogen_core.models import UserMessage
+    from llama_index.core.llms import ChatMessage
+
+    from fastmem.integrations.autogen import FastmemMemory
+    from fastmem.integrations.llamaindex import FastmemMemoryBlock
+
+    texts = facts(args.memories)
+    asked = questions(11)
+    counter = TokenCounter("cl100k_base")
+    root = tempfile.mkdtemp(prefix="fastmem-bench-")
+    store = fastmem.open(root, namespace="bench")
+    store.wait_preload(30)
+    ids = store.add_many([{"text": t, "type": "fact"} for t in texts])
+    assert len(ids) == len(texts)
+    memory = FastmemMemory(store, k=5)
+    block = FastmemMemoryBlock(store=store)
+    calls = args.calls
+    print(f"{len(store)} memories; {calls} calls per row; ms; overhead: median of the pairs' "
+          f"differences / core p50")  # fmt: skip
+    print(f"  {'adapter call / core call':<44} {'ad p50':>8} {'ad p90':>8} {'core p50':>8} "
+          f"{'core p90':>8} {'overhead':>8}")  # fmt: skip
+
+    def new_context() -> Any:
+        return UnboundedChatCompletionContext([UserMessage(content=next(asked), source="user")])
+
+    extra = iter(facts(8 * calls + 8, seed=99))
+    content = lambda: MemoryContent(content=next(extra), mime_type=MemoryMimeType.TEXT)  # noqa: E731
+    await overhead("a bare thread hop (asyncio.to_thread) / no-op", calls,
+                   lambda: asyncio.to_thread(int), int)
+    await overhead("autogen add / MemoryStore.add", calls,
+                   lambda: memory.add(content()), lambda: store.add(next(extra), type="fact"))
+    await overhead("autogen query / MemoryStore.search (k=5)", calls,
+                   lambda: memory.query(next(asked)), lambda: store.search(next(asked), 5))
+    await overhead("autogen update_context / MemoryStore.context", calls,
+                   lambda: memory.update_context(new_context()),
+                   lambda: store.context(next(asked), 1300))
+    await overhead("llamaindex aget / MemoryStore.context", calls,
+                   lambda: block.aget([ChatMessage(role="user", content=next(asked))]),
+                   lambda: store.context(next(asked), 1300))
+
+    def turn() -> list[ChatMessage]:
+        return [ChatMessage(role="user" if i % 2 == 0 else "assistant", content=next(extra))
+                for i in range(2)]  # fmt: skip
+
+    await overhead("llamaindex aput (2 messages) / add_many", calls,
+                   lambda: block.aput(turn()),
+                   lambda: store.add_many([{"text": next(extra)}, {"text": next(extra)}]))
+    # The peers' rows below hold exactly the original facts: forget what the rows above added.
+    originals = set(ids)
+    for memory_id in [m.id for m in store if m.id not in originals]:
+        store.forget(memory_id)
+
+    peers: dict[str, Any] = {"FastmemMemory": memory}
+    # Chroma's update_context adds its k=5 results; fastmem's, a context of `budget` tokens:
+    # this row gives fastmem about the same volume as Chroma's five facts.
+    peers["FastmemMemory (budget=100)"] = FastmemMemory(store, k=5, budget=100)
+    listed = ListMemory()
+    for text in texts:
+        await listed.add(MemoryContent(content=text, mime_type=MemoryMimeType.TEXT))
+    peers["ListMemory"] = listed
+    chroma = await chroma_memory(texts, root)
+    if chroma is not None:
+        peers["ChromaDBVectorMemory (k=5)"] = chroma
+
+    print(f"\nAutoGen's memories, {len(texts)} facts each; ms (tokens: what update_context adds)")
+    print(f"  {'memory':<28} {'query p50':>10} {'query p90':>10} {'update p50':>11} "
+          f"{'update p90':>11} {'tokens':>8}")  # fmt: skip
+    rows = {}
+    for name, peer in peers.items():
+        query = [await timed_async(lambda: peer.query(next(asked))) for _ in range(calls)]
+        update, tokens = [], []
+        for _ in range(calls):
+            context = new_context()
+            update.append(await timed_async(lambda: peer.update_context(context)))
+            added = (await context.get_messages())[1:]
+            tokens.append(sum(counter.count(str(m.content)) for m in added))
+        (q50, q90), (u50, u90) = percentiles(query), percentiles(update)
+        rows[name] = (q50, u50)
+        print(f"  {name:<28} {q50:10.3f} {q90:10.3f} {u50:11.3f} {u90:11.3f} "
+              f"{statistics.median(tokens):8.0f}")  # fmt: skip
+    base = rows["FastmemMemory"]
+    for name, (q50, u50) in rows.items():
+        if not name.startswith("FastmemMemory"):
+            print(f"  {name} / FastmemMemory: query {q50 / base[0]:.2f}x, "
+                  f"update_context {u50 / base[1]:.2f}x (p50)")  # fmt: skip
+    if chroma is not None:
+        await chroma.close()
+    store.close()
+
+
+async def chroma_memory(texts: list[str], root: str) -> Any:
+    try:
+        import chromadb  # noqa: F401
+        from autogen_core.memory import MemoryContent, MemoryMimeType
+        from autogen_ext.memory.chromadb import (
+            ChromaDBVectorMemory,
+            CustomEmbeddingFunctionConfig,
+            PersistentChromaDBVectorMemoryConfig,
+        )
+    except ImportError:
+        print("(chromadb is not installed: pip install 'fastmem[bench]' for its row)")
+        return None
+    config = PersistentChromaDBVectorMemoryConfig(
+        collection_name="bench", persistence_path=f"{root}/chroma", k=5,
+        embedding_function_config=CustomEmbeddingFunctionConfig(function=fastmem_embedding),
+    )  # fmt: skip
+    memory = ChromaDBVectorMemory(config=config)
+    for text in texts:
+        await memory.add(MemoryContent(content=text, mime_type=MemoryMimeType.TEXT))
+    return memory
+
+
+def fastmem_embedding() -> Any:
+    """A Chroma embedding function on fastmem's own model (offline, same vectors)."""
+    from chromadb.api.types import Documents, EmbeddingFunction, Embeddings
+
+    class FastmemEmbedding(EmbeddingFunction[Documents]):
+        def __init__(self) -> None:
+            self.model = fastmem.embed.default_embedder()
+
+        def __call__(self, input: Documents) -> Embeddings:  # noqa: A002 - Chroma's name
+            return list(self.model.encode(list(input)))
+
+        @staticmethod
+        def name() -> str:
+            return "fastmem-minilm-int8"
+
+    return FastmemEmbedding()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memories", type=int, default=1000)
+    parser.add_argument("--calls", type=int, default=200)
+    args = parser.parse_args()
+    print(f"fastmem {fastmem.__version__} ({fastmem.BACKEND} kernels), Python "
+          f"{platform.python_version()}, {platform.machine()}, {platform.system()}")  # fmt: skip
+    asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    main()
