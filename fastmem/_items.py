@@ -129,6 +129,8 @@ def check_str(value: Any, name: str, max_chars: int, *, optional: bool) -> str |
 
 def type_names(types: Iterable[str] | None) -> list[str] | None:
     """A search's ``types``, listed and checked (``None``: every type)."""
+    if isinstance(types, str):
+        raise InvalidTypeError("types must be an iterable of type names, not one name")
     names = None if types is None else list(types)
     for name in names or ():
         check_str(name, "a type", fmt.MAX_TYPE_CHARS, optional=False)

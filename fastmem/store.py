@@ -421,20 +421,11 @@ class MemoryStore:
             return self._engine.index.live
 
     def ids(self, after: str | None = None) -> list[str]:
-        """The live memories' ids, oldest id first, read from the index alone; with
-        ``after``, only those added after that one (ids grow with every add, in any
-        process): what a cache of the store reads to catch up with other processes' adds.
-
-        Raises:
-            UnknownMemoryError: ``after`` is not an id fastmem makes (``"m<number>"``).
-        """
-        lo = -1 if after is None else _items.parse_id(after)
+        """Live memories' ids, oldest first; with ``after``, those added after it (ids grow
+        with every add, in any process). Raises ``UnknownMemoryError`` for a bad ``after``."""
         with self._engine.lock:
             self._engine.check()
-            index = self._engine.index
-            ids, flags = index.column("id"), index.column("flags")
-        new = np.sort(ids[(ids > lo) & (flags & fmt.FLAG_FORGOTTEN == 0)])
-        return [f"m{i}" for i in new.tolist()]
+            return _live_ids(self._engine.index, -1 if after is None else _items.parse_id(after))
 
     def __contains__(self, mid: object) -> bool:
         with self._engine.lock:
@@ -563,8 +554,7 @@ class MemoryStore:
             encoding: count with another tiktoken encoding than the store's.
             exclude: ids of memories to leave out (e.g. those the model has already been
                 shown this session); ids of forgotten or unknown memories are ignored.
-            types: keep only memories of these types, at every level (e.g. one tenant's
-                types in a store several share); ``None``: every type.
+            types: keep only memories of these types, at every level (``None``: all).
         """
         started = time.perf_counter()
         self._last_call = time.monotonic()
@@ -575,16 +565,13 @@ class MemoryStore:
         session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         counter = self._counter(encoding)
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
-        if isinstance(types, str):
-            raise InvalidTypeError("types must be an iterable of type names, not one string")
-        names = _items.type_names(types)
         if self._embedder is not None:  # a model still loading: wait a little (not locked)
             ready_within(self._embedder, self.policy.embedder_wait)
         vector, degraded = retrieval.embed_query(self._embedder, query)  # not locked either
         text, tokens, items, degraded, left_out = _context.answer(
             self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
             session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,
-            exclude=excluded_ids, touch=not self.readonly, types=names,
+            exclude=excluded_ids, touch=not self.readonly, types=_items.type_names(types),
         )  # fmt: skip
         return _context.new_context(text, tokens, budget, items, counter.name, degraded, started, left_out)
 
@@ -771,6 +758,14 @@ class MemoryStore:
         state = "closed" if self._engine.closed else f"{self._engine.index.live} memories"
         mode = "readonly" if self.readonly else self.durability
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+def _live_ids(index: Any, after: int) -> list[str]:
+    """``MemoryStore.ids``: the ids above ``after`` of the live rows, from two columns of the
+    index (no record is read); what a cache of the store (the LangGraph adapter's catalog)
+    reads to catch up with other processes' adds."""
+    ids, flags = index.column("id"), index.column("flags")
+    return [f"m{i}" for i in np.sort(ids[(ids > after) & (flags & fmt.FLAG_FORGOTTEN == 0)]).tolist()]
 
 
 def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> list[Memory]:
