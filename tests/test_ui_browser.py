@@ -167,8 +167,8 @@ def test_timeline_pages_and_expands_a_memory(served, page):
     page.locator(f".row[data-id={ids['new_budget']}]").click()
     page.wait_for_selector(f"#detail-{ids['new_budget']} [data-testid=text]")
     assert "1,500 EUR" in page.locator(f"#detail-{ids['new_budget']} [data-testid=text]").inner_text()
-    page.evaluate("window.scrollTo(0, 0)")
-    _shot(page, "timeline")
+    page.locator(f".row[data-id={ids['new_budget']}]").scroll_into_view_if_needed()
+    page.screenshot(path=str(IMG / "ui-timeline.png"))  # the window, not the whole page
 
 
 def test_search_and_open_a_memory(served, page):
@@ -187,6 +187,7 @@ def test_search_and_open_a_memory(served, page):
     page.locator(f"[data-testid=hits] tr.hit[data-id={ids['old_budget']}] a.open").click()
     page.wait_for_selector("[data-testid=memory]")
     assert "superseded by " + ids["new_budget"] in page.inner_text("[data-testid=memory]")
+    page.click("details.changes summary")
     _shot(page, "memory")
 
 
@@ -245,4 +246,4 @@ def test_another_process_write_appears(served, page):
             "    s.add(sys.argv[2], session='trip-planning')\n")  # fmt: skip
     subprocess.run([sys.executable, "-c", code, path, text], check=True, timeout=60, env=ENV)
     page.wait_for_selector(f".row:has-text('{text[:40]}')", timeout=15_000)
-    _shot(page, "live")
+    page.screenshot(path=str(IMG / "ui-live.png"))

@@ -95,6 +95,17 @@ class Inspector:
         if wait is not None and len(self.reader):
             wait()
 
+    def warm(self) -> None:
+        """Run a search and a context once (at start, in the background): the first page a
+        user opens then shows the time of a warm store, not of the first query's loading."""
+        try:
+            self.ready()
+            if len(self.reader):
+                self.reader.search("warm up", 1)
+                self.reader.context("warm up", 64)
+        except FastmemError:  # closed meanwhile, or a damaged store: the pages will say
+            pass
+
     def writer(self) -> fastmem.MemoryStore:
         """The read-write handle, opened on the first change.
 
@@ -273,7 +284,10 @@ def create_app(
     ]  # fmt: skip
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        warming = threading.Thread(target=inspector.warm, name="fastmem-ui-warm", daemon=True)
+        warming.start()
         yield
+        warming.join(timeout=5)
         inspector.close()
 
     app = Starlette(routes=routes, exception_handlers={FastmemError: failed}, lifespan=lifespan)

@@ -100,7 +100,11 @@
         first = key;
         const rows = document.getElementById("rows");
         if (mode === "refresh" && rows) {
-          get(rows.dataset.refresh).then(function (html) { rows.innerHTML = html; widths(rows); watchMore(); });
+          const known = new Set(Array.from(rows.querySelectorAll(".row[data-id]")).map(function (r) { return r.dataset.id; }));
+          get(rows.dataset.refresh).then(function (html) {
+            rows.innerHTML = html; widths(rows); watchMore();
+            rows.querySelectorAll(".row[data-id]").forEach(function (r) { if (!known.has(r.dataset.id)) { r.classList.add("fresh"); } });
+          });
         } else {
           const banner = document.getElementById("live-banner");
           document.getElementById("live-what").textContent = p.memories.toLocaleString() + " memories, newest " + p.newest;

@@ -1,0 +1,457 @@
+"""The inspector over HTTP (Starlette's TestClient, and one real server): its security
+(token, Host, Origin, CSRF, headers, loopback), each view, the changes, and a hostile store
+(huge texts, control characters, HTML and script, 100k characters of metadata).
+
+The browser end to end is tests/test_ui_browser.py.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("starlette", reason="the ui extra is not installed: pip install 'fastmem[ui]'")
+pytest.importorskip("jinja2", reason="the ui extra is not installed: pip install 'fastmem[ui]'")
+pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+import fastmem  # noqa: E402
+from fastmem.ui import REQUIRES, require  # noqa: E402
+from fastmem.ui.app import create_app  # noqa: E402
+from fastmem.ui.security import Secrets  # noqa: E402
+
+TOKEN, CSRF = "the-run-token", "the-csrf-token"
+BASE = "http://127.0.0.1:8765"
+COOKIE = "fastmem_ui_8765"
+SCRIPT = "<script>alert('memory')</script>"
+ATTR = '"><img src=x onerror=alert(1)>'
+CONTROLS = "bell\x07 escape\x1b[31mred\x1b[0m nul\x00 del\x7f"
+
+
+@pytest.fixture(autouse=True)
+def backend():
+    """Once, not per kernel backend (conftest's): these test the web layer."""
+    return "default"
+
+
+@pytest.fixture
+def path(tmp_path):
+    p = str(tmp_path / "agent")
+    with fastmem.open(p, embedder=None) as store:
+        store.add("The user's name is Ada.", type="fact", pinned=True, timestamp=1e9)
+        store.add_many([{"text": f"turn {i}: the deploy of service {i % 7} and the weather in city {i}",
+                         "session": f"s{i // 40}", "timestamp": 1e9 + 60 * (i + 1)} for i in range(130)])  # fmt: skip
+    return p
+
+
+def _client(path: str, *, readonly: bool = False, cookie: bool = True) -> TestClient:
+    app = create_app(path, readonly=readonly, port=8765, secrets=Secrets(TOKEN, CSRF), embedder=None)
+    client = TestClient(app, base_url=BASE, follow_redirects=False)
+    if cookie:
+        client.cookies.set(COOKIE, TOKEN)
+    return client
+
+
+@pytest.fixture
+def client(path):
+    with _client(path) as c:
+        yield c
+
+
+def _post(client: TestClient, **form: str):
+    return client.post("/change", data={"csrf": CSRF, **form}, headers={"origin": BASE})
+
+
+# --- security ----------------------------------------------------------------------------
+
+
+ROUTES = ["/", "/timeline", "/memory/m1", "/search?q=deploy", "/context?q=deploy", "/api/pulse",
+          "/static/ui.js", "/static/ui.css", "/add", "/verify"]  # fmt: skip
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_every_request_without_the_token_is_refused(path, route):
+    with _client(path, cookie=False) as c:
+        r = c.get(route)
+        assert r.status_code == 403
+        assert "token" in r.text and "Ada" not in r.text
+        assert c.get(route + ("&" if "?" in route else "?") + "token=wrong").status_code == 403
+        assert c.get(route, headers={"x-fastmem-token": "wrong"}).status_code == 403
+
+
+def test_a_write_without_the_token_is_refused_and_changes_nothing(path):
+    with _client(path, cookie=False) as c:
+        r = c.post("/change", data={"csrf": CSRF, "action": "forget", "id": "m1", "confirm": "1"})
+        assert r.status_code == 403
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        assert "m1" in store
+
+
+def test_the_printed_address_sets_a_cookie_and_drops_the_token(path):
+    with _client(path, cookie=False) as c:
+        r = c.get(f"/timeline?before=m50&token={TOKEN}")
+        assert r.status_code == 303
+        assert r.headers["location"] == "/timeline?before=m50"
+        cookie = r.headers["set-cookie"]
+        assert cookie.startswith(f"{COOKIE}={TOKEN};")
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        c.cookies.set(COOKIE, TOKEN)
+        assert c.get("/timeline?before=m50").status_code == 200
+
+
+def test_the_token_in_a_header_is_accepted(path):
+    with _client(path, cookie=False) as c:
+        assert c.get("/api/pulse", headers={"x-fastmem-token": TOKEN}).status_code == 200
+        assert c.get("/api/pulse", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example:8765", "127.0.0.1:9999", "localhost.evil.example:8765", ""])
+def test_an_unknown_host_is_refused(client, host):
+    """DNS rebinding: a page whose name now resolves to 127.0.0.1 sends its own Host."""
+    r = client.get("/api/pulse", headers={"host": host})
+    assert r.status_code == 421
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8765", "localhost:8765", "[::1]:8765"])
+def test_the_loopback_names_are_accepted(client, host):
+    assert client.get("/api/pulse", headers={"host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1:9999", "https://127.0.0.1:8765"])
+def test_another_origin_is_refused(client, origin):
+    assert client.get("/api/pulse", headers={"origin": origin}).status_code == 403
+    r = client.post("/change", data={"csrf": CSRF, "action": "forget", "id": "m1", "confirm": "1"},
+                    headers={"origin": origin})  # fmt: skip
+    assert r.status_code == 403
+    assert client.get("/memory/m1").status_code == 200  # still there
+
+
+def test_a_cross_site_request_is_refused(client):
+    assert client.get("/", headers={"sec-fetch-site": "cross-site"}).status_code == 403
+    assert client.get("/", headers={"sec-fetch-site": "same-origin"}).status_code == 200
+
+
+@pytest.mark.parametrize("csrf", [None, "", "wrong"])
+def test_a_write_needs_the_csrf_token(client, csrf):
+    form = {"action": "forget", "id": "m1", "confirm": "1"}
+    if csrf is not None:
+        form["csrf"] = csrf
+    r = client.post("/change", data=form, headers={"origin": BASE})
+    assert r.status_code == 403
+    assert client.get("/memory/m1").status_code == 200
+    # With it, in the header: the change is made.
+    r = client.post("/change", data={"action": "forget", "id": "m1", "confirm": "1"},
+                    headers={"origin": BASE, "x-csrf-token": CSRF})  # fmt: skip
+    assert r.status_code == 303
+    assert client.get("/memory/m1").status_code == 404
+
+
+def test_pages_carry_the_security_headers_and_the_csrf_token(client):
+    r = client.get("/")
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert r.headers["x-frame-options"] == "DENY"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert r.headers["cache-control"] == "no-store"
+    assert f'content="{CSRF}"' in r.text
+    assert "<script>" not in r.text.replace('<script src="/static/ui.js" defer></script>', "")
+
+
+def test_readonly_refuses_every_change(path):
+    with _client(path, readonly=True) as c:
+        page = c.get("/memory/m1").text
+        assert "Change this memory" not in page and 'action="/change"' not in page
+        assert c.get("/add").status_code == 403
+        for action in ("pin", "forget", "add", "importance"):
+            r = c.post("/change", data={"csrf": CSRF, "action": action, "id": "m1", "confirm": "1",
+                                        "text": "x", "value": "0.5"}, headers={"origin": BASE})  # fmt: skip
+            assert r.status_code == 403
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        assert len(store) == 131 and not store.get("m1").pinned
+
+
+def test_fastmem_ui_serves_on_loopback_with_a_token(path):
+    """The real command: uvicorn on 127.0.0.1, the token in the printed address."""
+    import httpx
+
+    proc = subprocess.Popen([sys.executable, "-m", "fastmem", "ui", path, "--port", "0", "--no-browser"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        line = ""
+        while "token=" not in line:
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+        url = re.search(r"http://\S+", line).group(0)
+        assert url.startswith("http://127.0.0.1:")
+        base = url.split("/?")[0]
+        with httpx.Client() as h:
+            for _ in range(100):
+                try:
+                    refused = h.get(base + "/")
+                    break
+                except httpx.ConnectError:
+                    time.sleep(0.1)
+            assert refused.status_code == 403
+            opened = h.get(url, follow_redirects=True)
+            assert opened.status_code == 200 and "Overview" in opened.text
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def test_a_missing_extra_is_named(monkeypatch):
+    with pytest.raises(fastmem.DependencyUnavailableError, match=r"fastmem\[ui\]"):
+        require((("starlette", "starlette"), ("no_such_module_for_fastmem_ui", "nosuch")))
+    require(REQUIRES)
+
+
+def test_import_fastmem_does_not_load_the_inspector():
+    code = "import sys, fastmem, fastmem.cli; print(sorted(m for m in sys.modules if m.startswith(('fastmem.ui', 'starlette', 'jinja2', 'uvicorn'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# --- views -------------------------------------------------------------------------------
+
+
+def test_overview(client):
+    r = client.get("/")
+    assert r.status_code == 200
+    assert ">131<" in r.text and "conversation" in r.text
+    assert "intact" in client.get("/verify").text
+
+
+def test_timeline_pages_by_cursor(client, path):
+    first = client.get("/timeline").text
+    ids = re.findall(r'class="row" data-id="(m\d+)"', first)
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        order = [m.id for m in store.recent(200)]
+    assert ids == order[:50]
+    cursor = re.search(r'id="more" data-next="(m\d+)"', first).group(1)
+    assert cursor == order[49]
+    second = client.get(f"/timeline?partial=1&before={cursor}").text
+    assert re.findall(r'class="row" data-id="(m\d+)"', second) == order[50:100]
+    assert "<html" not in second  # a fragment for the page's script
+    last = client.get(f"/timeline?before={order[-2]}").text
+    assert re.findall(r'class="row" data-id="(m\d+)"', last) == order[-1:]
+    assert "The oldest memory." in last
+    assert client.get("/timeline?before=m99999").status_code == 404
+
+
+def test_memory_page(client):
+    r = client.get("/memory/m0")
+    assert r.status_code == 200 and "Ada" in r.text and 'data-testid="pinned"' in r.text
+    assert client.get("/memory/m0?partial=1").text.lstrip().startswith("<section")
+    assert client.get("/memory/m99999").status_code == 404
+    assert client.get("/memory/not-an-id").status_code == 404
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "keyword"])
+def test_search_shows_the_stores_hits_and_their_score_parts(client, path, mode):
+    r = client.get("/search", params={"q": "deploy of service 3", "mode": mode, "k": "10"})
+    shown = re.findall(r'<tr class="hit" data-id="(m\d+)"', r.text)
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        hits = store.search("deploy of service 3", 10, mode=mode)
+    assert shown == [h.id for h in hits]
+    assert "BM25" in r.text
+    assert ("imp +" in r.text) == (mode == "hybrid")
+
+
+def test_search_filters(client, path):
+    r = client.get("/search", params={"q": "deploy", "session": "s1", "type": "conversation"})
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        wanted = [h.id for h in store.search("deploy", 20, session="s1", types=["conversation"])]
+    assert re.findall(r'<tr class="hit" data-id="(m\d+)"', r.text) == wanted
+    r = client.get("/search", params={"q": "deploy", "since": "2001-09-09", "until": "2001-09-09"})
+    assert r.status_code == 200
+    assert client.get("/search", params={"q": "x", "since": "yesterday"}).status_code == 400
+    assert client.get("/search", params={"q": "x", "k": "100000"}).status_code == 400
+
+
+def test_context_page_is_the_stores_context(client, path):
+    r = client.get("/context", params={"q": "deploy of service 3", "budget": "200"})
+    lines = re.findall(r'data-testid="context-line" data-id="(m\d+)" data-level="([^"]+)" data-tokens="(\d+)"', r.text)
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        ctx = store.context("deploy of service 3", 200)
+    names = {fastmem.Level.PINNED: "pinned", fastmem.Level.RECENT: "level 1", fastmem.Level.FOUND: "level 3"}
+    assert sorted(lines) == sorted((i.id, names[i.level], str(i.tokens)) for i in ctx.items)
+    assert f'data-tokens="{ctx.tokens}"' in r.text
+    raw = re.search(r'<pre id="ctx-raw" class="fulltext">(.*?)</pre>', r.text, re.S).group(1)
+    assert html.unescape(raw) == ctx.text
+    data = client.get("/context", params={"q": "deploy of service 3", "budget": "200", "format": "json"}).json()
+    assert data["text"] == ctx.text and data["tokens"] == ctx.tokens
+    assert "".join(s["text"] + "\n" for s in data["lines"]) == ctx.text + "\n"  # every line, in order
+    assert [i["id"] for i in data["left_out"]] == [i.id for i in ctx.left_out]
+    assert client.get("/context", params={"q": "x", "budget": "0"}).status_code == 400
+
+
+def test_the_context_view_counts_no_access(client, path):
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        before = store.info("m5").access_count
+    client.get("/context", params={"q": "deploy of service 4", "budget": "500"})
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        assert store.info("m5").access_count == before
+
+
+def test_pulse_sees_another_handles_write(client, path):
+    first = client.get("/api/pulse").json()
+    with fastmem.open(path, embedder=None) as store:
+        mid = store.add("written elsewhere", timestamp=2e9)
+    now = client.get("/api/pulse").json()
+    assert now["memories"] == first["memories"] + 1 and now["newest"] == mid
+    assert mid in client.get("/timeline").text
+
+
+# --- changes -----------------------------------------------------------------------------
+
+
+def _confirm_then_apply(client, path, form: dict[str, str]):
+    """The first post shows the confirmation and changes nothing; the second applies."""
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        before = list(store.recent(1000))
+    r = _post(client, **form)
+    assert r.status_code == 200 and 'data-testid="confirm"' in r.text
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        assert list(store.recent(1000)) == before
+    r = _post(client, **form, confirm="1")
+    assert r.status_code == 303, r.text
+    return r.headers["location"]
+
+
+def test_pin_unpin_importance_metadata(client, path):
+    _confirm_then_apply(client, path, {"action": "pin", "id": "m7"})
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        assert store.get("m7").pinned
+    _confirm_then_apply(client, path, {"action": "unpin", "id": "m7"})
+    _confirm_then_apply(client, path, {"action": "importance", "id": "m7", "value": "0.75"})
+    _confirm_then_apply(client, path, {"action": "metadata", "id": "m7", "value": '{"source": "ui"}'})
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        m = store.get("m7")
+    assert not m.pinned and m.importance == pytest.approx(0.75) and m.metadata == {"source": "ui"}
+
+
+def test_forget_supersede_add(client, path):
+    assert _confirm_then_apply(client, path, {"action": "forget", "id": "m9"}).startswith("/timeline")
+    where = _confirm_then_apply(client, path, {"action": "supersede", "id": "m10", "text": "turn 9, corrected"})
+    new = where.split("/memory/")[1].split("?")[0]
+    where = _confirm_then_apply(client, path, {"action": "add", "text": "line one\r\nline two", "type": "plan",
+                                               "session": "ui", "importance": "0.4", "pinned": "1",
+                                               "metadata": '{"k": [1, 2]}'})  # fmt: skip
+    added = where.split("/memory/")[1].split("?")[0]
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        assert "m9" not in store
+        assert store.get("m10").metadata == {"superseded_by": new}
+        m = store.get(added)
+    assert (m.text, m.type, m.session, m.pinned, m.metadata) == ("line one\nline two", "plan", "ui", True, {"k": [1, 2]})
+    assert "superseded by " + new in client.get("/memory/m10").text
+
+
+@pytest.mark.parametrize("form", [
+    {"action": "importance", "id": "m3", "value": "2"},
+    {"action": "importance", "id": "m3", "value": "nan"},
+    {"action": "metadata", "id": "m3", "value": "[1, 2]"},
+    {"action": "metadata", "id": "m3", "value": "{not json"},
+    {"action": "supersede", "id": "m3", "text": "  "},
+    {"action": "add", "text": ""},
+    {"action": "explode", "id": "m3"},
+    {"action": "pin", "id": "m99999"},
+])  # fmt: skip
+def test_bad_changes_are_refused_and_change_nothing(client, path, form):
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        before = list(store.recent(1000))
+    for confirm in ("0", "1"):
+        r = _post(client, **form, confirm=confirm)
+        assert r.status_code in (400, 404), r.text
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        assert list(store.recent(1000)) == before
+
+
+# --- a hostile store ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    p = str(tmp_path / "hostile")
+    huge = ("A very long memory. " * 55_000)[:1_000_000]  # ~1 MB of text
+    wide = "x" * 60_000  # one unbroken word
+    keys = {f"k{i:04d}": i for i in range(6500)}  # > 100k characters as JSON (64 KiB packed is the limit)
+    with fastmem.open(p, embedder=None) as store:
+        ids = {
+            "script": store.add(f"deploy note {SCRIPT} and {ATTR}", type="<b>bold</b>",
+                                session=f"<i>{SCRIPT}</i>", summary=SCRIPT, metadata={"html": SCRIPT}),
+            "controls": store.add(f"deploy controls {CONTROLS}", type="fact"),
+            "huge": store.add(huge, type="document"),
+            "wide": store.add(wide + " deploy", metadata={"wide": "y" * 50_000}),
+            "keys": store.add("deploy keys", metadata=keys),
+        }  # fmt: skip
+    return p, ids
+
+
+def _no_raw_markup(text: str) -> None:
+    assert SCRIPT not in text
+    assert "<img src=x" not in text
+    assert "<b>bold</b>" not in text and "<i><script>" not in text
+    # Control characters show as symbols, except in the context's raw text, kept exact for copying.
+    shown = re.sub(r'<pre id="ctx-raw".*?</pre>', "", text, flags=re.S)
+    assert "\x1b" not in shown and "\x00" not in shown and "\x07" not in shown
+
+
+def test_a_hostile_store_renders_escaped_everywhere(hostile):
+    p, ids = hostile
+    with _client(p) as c:
+        pages = ["/", "/timeline", "/search?q=deploy", "/search?q=deploy&mode=keyword",
+                 "/context?q=deploy+note&budget=3000", "/context?q=deploy&budget=50"]  # fmt: skip
+        pages += [f"/memory/{mid}" for mid in ids.values()] + [f"/memory/{mid}?partial=1" for mid in ids.values()]
+        for page in pages:
+            r = c.get(page)
+            assert r.status_code == 200, page
+            _no_raw_markup(r.text)
+        script = c.get(f"/memory/{ids['script']}").text
+        assert "&lt;script&gt;alert(&#39;memory&#39;)&lt;/script&gt;" in script  # shown, as text
+        controls = c.get(f"/memory/{ids['controls']}").text
+        assert "\u241b[31mred" in controls and "\u2400" in controls and "\u2421" in controls
+        timeline = c.get("/timeline").text
+        assert len(timeline) < 100_000  # previews, not the megabyte
+        huge = c.get(f"/memory/{ids['huge']}").text
+        assert len(huge) > 1_000_000  # the whole memory on its own page
+        keys = c.get(f"/memory/{ids['keys']}").text
+        assert "k6499" in keys
+        meta = re.search(r'<pre class="meta">(.*?)</pre>', keys, re.S).group(1)
+        assert len(meta) > 100_000
+        data = c.get("/context", params={"q": "deploy note", "budget": "3000", "format": "json"}).json()
+        assert any(SCRIPT in line["text"] for line in data["lines"])  # JSON keeps the text as it is
+
+
+def test_hostile_text_makes_no_element_or_attribute(hostile):
+    """Parsed as a browser would: the pages' elements are the templates' own, whatever the
+    memories hold (no <img>, <b>, <i> or second <script>, no on* attribute)."""
+    from html.parser import HTMLParser
+
+    class Elements(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tags: list[str] = []
+            self.attrs: set[str] = set()
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            self.attrs.update(name for name, _ in attrs)
+
+    p, ids = hostile
+    with _client(p) as c:
+        for page in [f"/memory/{ids['script']}", "/timeline", "/search?q=deploy+note",
+                     "/context?q=deploy+note&budget=3000"]:  # fmt: skip
+            parsed = Elements()
+            parsed.feed(c.get(page).text)
+            assert not {"img", "b", "i", "iframe"} & set(parsed.tags), page
+            assert parsed.tags.count("script") == 1, page  # ui.js
+            assert not [a for a in parsed.attrs if a.startswith("on")], page
+        assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in c.get(f"/memory/{ids['script']}").text
