@@ -63,3 +63,10 @@ def test_context_types_must_be_names(store):
         store.context("memory", 100, types="lg:alice")
     with pytest.raises(fastmem.InvalidTypeError):
         store.context("memory", 100, types=[1])
+
+
+def test_a_search_refuses_types_given_as_one_string(store):
+    store.add("a fact", type="fact")
+    with pytest.raises(fastmem.InvalidTypeError):
+        store.search("fact", types="fact", mode="keyword")  # read as "f", "a", "c", "t" before
+    assert [h.memory.type for h in store.search("fact", types=["fact"], mode="keyword")] == ["fact"]
