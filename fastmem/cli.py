@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import importlib
 import json
 import math
@@ -291,15 +292,25 @@ class _Out:
     """Where a command writes: rich for people, JSON for scripts, progress on stderr."""
 
     def __init__(self, as_json: bool) -> None:
-        from rich.console import Console
-
         self.json = as_json
-        # No emoji codes: memories' text is shown as it is (":smile:" stays that). Stored
-        # text in markup strings goes through escape() (see _e), or "[/x]" would be a tag.
-        self.console = Console(highlight=False, soft_wrap=False, emoji=False)
-        self.err = Console(stderr=True, highlight=False, emoji=False)
         # Progress bars only for a person watching: never in a pipe, a log or with --json.
         self.progress_on = not as_json and sys.stderr.isatty()
+
+    # rich is imported by the first print for a person (~40 ms in a fresh process): a
+    # command answering in JSON (a hook's `fastmem context --json`) never loads it.
+    # No emoji codes: memories' text is shown as it is (":smile:" stays that). Stored
+    # text in markup strings goes through escape() (see _e), or "[/x]" would be a tag.
+    @functools.cached_property
+    def console(self) -> Any:
+        from rich.console import Console
+
+        return Console(highlight=False, soft_wrap=False, emoji=False)
+
+    @functools.cached_property
+    def err(self) -> Any:
+        from rich.console import Console
+
+        return Console(stderr=True, highlight=False, emoji=False)
 
     def emit(self, data: Any) -> None:
         sys.stdout.write(json.dumps(data, ensure_ascii=False, indent=2) + "\n")

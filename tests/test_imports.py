@@ -84,9 +84,18 @@ def test_the_public_api_is_whole_without_the_lazy_modules():
     assert {prefix: loaded(names, prefix) for prefix in NEVER if loaded(names, prefix)} == {}
 
 
-def test_the_command_line_loads_rich_only_to_print():
-    """``fastmem context --json`` (a hook's call) answers without rich; its import alone
-    loads none of the integrations."""
+def test_the_command_line_loads_rich_only_to_print(tmp_path):
+    """``fastmem context --json`` (a hook's call) answers without rich (~40 ms of imports);
+    the command line's import alone loads none of the integrations."""
     names = modules_after("import fastmem.cli")["modules"]
-    never = [p for p in NEVER if p not in ("fastmem.cli",)]
+    never = [prefix for prefix in NEVER if prefix != "fastmem.cli"]
     assert {prefix: loaded(names, prefix) for prefix in never if loaded(names, prefix)} == {}
+    path = str(tmp_path / "store")
+    with fastmem.open(path, embedder=None) as store:
+        store.add("We planned a trip to Lisbon in May.")
+    code = (f"from fastmem.cli import main\n"
+            f"assert main(['context', {path!r}, 'where are we travelling?', '--json']) == 0")  # fmt: skip
+    names = modules_after(code)["modules"]
+    assert loaded(names, "rich") == []
+    names = modules_after(code.replace(", '--json'", ""))["modules"]  # printed for a person
+    assert loaded(names, "rich") != []
