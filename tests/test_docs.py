@@ -116,9 +116,10 @@ def test_the_docstring_check_catches_a_missing_docstring():
 def _quickstart_lines() -> list[str]:
     """The lines of the code blocks in the README's "Quickstart" section."""
     text = README.read_text(encoding="utf-8")
-    match = re.search(r"^## Quickstart\s*$(.*?)(?=^## )", text + "\n## end", re.M | re.S)
+    section = r"^## Quickstart\s*$(.*?)(?=^## )"
+    match = re.search(section, text + "\n## end", re.MULTILINE | re.DOTALL)
     assert match, "README.md has no '## Quickstart' section"
-    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", match.group(1), re.M | re.S)
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", match.group(1), re.MULTILINE | re.DOTALL)
     assert blocks, "the README's Quickstart section has no code block"
     return [line for block in blocks for line in block.splitlines() if line.strip()]
 
@@ -126,12 +127,12 @@ def _quickstart_lines() -> list[str]:
 def _ci_test_command() -> str:
     """The test command .ci/run runs, extracted from README.md by .ci/run's own shell code."""
     script = CI_RUN.read_text(encoding="utf-8")
-    match = re.search(r"^test_cmd=\$\((.*)\)\s*$", script, re.M)
-    assert match, (".ci/run no longer takes its test command from README.md (no "
-                   "'test_cmd=$(...)' line): the README's Quickstart and CI can drift apart")  # fmt: skip
+    match = re.search(r"^test_cmd=\$\((.*)\)\s*$", script, re.MULTILINE)
+    assert match, (".ci/run no longer takes its test command from README.md (no 'test_cmd=$(...)'"
+                   " line): the README's Quickstart and CI can drift apart")  # fmt: skip
     assert "README.md" in match.group(1), ".ci/run's test command is not read from README.md"
-    result = subprocess.run(["bash", "-c", match.group(1)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=30)  # fmt: skip
+    result = subprocess.run(["bash", "-c", match.group(1)], check=False, cwd=ROOT,
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
     return result.stdout.strip()
 
 
@@ -190,7 +191,7 @@ def test_the_cli_reference_lists_every_command():
     page = hooks.render_cli()
     from fastmem.cli import build_parser
 
-    commands = [a for a in build_parser()._actions if a.dest == "command"][0].choices
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     for name in commands:
         assert f"### `fastmem {name}`" in page, f"fastmem {name} is missing from the CLI page"
     assert "`fastmem ray jobs run`" in page
@@ -208,7 +209,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("site")
     result = subprocess.run(
         [mkdocs, "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        check=False, cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
     assert result.returncode == 0, "mkdocs build --strict failed:\n" + result.stderr[-4000:]
@@ -248,7 +249,7 @@ def test_a_browser_renders_the_page(site: Path, page: str, tmp_path: Path):
     subprocess.run(
         [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
          f"--screenshot={shot}", "--window-size=1280,1600", (site / page).as_uri()],
-        capture_output=True, timeout=120,
+        check=False, capture_output=True, timeout=120,
     )  # fmt: skip
     assert shot.exists(), f"chromium made no screenshot of {page}"
     assert shot.stat().st_size > 60_000, f"{page} renders nearly blank ({shot.stat().st_size} B)"
