@@ -166,7 +166,7 @@ def rank(
             parts.append(_vector_candidates(index, vector, k, inside)[0])
         else:
             parts.append(index.keyword.search(index, words, k, *inside)[0])
-    found = np.unique(np.concatenate(parts)).astype(np.int64)
+    found = _sorted_unique(np.concatenate(parts).astype(np.int64))
     if not len(found):
         return [], degraded
     cand, sessions = with_neighbours(index, found, where, 2 if own_turns else 1)
@@ -319,6 +319,13 @@ def _within(index: MemoryIndex, rows: np.ndarray, spans: list[tuple[float, float
     return inside.astype(np.float64)
 
 
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` for a 1-d array, without np.unique: its first call in a process
+    imports numpy.ma (10-25 ms), which was every fresh process's first search or context."""
+    values = np.sort(values)
+    return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
+
+
 def with_neighbours(
     index: MemoryIndex, found: np.ndarray, where: Filters, reach: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -326,7 +333,7 @@ def with_neighbours(
     are in the order memories were added) that pass the filters, sorted, and their
     sessions (for :func:`_neighbour_positions`)."""
     near = np.concatenate([found + step for step in range(-reach, reach + 1)])
-    near = np.unique(near[(near >= 0) & (near < len(index))])
+    near = _sorted_unique(near[(near >= 0) & (near < len(index))])
     fields = index.gather(near, ("flags", "timestamp", "session", "type"))
     kept = where.mask(fields)
     return near[kept], fields["session"][kept]

@@ -33,6 +33,12 @@ THIRD_PARTY = {"fastmem", "numpy", "lz4", "msgpack"}
 RUNTIME_PREFIXES = ("__editable__", "_distutils_hack", "_cython_", "cython_runtime", "__main__")
 
 
+@pytest.fixture(autouse=True)
+def backend() -> str:
+    """Once: each check runs in a fresh interpreter that picks its own kernels."""
+    return fastmem.BACKEND
+
+
 def modules_after(code: str, backend: str | None = None) -> dict[str, object]:
     """``sys.modules`` (sorted names) and fastmem.BACKEND after running ``code`` in a fresh
     interpreter, started outside the checkout with this checkout first on its path."""
@@ -99,3 +105,18 @@ def test_the_command_line_loads_rich_only_to_print(tmp_path):
     assert loaded(names, "rich") == []
     names = modules_after(code.replace(", '--json'", ""))["modules"]  # printed for a person
     assert loaded(names, "rich") != []
+
+
+def test_a_first_search_and_context_import_no_numpy_ma(tmp_path):
+    """np.unique (and union1d, isin...) import numpy.ma at their first call in a process,
+    10-25 ms that every fresh process's first search or context paid."""
+    path = str(tmp_path / "store")
+    with fastmem.open(path, embedder=None, dim=4) as store:
+        store.add_many([{"text": f"note {i} about the garden", "embedding": [1.0, i, 0.0, 1.0]}
+                        for i in range(50)])  # fmt: skip
+    code = (f"import fastmem\n"
+            f"with fastmem.open({path!r}, embedder=None, readonly=True) as store:\n"
+            f"    assert store.search('garden', k=5)\n"
+            f"    assert store.search([1.0, 3.0, 0.0, 1.0], k=5)\n"
+            f"    assert 'garden' in store.context('the garden?', budget=200).text\n")  # fmt: skip
+    assert loaded(modules_after(code)["modules"], "numpy.ma") == []
