@@ -763,7 +763,10 @@ class MemoryStore:
 def _live_ids(index: Any, after: int) -> list[str]:
     """``MemoryStore.ids``: the ids above ``after`` of the live rows, from two columns of the
     index (no record is read); what a cache of the store (the LangGraph adapter's catalog)
-    reads to catch up with other processes' adds."""
+    reads to catch up with other processes' adds: at once when no id above ``after`` was
+    ever given out, as between two writes of its own."""
+    if after >= index.next_id - 1:
+        return []
     ids, flags = index.column("id"), index.column("flags")
     return [f"m{i}" for i in np.sort(ids[(ids > after) & (flags & fmt.FLAG_FORGOTTEN == 0)]).tolist()]
 
