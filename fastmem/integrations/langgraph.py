@@ -233,7 +233,38 @@ def matches(value: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bool:
     Raises:
         ValueError: an operator other than ``$eq $ne $gt $gte $lt $lte``.
     """
-    return not filter or all(_compare(value.get(k), f) for k, f in filter.items())
+    return compile_filter(filter)(value)
+
+
+def compile_filter(filter: Mapping[str, Any] | None) -> Any:
+    """``matches`` for one filter, as a function of a value: the filter is read once, not
+    once per item (a search without a query tests every item under its prefix).
+
+    Raises:
+        ValueError: an operator other than ``$eq $ne $gt $gte $lt $lte``.
+    """
+    if not filter:
+        return lambda value: True
+    tests = [(key, _test(f)) for key, f in filter.items()]
+
+    def check(value: Mapping[str, Any]) -> bool:
+        get = value.get
+        return all(test(get(key)) for key, test in tests)
+
+    return check
+
+
+def _test(filter_value: Any) -> Any:
+    """A function of an item's field deciding ``_compare(field, filter_value)``."""
+    if isinstance(filter_value, dict) and any(k.startswith("$") for k in filter_value):
+        for op in filter_value:
+            if op not in ("$eq", "$ne") and op not in _ORDER:
+                raise ValueError(f"Unsupported operator: {op}")
+        ops = list(filter_value.items())
+        return lambda v: all(_operator(v, op, operand) for op, operand in ops)
+    if isinstance(filter_value, (dict, list, tuple)):
+        return lambda v: _compare(v, filter_value)
+    return lambda v: bool(v == filter_value)
 
 
 def _compare(item_value: Any, filter_value: Any) -> bool:
@@ -580,8 +611,9 @@ class FastmemStore(BaseStore):
     def _newest(self, op: SearchOp, now: float) -> list[_Entry]:
         """The items under the prefix that pass the filter, newest first, paged."""
         prefix, want = op.namespace_prefix, op.offset + op.limit
+        test = compile_filter(op.filter)
         passing = (e for ns, d in self._by_ns.items() if _under(ns, prefix) for e in d.values()
-                   if matches(e.value, op.filter))  # fmt: skip
+                   if test(e.value))  # fmt: skip
         if (self.ttl_config or {}).get("omit_expired"):
             passing = (e for e in passing if self._visible(e, now))
         return heapq.nlargest(want, passing, key=lambda e: (e.updated, e.number))[op.offset :]
@@ -599,6 +631,7 @@ class FastmemStore(BaseStore):
         want = op.offset + op.limit
         k = min(MAX_K, max(2 * want, 20))
         omit = bool((self.ttl_config or {}).get("omit_expired"))
+        test = compile_filter(op.filter)
         while True:
             hits = self.store.search(op.query, k, types=types)
             kept: list[tuple[float, _Entry]] = []
@@ -617,7 +650,7 @@ class FastmemStore(BaseStore):
                         continue
                     entry = current
                 seen.add(ident)
-                if matches(entry.value, op.filter) and not (omit and entry.expired(now)):
+                if test(entry.value) and not (omit and entry.expired(now)):
                     kept.append((hit.score, entry))
             if len(kept) >= want or len(hits) < k or k >= MAX_K:
                 return kept[op.offset : want]
@@ -673,7 +706,13 @@ class FastmemStore(BaseStore):
         if adds:
             # One write for the batch; every item is checked first (nothing is written
             # when one is bad: too large, not msgpack data).
-            for mid, add in zip(self.store.add_many(adds), adds):
+            ids = self.store.add_many(adds)
+            if self._last is not None and int(ids[0][1:]) == int(self._last[1:]) + 1:
+                # Ids are given out in order under the writer lock: no other process
+                # added between the last catch-up and this write, which the next
+                # catch-up can start after (it then costs one comparison).
+                self._last = ids[-1]
+            for mid, add in zip(ids, adds):
                 # The new memory wins over the one it replaces, which is forgotten.
                 self._learn(mid, fastmem.Memory(mid, add["text"], add["type"], now, None, 0.0,
                                                 False, add["metadata"], None))  # fmt: skip
