@@ -206,6 +206,30 @@ def test_empty_and_huge_items(store):
     assert len(store.recent(1000, session="s")) == 1  # every chunk went with its item
 
 
+def test_items_msgpack_cannot_hold_as_json_does_come_back_as_json_gives_them(store):
+    """An item is kept as itself when msgpack gives it back as a JSON round trip would,
+    else as its JSON: a tuple, an int beyond 64 bits, a lone surrogate, a non-str key,
+    deep nesting, a float list long enough to outgrow the metadata as msgpack."""
+    session = FastmemSession("s", store)
+    deep: dict = {"leaf": 1}
+    for _ in range(60):
+        deep = {"d": deep}
+    odd = [{"t": (1, 2)}, {"big": 2**70, "neg": -(2**65)}, {"s": "a\udfffb"}, {"k": {1: "one"}},
+           deep, {"floats": [0.0] * 8000}, {"nested": [[[]], {}, "", -0.0, 1e308, False]}]
+
+    async def go():
+        await session.add_items(odd)
+        got = await session.get_items()
+        got[-1]["nested"].append("changed by the caller")  # must not change what is stored
+        return got, await session.get_items(3), await session.get_items()
+
+    everything, last3, again = run(go())
+    kept = [type(m.metadata["openai_agents"]).__name__ for m in store.recent(10, session="s")]
+    assert kept[::-1] == ["str", "str", "str", "str", "str", "str", "dict"]
+    want = json.loads(json.dumps(odd))
+    assert everything[:-1] == want[:-1] and last3 == want[-3:] and again == want
+
+
 def test_bad_input_is_refused_and_writes_nothing(store):
     session = FastmemSession("s", store)
 

@@ -52,14 +52,22 @@ except ImportError as exc:  # pragma: no cover - the tests run with the SDK inst
 __all__ = ["HEADER", "METADATA_KEY", "FastmemSession", "memory_instructions", "session_name"]
 
 # The metadata key under which a memory holds its item (so a memory without it, added to the
-# same session by other code, is never taken for an item).
+# same session by other code, is never taken for an item): the item itself (msgpack keeps
+# JSON's types: a read decodes it in the store's compiled reader, no json.loads), or its
+# JSON text when msgpack cannot hold it as JSON does (an int beyond 64 bits, a lone
+# surrogate, deep nesting) or it may not fit the metadata's 64 KiB as msgpack.
 METADATA_KEY = "openai_agents"
+CHUNK_KEY = "openai_agents_chunk"  # a chunk of a long item's JSON (see CHUNK_BYTES)
 # The first line of the context memory_instructions puts before an agent's instructions.
 HEADER = "What you remember (fastmem), most relevant first:"
 # An item's JSON is kept whole in one memory's metadata up to this many UTF-8 bytes (the
 # store takes 64 KiB of metadata); a longer one is cut into chunks of this size, each in a
 # memory of its own, written in the same commit (all or none of them).
 CHUNK_BYTES = 60_000
+# An item whose JSON is at most this long is kept as itself: its msgpack form is at most
+# 2.25 times longer (a float: "0.0," in JSON, 9 bytes in msgpack), within 64 KiB.
+_NATIVE_BYTES = 25_000
+_NATIVE_DEPTH = 48  # the store takes 64 levels of nesting in a record
 # A memory's text is at most 1 MiB of UTF-8: a longer item's readable line is cut there (its
 # JSON is kept whole all the same).
 _MAX_TEXT_BYTES = (1 << 20) - 16
@@ -240,13 +248,16 @@ class FastmemSession(SessionABC):
                 raise InvalidTypeError(f"items[{i}] cannot be encoded as JSON: {exc}") from None
             text, kind = render(item)
             first = {"text": text, "type": kind, "session": self._name}
+            if len(encoded) <= _NATIVE_BYTES and _json_native(item, 1):
+                records.append({**first, "metadata": {METADATA_KEY: item}})
+                continue
             if len(encoded) <= CHUNK_BYTES:
                 records.append({**first, "metadata": {METADATA_KEY: encoded.decode()}})
                 continue
             key, parts = uuid.uuid4().hex, (len(encoded) + CHUNK_BYTES - 1) // CHUNK_BYTES
             for part in range(parts):
                 chunk = encoded[part * CHUNK_BYTES : (part + 1) * CHUNK_BYTES]
-                meta = {METADATA_KEY: {"key": key, "part": part, "parts": parts, "chunk": chunk}}
+                meta = {CHUNK_KEY: {"key": key, "part": part, "parts": parts, "chunk": chunk}}
                 record = first if part == 0 else {
                     "text": _PART_TEXT, "type": _PART_TYPE, "session": self._name,
                     "importance": 0.0,
@@ -255,6 +266,12 @@ class FastmemSession(SessionABC):
         return records
 
     def _get_items(self, limit: int | None) -> list[dict[str, Any]]:
+        if limit is None:  # the common case, a runner's read of the whole history: no ids
+            newest = self._store.recent(1 << 62, session=self._name)
+            plain = [m.metadata.get(METADATA_KEY) if type(m.metadata) is dict else None
+                     for m in reversed(newest)]  # fmt: skip
+            if all(type(item) is dict for item in plain):
+                return plain  # type: ignore[return-value]
         return [item for _, item in self._items_with_ids(limit)]
 
     def _items_with_ids(self, limit: int | None) -> list[tuple[list[str], dict[str, Any]]]:
@@ -356,11 +373,51 @@ def _text_of(value: Any) -> str:
     return "" if value is None else json.dumps(value, default=str)
 
 
-def _meta(memory: fastmem.Memory) -> str | dict[str, Any] | None:
-    """What a memory holds of an item: the item's JSON (a whole item), a dict (a chunk:
-    ``key``, ``part``, ``parts``, ``chunk``), or ``None`` (no item)."""
-    meta = memory.metadata.get(METADATA_KEY) if isinstance(memory.metadata, dict) else None
-    return meta if isinstance(meta, (str, dict)) else None
+def _meta(memory: fastmem.Memory) -> tuple[str, Any] | None:
+    """What a memory holds of an item: ``("item", dict)``, ``("json", str)`` (a whole
+    item), ``("chunk", dict)`` (``key``, ``part``, ``parts``, ``chunk``), or ``None``."""
+    metadata = memory.metadata
+    if type(metadata) is not dict:
+        return None
+    value = metadata.get(METADATA_KEY)
+    if type(value) is dict:
+        return "item", value
+    if type(value) is str:
+        return "json", value
+    value = metadata.get(CHUNK_KEY)
+    return ("chunk", value) if type(value) is dict else None
+
+
+def _whole(meta: tuple[str, Any]) -> dict[str, Any] | None:
+    """A whole item's dict (``None``: its JSON does not decode to one)."""
+    return meta[1] if meta[0] == "item" else _decode(meta[1])
+
+
+def _json_native(value: Any, depth: int) -> bool:
+    """Whether msgpack keeps ``value`` as a JSON round trip would give it back: only dicts
+    with str keys, lists, str, int within 64 bits, float, bool and None, not too deep (a
+    tuple would come back as a list from both, but the check is kept exact and simple)."""
+    kind = type(value)
+    if kind is str:
+        return value.isascii() or _utf8(value)
+    if kind is dict:
+        return depth < _NATIVE_DEPTH and all(
+            type(k) is str and (k.isascii() or _utf8(k)) and _json_native(v, depth + 1)
+            for k, v in value.items()
+        )  # fmt: skip
+    if kind is list:
+        return depth < _NATIVE_DEPTH and all(_json_native(v, depth + 1) for v in value)
+    if kind is int:
+        return -(1 << 63) <= value < (1 << 64)
+    return kind is float or kind is bool or value is None
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: JSON escapes it, msgpack cannot hold it
+        return False
+    return True
 
 
 def _assemble(newest: list[fastmem.Memory]) -> list[tuple[list[str], dict[str, Any]]]:
@@ -375,22 +432,23 @@ def _assemble(newest: list[fastmem.Memory]) -> list[tuple[list[str], dict[str, A
         i += 1
         if meta is None:
             continue
-        if isinstance(meta, str):
-            item = _decode(meta)
+        if meta[0] != "chunk":
+            item = _whole(meta)
             if item is not None:
                 out.append(([memories[i - 1].id], item))
             continue
-        parts = meta.get("parts")
-        if meta.get("part") != 0 or not isinstance(parts, int):
+        head = meta[1]
+        parts = head.get("parts")
+        if head.get("part") != 0 or not isinstance(parts, int):
             continue  # a chunk whose first memory is gone (or outside the window)
-        group, chunks = [memories[i - 1].id], [meta.get("chunk")]
+        group, chunks = [memories[i - 1].id], [head.get("chunk")]
         while len(group) < parts and i < len(memories):
             nxt = _meta(memories[i])
-            if not isinstance(nxt, dict) or nxt.get("key") != meta.get("key") \
-                    or nxt.get("part") != len(group):  # fmt: skip
+            if nxt is None or nxt[0] != "chunk" or nxt[1].get("key") != head.get("key") \
+                    or nxt[1].get("part") != len(group):  # fmt: skip
                 break
             group.append(memories[i].id)
-            chunks.append(nxt.get("chunk"))
+            chunks.append(nxt[1].get("chunk"))
             i += 1
         if len(group) == parts and all(isinstance(c, bytes) for c in chunks):
             item = _decode(b"".join(chunks))
@@ -407,12 +465,13 @@ def _newest_item(newest: list[fastmem.Memory]) -> tuple[list[str], dict[str, Any
         meta = _meta(memory)
         if meta is None:
             continue
-        if isinstance(meta, str):
-            return [memory.id], _decode(meta)
+        if meta[0] != "chunk":
+            return [memory.id], _whole(meta)
         group = []
         for other in newest[i:]:  # the item's chunks, newest first
             other_meta = _meta(other)
-            if not isinstance(other_meta, dict) or other_meta.get("key") != meta.get("key"):
+            if other_meta is None or other_meta[0] != "chunk" \
+                    or other_meta[1].get("key") != meta[1].get("key"):  # fmt: skip
                 break
             group.append(other)
         assembled = _assemble(group)
