@@ -16,8 +16,10 @@ import fastmem
 from fastmem import Level
 from fastmem.cli import main
 
-TURNS = [f"turn {i}: we talked about the weather in city {i} and the deploy of service {i % 7}"
-         for i in range(200)]  # fmt: skip
+TURNS = [
+    f"turn {i}: we talked about the weather in city {i} and the deploy of service {i % 7}"
+    for i in range(200)
+]
 
 
 @pytest.fixture
@@ -25,8 +27,12 @@ def filled(tmp_path):
     path = str(tmp_path / "s")
     with fastmem.open(path, embedder=None) as store:
         store.add("The user likes green tea.", type="fact", pinned=True)
-        store.add_many([{"text": t, "session": f"s{i // 50}", "timestamp": 1e9 + i * 100}
-                        for i, t in enumerate(TURNS)])  # fmt: skip
+        store.add_many(
+            [
+                {"text": t, "session": f"s{i // 50}", "timestamp": 1e9 + i * 100}
+                for i, t in enumerate(TURNS)
+            ]
+        )
     return path
 
 
@@ -70,12 +76,16 @@ def test_left_out_are_ranked_candidates_that_did_not_fit(filled):
         assert "fit" in item.reason or "counted exactly" in item.reason
     # What a small budget left out, a large one takes in.
     assert {i.id for i in small.left_out} <= {i.id for i in large.items}
-    assert not large.left_out or all(i.id not in {j.id for j in large.items} for i in large.left_out)
+    assert not large.left_out or all(
+        i.id not in {j.id for j in large.items} for i in large.left_out
+    )
 
 
 def test_a_summary_in_place_of_the_text_says_why(tmp_path):
     path = str(tmp_path / "s")
-    long = "The release checklist. " + " ".join(f"Step {i} checks the build log." for i in range(200))
+    long = "The release checklist. " + " ".join(
+        f"Step {i} checks the build log." for i in range(200)
+    )
     with fastmem.open(path, embedder=None) as store:
         store.add(long, summary="The release checklist: 200 steps.", type="plan")
         store.add("Unrelated: the cat sleeps.", type="fact")
@@ -90,8 +100,16 @@ def test_context_is_unchanged_by_provenance(filled):
     with fastmem.open(filled, embedder=None, readonly=True) as store:
         ctx = store.context("deploy of service 3", budget=200)
     item = ctx.items[0]
-    again = fastmem.ContextItem(item.id, item.level, item.score, item.text, item.summary,
-                                item.timestamp, item.session, item.type)  # fmt: skip
+    again = fastmem.ContextItem(
+        item.id,
+        item.level,
+        item.score,
+        item.text,
+        item.summary,
+        item.timestamp,
+        item.session,
+        item.type,
+    )
     assert again.tokens == 0 and again.reason == "" and again.rank == 0
     old = fastmem.Context("t", 1, 10, [], "cl100k_base")
     assert old.left_out == []
@@ -132,7 +150,10 @@ def test_recent_pages_equal_the_whole_order(tmp_path):
 
 
 def test_cli_context_explain(filled, capsys):
-    assert main(["context", filled, "deploy of service 3", "--budget", "150", "--explain", "--json"]) == 0
+    assert (
+        main(["context", filled, "deploy of service 3", "--budget", "150", "--explain", "--json"])
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert data["items"] and all("reason" in i and i["tokens"] > 0 for i in data["items"])
     assert "left_out" in data

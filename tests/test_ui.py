@@ -19,12 +19,12 @@ pytest.importorskip("starlette", reason="the ui extra is not installed: pip inst
 pytest.importorskip("jinja2", reason="the ui extra is not installed: pip install 'fastmem[ui]'")
 pytest.importorskip("httpx", reason="Starlette's TestClient needs httpx")
 
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-import fastmem  # noqa: E402
-from fastmem.ui import REQUIRES, require  # noqa: E402
-from fastmem.ui.app import create_app  # noqa: E402
-from fastmem.ui.security import Secrets  # noqa: E402
+import fastmem
+from fastmem.ui import REQUIRES, require
+from fastmem.ui.app import create_app
+from fastmem.ui.security import Secrets
 
 TOKEN, CSRF = "the-run-token", "the-csrf-token"
 BASE = "http://127.0.0.1:8765"
@@ -45,13 +45,23 @@ def path(tmp_path):
     p = str(tmp_path / "agent")
     with fastmem.open(p, embedder=None) as store:
         store.add("The user's name is Ada.", type="fact", pinned=True, timestamp=1e9)
-        store.add_many([{"text": f"turn {i}: the deploy of service {i % 7} and the weather in city {i}",
-                         "session": f"s{i // 40}", "timestamp": 1e9 + 60 * (i + 1)} for i in range(130)])  # fmt: skip
+        store.add_many(
+            [
+                {
+                    "text": f"turn {i}: the deploy of service {i % 7} and the weather in city {i}",
+                    "session": f"s{i // 40}",
+                    "timestamp": 1e9 + 60 * (i + 1),
+                }
+                for i in range(130)
+            ]
+        )
     return p
 
 
 def _client(path: str, *, readonly: bool = False, cookie: bool = True) -> TestClient:
-    app = create_app(path, readonly=readonly, port=8765, secrets=Secrets(TOKEN, CSRF), embedder=None)
+    app = create_app(
+        path, readonly=readonly, port=8765, secrets=Secrets(TOKEN, CSRF), embedder=None
+    )
     client = TestClient(app, base_url=BASE, follow_redirects=False)
     if cookie:
         client.cookies.set(COOKIE, TOKEN)
@@ -71,8 +81,18 @@ def _post(client: TestClient, **form: str):
 # --- security ----------------------------------------------------------------------------
 
 
-ROUTES = ["/", "/timeline", "/memory/m1", "/search?q=deploy", "/context?q=deploy", "/api/pulse",
-          "/static/ui.js", "/static/ui.css", "/add", "/verify"]  # fmt: skip
+ROUTES = [
+    "/",
+    "/timeline",
+    "/memory/m1",
+    "/search?q=deploy",
+    "/context?q=deploy",
+    "/api/pulse",
+    "/static/ui.js",
+    "/static/ui.css",
+    "/add",
+    "/verify",
+]
 
 
 @pytest.mark.parametrize("route", ROUTES)
@@ -111,7 +131,9 @@ def test_the_token_in_a_header_is_accepted(path):
         assert c.get("/api/pulse", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 200
 
 
-@pytest.mark.parametrize("host", ["evil.example:8765", "127.0.0.1:9999", "localhost.evil.example:8765", ""])
+@pytest.mark.parametrize(
+    "host", ["evil.example:8765", "127.0.0.1:9999", "localhost.evil.example:8765", ""]
+)
 def test_an_unknown_host_is_refused(client, host):
     """DNS rebinding: a page whose name now resolves to 127.0.0.1 sends its own Host."""
     r = client.get("/api/pulse", headers={"host": host})
@@ -123,11 +145,16 @@ def test_the_loopback_names_are_accepted(client, host):
     assert client.get("/api/pulse", headers={"host": host}).status_code == 200
 
 
-@pytest.mark.parametrize("origin", ["http://evil.example", "null", "http://127.0.0.1:9999", "https://127.0.0.1:8765"])
+@pytest.mark.parametrize(
+    "origin", ["http://evil.example", "null", "http://127.0.0.1:9999", "https://127.0.0.1:8765"]
+)
 def test_another_origin_is_refused(client, origin):
     assert client.get("/api/pulse", headers={"origin": origin}).status_code == 403
-    r = client.post("/change", data={"csrf": CSRF, "action": "forget", "id": "m1", "confirm": "1"},
-                    headers={"origin": origin})  # fmt: skip
+    r = client.post(
+        "/change",
+        data={"csrf": CSRF, "action": "forget", "id": "m1", "confirm": "1"},
+        headers={"origin": origin},
+    )
     assert r.status_code == 403
     assert client.get("/memory/m1").status_code == 200  # still there
 
@@ -146,8 +173,11 @@ def test_a_write_needs_the_csrf_token(client, csrf):
     assert r.status_code == 403
     assert client.get("/memory/m1").status_code == 200
     # With it, in the header: the change is made.
-    r = client.post("/change", data={"action": "forget", "id": "m1", "confirm": "1"},
-                    headers={"origin": BASE, "x-csrf-token": CSRF})  # fmt: skip
+    r = client.post(
+        "/change",
+        data={"action": "forget", "id": "m1", "confirm": "1"},
+        headers={"origin": BASE, "x-csrf-token": CSRF},
+    )
     assert r.status_code == 303
     assert client.get("/memory/m1").status_code == 404
 
@@ -155,7 +185,11 @@ def test_a_write_needs_the_csrf_token(client, csrf):
 def test_pages_carry_the_security_headers_and_the_csrf_token(client):
     r = client.get("/")
     csp = r.headers["content-security-policy"]
-    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+    assert (
+        "script-src 'self'" in csp
+        and "frame-ancestors 'none'" in csp
+        and "unsafe-inline" not in csp
+    )
     assert r.headers["x-frame-options"] == "DENY"
     assert r.headers["x-content-type-options"] == "nosniff"
     assert r.headers["cache-control"] == "no-store"
@@ -169,8 +203,18 @@ def test_readonly_refuses_every_change(path):
         assert "Change this memory" not in page and 'action="/change"' not in page
         assert c.get("/add").status_code == 403
         for action in ("pin", "forget", "add", "importance"):
-            r = c.post("/change", data={"csrf": CSRF, "action": action, "id": "m1", "confirm": "1",
-                                        "text": "x", "value": "0.5"}, headers={"origin": BASE})  # fmt: skip
+            r = c.post(
+                "/change",
+                data={
+                    "csrf": CSRF,
+                    "action": action,
+                    "id": "m1",
+                    "confirm": "1",
+                    "text": "x",
+                    "value": "0.5",
+                },
+                headers={"origin": BASE},
+            )
             assert r.status_code == 403
     with fastmem.open(path, readonly=True, embedder=None) as store:
         assert len(store) == 131 and not store.get("m1").pinned
@@ -180,8 +224,12 @@ def test_fastmem_ui_serves_on_loopback_with_a_token(path):
     """The real command: uvicorn on 127.0.0.1, the token in the printed address."""
     import httpx
 
-    proc = subprocess.Popen([sys.executable, "-m", "fastmem", "ui", path, "--port", "0", "--no-browser"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastmem", "ui", path, "--port", "0", "--no-browser"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = ""
         while "token=" not in line:
@@ -214,8 +262,13 @@ def test_a_missing_extra_is_named(monkeypatch):
 
 
 def test_import_fastmem_does_not_load_the_inspector():
-    code = "import sys, fastmem, fastmem.cli; print(sorted(m for m in sys.modules if m.startswith(('fastmem.ui', 'starlette', 'jinja2', 'uvicorn'))))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    code = (
+        "import sys, fastmem, fastmem.cli; print(sorted(m for m in sys.modules if "
+        "m.startswith(('fastmem.ui', 'starlette', 'jinja2', 'uvicorn'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
     assert out.strip() == "[]"
 
 
@@ -278,17 +331,28 @@ def test_search_filters(client, path):
 
 def test_context_page_is_the_stores_context(client, path):
     r = client.get("/context", params={"q": "deploy of service 3", "budget": "200"})
-    lines = re.findall(r'data-testid="context-line" data-id="(m\d+)" data-level="([^"]+)" data-tokens="(\d+)"', r.text)
+    lines = re.findall(
+        r'data-testid="context-line" data-id="(m\d+)" data-level="([^"]+)" data-tokens="(\d+)"',
+        r.text,
+    )
     with fastmem.open(path, readonly=True, embedder=None) as store:
         ctx = store.context("deploy of service 3", 200)
-    names = {fastmem.Level.PINNED: "pinned", fastmem.Level.RECENT: "level 1", fastmem.Level.FOUND: "level 3"}
+    names = {
+        fastmem.Level.PINNED: "pinned",
+        fastmem.Level.RECENT: "level 1",
+        fastmem.Level.FOUND: "level 3",
+    }
     assert sorted(lines) == sorted((i.id, names[i.level], str(i.tokens)) for i in ctx.items)
     assert f'data-tokens="{ctx.tokens}"' in r.text
-    raw = re.search(r'<pre id="ctx-raw" class="fulltext">(.*?)</pre>', r.text, re.S).group(1)
+    raw = re.search(r'<pre id="ctx-raw" class="fulltext">(.*?)</pre>', r.text, re.DOTALL).group(1)
     assert html.unescape(raw) == ctx.text
-    data = client.get("/context", params={"q": "deploy of service 3", "budget": "200", "format": "json"}).json()
+    data = client.get(
+        "/context", params={"q": "deploy of service 3", "budget": "200", "format": "json"}
+    ).json()
     assert data["text"] == ctx.text and data["tokens"] == ctx.tokens
-    assert "".join(s["text"] + "\n" for s in data["lines"]) == ctx.text + "\n"  # every line, in order
+    assert (
+        "".join(s["text"] + "\n" for s in data["lines"]) == ctx.text + "\n"
+    )  # every line, in order
     assert [i["id"] for i in data["left_out"]] == [i.id for i in ctx.left_out]
     assert client.get("/context", params={"q": "x", "budget": "0"}).status_code == 400
 
@@ -332,38 +396,63 @@ def test_pin_unpin_importance_metadata(client, path):
         assert store.get("m7").pinned
     _confirm_then_apply(client, path, {"action": "unpin", "id": "m7"})
     _confirm_then_apply(client, path, {"action": "importance", "id": "m7", "value": "0.75"})
-    _confirm_then_apply(client, path, {"action": "metadata", "id": "m7", "value": '{"source": "ui"}'})
+    _confirm_then_apply(
+        client, path, {"action": "metadata", "id": "m7", "value": '{"source": "ui"}'}
+    )
     with fastmem.open(path, readonly=True, embedder=None) as store:
         m = store.get("m7")
     assert not m.pinned and m.importance == pytest.approx(0.75) and m.metadata == {"source": "ui"}
 
 
 def test_forget_supersede_add(client, path):
-    assert _confirm_then_apply(client, path, {"action": "forget", "id": "m9"}).startswith("/timeline")
-    where = _confirm_then_apply(client, path, {"action": "supersede", "id": "m10", "text": "turn 9, corrected"})
+    assert _confirm_then_apply(client, path, {"action": "forget", "id": "m9"}).startswith(
+        "/timeline"
+    )
+    where = _confirm_then_apply(
+        client, path, {"action": "supersede", "id": "m10", "text": "turn 9, corrected"}
+    )
     new = where.split("/memory/")[1].split("?")[0]
-    where = _confirm_then_apply(client, path, {"action": "add", "text": "line one\r\nline two", "type": "plan",
-                                               "session": "ui", "importance": "0.4", "pinned": "1",
-                                               "metadata": '{"k": [1, 2]}'})  # fmt: skip
+    where = _confirm_then_apply(
+        client,
+        path,
+        {
+            "action": "add",
+            "text": "line one\r\nline two",
+            "type": "plan",
+            "session": "ui",
+            "importance": "0.4",
+            "pinned": "1",
+            "metadata": '{"k": [1, 2]}',
+        },
+    )
     added = where.split("/memory/")[1].split("?")[0]
     with fastmem.open(path, readonly=True, embedder=None) as store:
         assert "m9" not in store
         assert store.get("m10").metadata == {"superseded_by": new}
         m = store.get(added)
-    assert (m.text, m.type, m.session, m.pinned, m.metadata) == ("line one\nline two", "plan", "ui", True, {"k": [1, 2]})
+    assert (m.text, m.type, m.session, m.pinned, m.metadata) == (
+        "line one\nline two",
+        "plan",
+        "ui",
+        True,
+        {"k": [1, 2]},
+    )
     assert "superseded by " + new in client.get("/memory/m10").text
 
 
-@pytest.mark.parametrize("form", [
-    {"action": "importance", "id": "m3", "value": "2"},
-    {"action": "importance", "id": "m3", "value": "nan"},
-    {"action": "metadata", "id": "m3", "value": "[1, 2]"},
-    {"action": "metadata", "id": "m3", "value": "{not json"},
-    {"action": "supersede", "id": "m3", "text": "  "},
-    {"action": "add", "text": ""},
-    {"action": "explode", "id": "m3"},
-    {"action": "pin", "id": "m99999"},
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"action": "importance", "id": "m3", "value": "2"},
+        {"action": "importance", "id": "m3", "value": "nan"},
+        {"action": "metadata", "id": "m3", "value": "[1, 2]"},
+        {"action": "metadata", "id": "m3", "value": "{not json"},
+        {"action": "supersede", "id": "m3", "text": "  "},
+        {"action": "add", "text": ""},
+        {"action": "explode", "id": "m3"},
+        {"action": "pin", "id": "m99999"},
+    ],
+)
 def test_bad_changes_are_refused_and_change_nothing(client, path, form):
     with fastmem.open(path, readonly=True, embedder=None) as store:
         before = list(store.recent(1000))
@@ -382,16 +471,23 @@ def hostile(tmp_path):
     p = str(tmp_path / "hostile")
     huge = ("A very long memory. " * 55_000)[:1_000_000]  # ~1 MB of text
     wide = "x" * 60_000  # one unbroken word
-    keys = {f"k{i:04d}": i for i in range(6500)}  # > 100k characters as JSON (64 KiB packed is the limit)
+    keys = {
+        f"k{i:04d}": i for i in range(6500)
+    }  # > 100k characters as JSON (64 KiB packed is the limit)
     with fastmem.open(p, embedder=None) as store:
         ids = {
-            "script": store.add(f"deploy note {SCRIPT} and {ATTR}", type="<b>bold</b>",
-                                session=f"<i>{SCRIPT}</i>", summary=SCRIPT, metadata={"html": SCRIPT}),
+            "script": store.add(
+                f"deploy note {SCRIPT} and {ATTR}",
+                type="<b>bold</b>",
+                session=f"<i>{SCRIPT}</i>",
+                summary=SCRIPT,
+                metadata={"html": SCRIPT},
+            ),
             "controls": store.add(f"deploy controls {CONTROLS}", type="fact"),
             "huge": store.add(huge, type="document"),
             "wide": store.add(wide + " deploy", metadata={"wide": "y" * 50_000}),
             "keys": store.add("deploy keys", metadata=keys),
-        }  # fmt: skip
+        }
     return p, ids
 
 
@@ -400,16 +496,24 @@ def _no_raw_markup(text: str) -> None:
     assert "<img src=x" not in text
     assert "<b>bold</b>" not in text and "<i><script>" not in text
     # Control characters show as symbols, except in the context's raw text, kept exact for copying.
-    shown = re.sub(r'<pre id="ctx-raw".*?</pre>', "", text, flags=re.S)
+    shown = re.sub(r'<pre id="ctx-raw".*?</pre>', "", text, flags=re.DOTALL)
     assert "\x1b" not in shown and "\x00" not in shown and "\x07" not in shown
 
 
 def test_a_hostile_store_renders_escaped_everywhere(hostile):
     p, ids = hostile
     with _client(p) as c:
-        pages = ["/", "/timeline", "/search?q=deploy", "/search?q=deploy&mode=keyword",
-                 "/context?q=deploy+note&budget=3000", "/context?q=deploy&budget=50"]  # fmt: skip
-        pages += [f"/memory/{mid}" for mid in ids.values()] + [f"/memory/{mid}?partial=1" for mid in ids.values()]
+        pages = [
+            "/",
+            "/timeline",
+            "/search?q=deploy",
+            "/search?q=deploy&mode=keyword",
+            "/context?q=deploy+note&budget=3000",
+            "/context?q=deploy&budget=50",
+        ]
+        pages += [f"/memory/{mid}" for mid in ids.values()] + [
+            f"/memory/{mid}?partial=1" for mid in ids.values()
+        ]
         for page in pages:
             r = c.get(page)
             assert r.status_code == 200, page
@@ -424,9 +528,11 @@ def test_a_hostile_store_renders_escaped_everywhere(hostile):
         assert len(huge) > 1_000_000  # the whole memory on its own page
         keys = c.get(f"/memory/{ids['keys']}").text
         assert "k6499" in keys
-        meta = re.search(r'<pre class="meta">(.*?)</pre>', keys, re.S).group(1)
+        meta = re.search(r'<pre class="meta">(.*?)</pre>', keys, re.DOTALL).group(1)
         assert len(meta) > 100_000
-        data = c.get("/context", params={"q": "deploy note", "budget": "3000", "format": "json"}).json()
+        data = c.get(
+            "/context", params={"q": "deploy note", "budget": "3000", "format": "json"}
+        ).json()
         assert any(SCRIPT in line["text"] for line in data["lines"])  # JSON keeps the text as it is
 
 
@@ -447,11 +553,17 @@ def test_hostile_text_makes_no_element_or_attribute(hostile):
 
     p, ids = hostile
     with _client(p) as c:
-        for page in [f"/memory/{ids['script']}", "/timeline", "/search?q=deploy+note",
-                     "/context?q=deploy+note&budget=3000"]:  # fmt: skip
+        for page in [
+            f"/memory/{ids['script']}",
+            "/timeline",
+            "/search?q=deploy+note",
+            "/context?q=deploy+note&budget=3000",
+        ]:
             parsed = Elements()
             parsed.feed(c.get(page).text)
             assert not {"img", "b", "i", "iframe"} & set(parsed.tags), page
             assert parsed.tags.count("script") == 1, page  # ui.js
             assert not [a for a in parsed.attrs if a.startswith("on")], page
-        assert "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in c.get(f"/memory/{ids['script']}").text
+        assert (
+            "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;" in c.get(f"/memory/{ids['script']}").text
+        )

@@ -24,7 +24,9 @@ pytest.importorskip("jinja2", reason="the ui extra is not installed: pip install
 pytest.importorskip("uvicorn", reason="the ui extra is not installed: pip install 'fastmem[ui]'")
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
 if not (os.path.exists(CHROMIUM) or shutil.which(CHROMIUM)):
-    pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)", allow_module_level=True)
+    pytest.skip(
+        f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)", allow_module_level=True
+    )
 
 import fastmem  # noqa: E402
 from fastmem.embed import default_embedder  # noqa: E402
@@ -43,50 +45,84 @@ def _fill(path: str) -> dict[str, str]:
     """A small agent's memory: three sessions of turns, facts, a tool result, a pin, and a
     fact superseded by a newer one."""
     turns = [
-        ("trip-planning", 0, [
-            "user: I want to plan a trip to Lisbon in the spring, maybe five days.",
-            "assistant: Lisbon in April is mild. Should I look at flights from Berlin?",
-            "user: Yes, from Berlin. Keep the whole trip under 1,200 euros.",
-            "assistant: Noted: a 1,200 EUR budget for flights, hotel and food.",
-            "user: I prefer small hotels in Alfama over big chains.",
-            "assistant: I found three guesthouses in Alfama between 90 and 120 EUR a night.",
-        ]),
-        ("code-review", 1, [
-            "user: The CI fails on the integration tests since yesterday's merge.",
-            "assistant: The failing test is test_checkout_flow; it times out after 30 s.",
-            "user: Can you check whether the payment mock is still started?",
-            "assistant: The mock server is no longer started in conftest.py after the refactor.",
-            "user: Fix it and add a regression test please.",
-            "assistant: Done: the fixture starts the mock again, and a new test checks it.",
-        ]),
-        ("trip-planning", 3, [
-            "user: Flights are more expensive than I thought. Let's raise the Lisbon budget.",
-            "assistant: With 1,500 EUR the Alfama guesthouse and direct flights both fit.",
-            "user: OK, 1,500 euros it is. Book the guesthouse for 14-19 April.",
-            "assistant: Booked Casa do Largo, 14-19 April, 4 nights at 105 EUR.",
-        ]),
-    ]  # fmt: skip
+        (
+            "trip-planning",
+            0,
+            [
+                "user: I want to plan a trip to Lisbon in the spring, maybe five days.",
+                "assistant: Lisbon in April is mild. Should I look at flights from Berlin?",
+                "user: Yes, from Berlin. Keep the whole trip under 1,200 euros.",
+                "assistant: Noted: a 1,200 EUR budget for flights, hotel and food.",
+                "user: I prefer small hotels in Alfama over big chains.",
+                "assistant: I found three guesthouses in Alfama between 90 and 120 EUR a night.",
+            ],
+        ),
+        (
+            "code-review",
+            1,
+            [
+                "user: The CI fails on the integration tests since yesterday's merge.",
+                "assistant: The failing test is test_checkout_flow; it times out after 30 s.",
+                "user: Can you check whether the payment mock is still started?",
+                "assistant: The mock server is not started in conftest.py after the refactor.",
+                "user: Fix it and add a regression test please.",
+                "assistant: Done: the fixture starts the mock again, and a new test checks it.",
+            ],
+        ),
+        (
+            "trip-planning",
+            3,
+            [
+                "user: Flights are more expensive than I thought. Let's raise the Lisbon budget.",
+                "assistant: With 1,500 EUR the Alfama guesthouse and direct flights both fit.",
+                "user: OK, 1,500 euros it is. Book the guesthouse for 14-19 April.",
+                "assistant: Booked Casa do Largo, 14-19 April, 4 nights at 105 EUR.",
+            ],
+        ),
+    ]
     ids: dict[str, str] = {}
     with fastmem.open(path, embedder=default_embedder()) as store:
-        ids["pinned"] = store.add("The user's name is Ada; she lives in Berlin and prefers short answers.",
-                                  type="fact", pinned=True, timestamp=START)  # fmt: skip
-        ids["old_budget"] = store.add("Lisbon trip budget: 1,200 EUR in total.", type="fact",
-                                      timestamp=START + 0.1 * DAY)  # fmt: skip
+        ids["pinned"] = store.add(
+            "The user's name is Ada; she lives in Berlin and prefers short answers.",
+            type="fact",
+            pinned=True,
+            timestamp=START,
+        )
+        ids["old_budget"] = store.add(
+            "Lisbon trip budget: 1,200 EUR in total.", type="fact", timestamp=START + 0.1 * DAY
+        )
         for session, day, texts in turns:
             for i, text in enumerate(texts):
-                mid = store.add(text, session=session, timestamp=START + day * DAY + 9 * 3600 + i * 240)
-        ids["new_budget"] = store.add("Lisbon trip budget: 1,500 EUR in total (raised for flights).",
-                                      type="fact", supersedes=ids["old_budget"],
-                                      timestamp=START + 3 * DAY + 10 * 3600)  # fmt: skip
-        store.add("pytest tests/integration -q: 42 passed, 0 failed in 61.2 s", type="tool_result",
-                  session="code-review", timestamp=START + DAY + 10 * 3600)  # fmt: skip
-        ids["to_pin"] = store.add("Ada's frequent-flyer number is on file with the travel agent.",
-                                  type="fact", timestamp=START + 2 * DAY)  # fmt: skip
-        ids["to_forget"] = store.add("A scratch note to be forgotten.", type="plan", timestamp=START + 2.5 * DAY)
+                mid = store.add(
+                    text, session=session, timestamp=START + day * DAY + 9 * 3600 + i * 240
+                )
+        ids["new_budget"] = store.add(
+            "Lisbon trip budget: 1,500 EUR in total (raised for flights).",
+            type="fact",
+            supersedes=ids["old_budget"],
+            timestamp=START + 3 * DAY + 10 * 3600,
+        )
+        store.add(
+            "pytest tests/integration -q: 42 passed, 0 failed in 61.2 s",
+            type="tool_result",
+            session="code-review",
+            timestamp=START + DAY + 10 * 3600,
+        )
+        ids["to_pin"] = store.add(
+            "Ada's frequent-flyer number is on file with the travel agent.",
+            type="fact",
+            timestamp=START + 2 * DAY,
+        )
+        ids["to_forget"] = store.add(
+            "A scratch note to be forgotten.", type="plan", timestamp=START + 2.5 * DAY
+        )
         ids["last"] = mid
         for i in range(60):  # older history, so the timeline has pages
-            store.add(f"user: small talk number {i} about the weather and the week.", session="chat",
-                      timestamp=START - DAY * (1 + i // 10) - i * 60)  # fmt: skip
+            store.add(
+                f"user: small talk number {i} about the weather and the week.",
+                session="chat",
+                timestamp=START - DAY * (1 + i // 10) - i * 60,
+            )
     return ids
 
 
@@ -102,8 +138,13 @@ def served(tmp_path_factory):
     """A store and `fastmem ui` serving it in its own process; yields (path, url, ids)."""
     path = str(tmp_path_factory.mktemp("ui") / "agent")
     ids = _fill(path)
-    proc = subprocess.Popen([sys.executable, "-m", "fastmem", "ui", path, "--port", "0", "--no-browser"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fastmem", "ui", path, "--port", "0", "--no-browser"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     try:
         url = None
         deadline = time.monotonic() + 60
@@ -128,7 +169,9 @@ def served(tmp_path_factory):
 def page(served):
     with sync_api.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        context = browser.new_context(viewport={"width": 1360, "height": 900}, device_scale_factor=1)
+        context = browser.new_context(
+            viewport={"width": 1360, "height": 900}, device_scale_factor=1
+        )
         page = context.new_page()
         page.set_default_timeout(30_000)
         yield page
@@ -149,7 +192,9 @@ def test_opening_the_printed_address_sets_the_cookie_and_drops_the_token(served,
     page.goto(url)
     assert "token=" not in page.url  # redirected without it
     with fastmem.open(path, readonly=True, embedder=None) as store:
-        assert page.locator("[data-testid=memories]").inner_text().replace(",", "") == str(len(store))
+        assert page.locator("[data-testid=memories]").inner_text().replace(",", "") == str(
+            len(store)
+        )
     page.wait_for_selector("#live-count:has-text('memories')")
     _shot(page, "overview")
 
@@ -166,7 +211,9 @@ def test_timeline_pages_and_expands_a_memory(served, page):
     rows.nth(50).wait_for()  # the 51st row: the second page came (a page is 50)
     page.locator(f".row[data-id={ids['new_budget']}]").click()
     page.wait_for_selector(f"#detail-{ids['new_budget']} [data-testid=text]")
-    assert "1,500 EUR" in page.locator(f"#detail-{ids['new_budget']} [data-testid=text]").inner_text()
+    assert (
+        "1,500 EUR" in page.locator(f"#detail-{ids['new_budget']} [data-testid=text]").inner_text()
+    )
     page.locator(f".row[data-id={ids['new_budget']}]").scroll_into_view_if_needed()
     page.screenshot(path=str(IMG / "ui-timeline.png"))  # the window, not the whole page
 
@@ -177,7 +224,9 @@ def test_search_and_open_a_memory(served, page):
     page.fill("input[name=q]", "Lisbon budget")
     page.click("#search-form button.primary")
     page.wait_for_selector("[data-testid=hits] tr.hit")
-    shown = page.locator("[data-testid=hits] tr.hit").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    shown = page.locator("[data-testid=hits] tr.hit").evaluate_all(
+        "rows => rows.map(r => r.dataset.id)"
+    )
     with fastmem.open(path, readonly=True, embedder=default_embedder()) as store:
         store_ids = [h.id for h in store.search("Lisbon budget", 20)]
     assert shown == store_ids
@@ -199,16 +248,23 @@ def test_context_shows_what_context_returns(served, page):
     page.click("[data-testid=build]")
     page.wait_for_selector("[data-testid=context-lines]")
     lines = page.locator("[data-testid=context-line]").evaluate_all(
-        "rows => rows.map(r => [r.dataset.id, r.dataset.level, Number(r.dataset.tokens)])")
+        "rows => rows.map(r => [r.dataset.id, r.dataset.level, Number(r.dataset.tokens)])"
+    )
     with fastmem.open(path, readonly=True, embedder=default_embedder()) as store:
         default_embedder().wait()
         ctx = store.context(QUESTION, 160)
-    names = {fastmem.Level.PINNED: "pinned", fastmem.Level.RECENT: "level 1", fastmem.Level.FOUND: "level 3"}
+    names = {
+        fastmem.Level.PINNED: "pinned",
+        fastmem.Level.RECENT: "level 1",
+        fastmem.Level.FOUND: "level 3",
+    }
     assert sorted(lines) == sorted([i.id, names[i.level], i.tokens] for i in ctx.items)
     summary = page.locator("[data-testid=context-summary]")
     assert summary.get_attribute("data-tokens") == str(ctx.tokens)
     assert page.text_content("#ctx-raw") == ctx.text
-    left = page.locator("[data-testid=left-out] tr[data-id]").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    left = page.locator("[data-testid=left-out] tr[data-id]").evaluate_all(
+        "rows => rows.map(r => r.dataset.id)"
+    )
     assert left == [i.id for i in ctx.left_out]
     assert ctx.left_out, "a 160-token budget leaves ranked memories out"
     _shot(page, "context")
@@ -241,9 +297,11 @@ def test_another_process_write_appears(served, page):
     page.goto(_base(url) + "/timeline")
     page.wait_for_selector("#live-count:has-text('memories')")
     text = "assistant: A memory written by another process while the inspector was open."
-    code = ("import fastmem, sys\n"
-            "with fastmem.open(sys.argv[1]) as s:\n"
-            "    s.add(sys.argv[2], session='trip-planning')\n")  # fmt: skip
+    code = (
+        "import fastmem, sys\n"
+        "with fastmem.open(sys.argv[1]) as s:\n"
+        "    s.add(sys.argv[2], session='trip-planning')\n"
+    )
     subprocess.run([sys.executable, "-c", code, path, text], check=True, timeout=60, env=ENV)
     page.wait_for_selector(f".row:has-text('{text[:40]}')", timeout=15_000)
     page.screenshot(path=str(IMG / "ui-live.png"))

@@ -30,9 +30,14 @@ from starlette.staticfiles import StaticFiles
 
 import fastmem
 from fastmem.errors import (
-    FastmemError, InvalidInputError, InvalidTypeError, ReadOnlyError, StoreLockedError,
-    StoreNotFoundError, UnknownMemoryError,
-)  # fmt: skip
+    FastmemError,
+    InvalidInputError,
+    InvalidTypeError,
+    ReadOnlyError,
+    StoreLockedError,
+    StoreNotFoundError,
+    UnknownMemoryError,
+)
 from fastmem.export import from_jsonable
 
 from . import views
@@ -46,14 +51,31 @@ MAX_FORM_BYTES = 4 << 20  # a memory's text is at most 1 MiB of UTF-8; urlencode
 MODES = ("hybrid", "vector", "keyword")
 # The changes: what each does, for the confirmation page and the message after it.
 ACTIONS = {
-    "pin": "Pin", "unpin": "Unpin", "forget": "Forget", "importance": "Set the importance of",
-    "metadata": "Replace the metadata of", "supersede": "Supersede", "add": "Add a memory",
-}  # fmt: skip
-DONE = {"pin": "Pinned.", "unpin": "Unpinned.", "forget": "Forgotten.",
-        "importance": "Importance changed.", "metadata": "Metadata changed.",
-        "supersede": "Superseded: this is the new version.", "add": "Added."}  # fmt: skip
-_STATUS = ((UnknownMemoryError, 404), (StoreNotFoundError, 404), (InvalidInputError, 400),
-           (InvalidTypeError, 400), (ReadOnlyError, 403), (StoreLockedError, 409))  # fmt: skip
+    "pin": "Pin",
+    "unpin": "Unpin",
+    "forget": "Forget",
+    "importance": "Set the importance of",
+    "metadata": "Replace the metadata of",
+    "supersede": "Supersede",
+    "add": "Add a memory",
+}
+DONE = {
+    "pin": "Pinned.",
+    "unpin": "Unpinned.",
+    "forget": "Forgotten.",
+    "importance": "Importance changed.",
+    "metadata": "Metadata changed.",
+    "supersede": "Superseded: this is the new version.",
+    "add": "Added.",
+}
+_STATUS = (
+    (UnknownMemoryError, 404),
+    (StoreNotFoundError, 404),
+    (InvalidInputError, 400),
+    (InvalidTypeError, 400),
+    (ReadOnlyError, 403),
+    (StoreLockedError, 409),
+)
 
 
 class Inspector:
@@ -68,8 +90,14 @@ class Inspector:
             when left out; ``None`` for keyword search only).
     """
 
-    def __init__(self, path: str, *, namespace: str | None = None, readonly: bool = False,
-                 embedder: Any = "default") -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str,
+        *,
+        namespace: str | None = None,
+        readonly: bool = False,
+        embedder: Any = "default",
+    ) -> None:
         self.path, self.namespace, self.readonly = str(path), namespace, readonly
         if embedder == "default":  # fastmem.open's default, made here to wait for it (ready())
             embedder = None if os.environ.get("FASTMEM_EMBEDDER") == "none" else _default()
@@ -82,11 +110,21 @@ class Inspector:
         self._options = options
         self._writer: fastmem.MemoryStore | None = None
         self._lock = threading.Lock()
+        self._types: tuple[Any, list[str]] | None = None
         self.embedder = _embedder_name(options["embedder"])
 
     @property
     def label(self) -> str:
         return self.path + (f" · namespace {self.namespace}" if self.namespace else "")
+
+    def types(self) -> list[str]:
+        """The store's type names, for the search form: ``stats()`` (tens of milliseconds
+        at a million memories) only when the count or the newest memory changed."""
+        newest = self.reader.recent(1)
+        key = (len(self.reader), newest[0].id if newest else None)
+        if self._types is None or self._types[0] != key:
+            self._types = (key, list(self.reader.stats().types))
+        return self._types[1]
 
     def ready(self) -> None:
         """Wait for the embedding model (as the command line does): the inspector shows a
@@ -143,10 +181,16 @@ def _embedder_name(embedder: Any) -> str:
 
 
 def create_app(
-    path: str, *, namespace: str | None = None, readonly: bool = False, port: int = 8765,
-    host: str = "127.0.0.1", secrets: Secrets | None = None, hosts: set[str] | None = None,
+    path: str,
+    *,
+    namespace: str | None = None,
+    readonly: bool = False,
+    port: int = 8765,
+    host: str = "127.0.0.1",
+    secrets: Secrets | None = None,
+    hosts: set[str] | None = None,
     embedder: Any = "default",
-) -> Any:  # fmt: skip
+) -> Any:
     """The inspector's ASGI application for the store at ``path``, behind its guard
     (:mod:`fastmem.ui.security`).
 
@@ -161,11 +205,20 @@ def create_app(
     """
     inspector = Inspector(path, namespace=namespace, readonly=readonly, embedder=embedder)
     secrets = secrets or Secrets()
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")),
-                             autoescape=True)  # fmt: skip
-    env.globals.update(LEVELS=views.LEVELS, when=views.when, preview=views.preview,
-                       visible=views.visible, csrf=secrets.csrf, inspector=inspector,
-                       ACTIONS=ACTIONS, version=fastmem.__version__, nav="")  # fmt: skip
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(os.path.join(HERE, "templates")), autoescape=True
+    )
+    env.globals.update(
+        LEVELS=views.LEVELS,
+        when=views.when,
+        preview=views.preview,
+        visible=views.visible,
+        csrf=secrets.csrf,
+        inspector=inspector,
+        ACTIONS=ACTIONS,
+        version=fastmem.__version__,
+        nav="",
+    )
     env.filters["visible"] = views.visible
     env.filters["thousands"] = lambda n: f"{n:,}"
     env.filters["bytes"] = _human_bytes
@@ -194,8 +247,12 @@ def create_app(
         more = len(memories) > PAGE
         memories = memories[:PAGE]
         rows = views.group_timeline(memories, previous)
-        values = dict(rows=rows, next=memories[-1].id if more else None, before=before,
-                      done=DONE.get(request.query_params.get("done", "")))  # fmt: skip
+        values = {
+            "rows": rows,
+            "next": memories[-1].id if more else None,
+            "before": before,
+            "done": DONE.get(request.query_params.get("done", "")),
+        }
         if request.query_params.get("partial"):
             return page("_rows.html", **values)
         return page("timeline.html", nav="timeline", **values)
@@ -212,30 +269,60 @@ def create_app(
         qp = request.query_params
         q = qp.get("q", "")
         mode = qp.get("mode", "hybrid")
-        form = {"q": q, "mode": mode if mode in MODES else "hybrid", "k": qp.get("k", "20"),
-                "type": qp.get("type", ""), "session": qp.get("session", ""),
-                "since": qp.get("since", ""), "until": qp.get("until", "")}  # fmt: skip
-        stats = await call(reader.stats)
+        form = {
+            "q": q,
+            "mode": mode if mode in MODES else "hybrid",
+            "k": qp.get("k", "20"),
+            "type": qp.get("type", ""),
+            "session": qp.get("session", ""),
+            "since": qp.get("since", ""),
+            "until": qp.get("until", ""),
+        }
+        types = await call(inspector.types)
         result = None
         if q.strip():
             await call(inspector.ready)
-            result = await call(views.search_view, reader, q, mode=form["mode"],
-                                k=_int(form["k"], "k", 1, 200), types=[form["type"]] if form["type"] else None,
-                                session=form["session"] or None, since=_date(form["since"], "since"),
-                                until=_date(form["until"], "until", end=True))  # fmt: skip
-        return page("search.html", nav="search", form=form, result=result, types=list(stats.types))
+            result = await call(
+                views.search_view,
+                reader,
+                q,
+                mode=form["mode"],
+                k=_int(form["k"], "k", 1, 200),
+                types=[form["type"]] if form["type"] else None,
+                session=form["session"] or None,
+                since=_date(form["since"], "since"),
+                until=_date(form["until"], "until", end=True),
+            )
+        response = page("search.html", nav="search", form=form, result=result, types=types)
+        if result is not None:  # the store's part of the request, for devtools and benchmarks
+            response.headers["server-timing"] = f"search;dur={result['ms']:.3f}"
+        return response
 
     async def context(request: Request) -> Response:
         qp = request.query_params
-        form = {"q": qp.get("q", ""), "budget": qp.get("budget", "1300"), "session": qp.get("session", "")}
+        form = {
+            "q": qp.get("q", ""),
+            "budget": qp.get("budget", "1300"),
+            "session": qp.get("session", ""),
+        }
         view = None
         if "q" in qp:
             await call(inspector.ready)
-            view = await call(views.context_view, reader, form["q"],
-                              _int(form["budget"], "budget", 1, 1_000_000), form["session"] or None)  # fmt: skip
+            view = await call(
+                views.context_view,
+                reader,
+                form["q"],
+                _int(form["budget"], "budget", 1, 1_000_000),
+                form["session"] or None,
+            )
         if qp.get("format") == "json" and view is not None:
             return JSONResponse(views.context_json(view))
-        return page("context.html", nav="context", form=form, view=view)
+        response = page("context.html", nav="context", form=form, view=view)
+        if view is not None:  # context()'s own time, and the call's as the page saw it
+            response.headers["server-timing"] = (
+                f"context;dur={1000 * view.ctx.seconds:.3f}, call;dur={view.ms:.3f}"
+            )
+        return response
 
     async def add_form(request: Request) -> Response:
         if inspector.readonly:
@@ -247,11 +334,17 @@ def create_app(
             raise ReadOnlyError("the inspector was started with --readonly: no changes")
         body = await _body(request)
         # A browser sends a textarea's line breaks as CRLF: a memory gets them as typed.
-        form = {k: v.replace("\r\n", "\n") for k, v in
-                parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)}  # fmt: skip
+        form = {
+            k: v.replace("\r\n", "\n")
+            for k, v in parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True)
+        }
         if not check_csrf(secrets, form, request.headers):
-            return page("error.html", 403, title="Refused",
-                        message="This change lacks the page's CSRF token: reload the page and try again.")  # fmt: skip
+            return page(
+                "error.html",
+                403,
+                title="Refused",
+                message="This change lacks the page's CSRF token: reload the page and try again.",
+            )
         action = form.get("action", "")
         if action not in ACTIONS:
             raise InvalidInputError(f"unknown change {action!r}")
@@ -260,7 +353,9 @@ def create_app(
         if form.get("confirm") != "1":
             _parse_change(action, form)  # a bad value is refused before the confirmation
             hidden = [(k, v) for k, v in form.items() if k not in ("csrf", "confirm")]
-            return page("confirm.html", nav="", action=action, target=target, form=form, hidden=hidden)
+            return page(
+                "confirm.html", nav="", action=action, target=target, form=form, hidden=hidden
+            )
         done = await call(_apply, inspector.writer(), action, mid, form)
         where = "/timeline" if action == "forget" else f"/memory/{done}"
         return RedirectResponse(f"{where}?{urlencode({'done': action})}", status_code=303)
@@ -272,16 +367,24 @@ def create_app(
         status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
         message = " ".join(str(exc).split())
         if request.url.path.startswith("/api/") or request.query_params.get("format") == "json":
-            return JSONResponse({"error": type(exc).__name__, "message": message}, status_code=status)
+            return JSONResponse(
+                {"error": type(exc).__name__, "message": message}, status_code=status
+            )
         return page("error.html", status, title=type(exc).__name__, message=message)
 
     routes = [
-        Route("/", overview), Route("/verify", verify), Route("/timeline", timeline),
-        Route("/memory/{mid}", memory), Route("/search", search), Route("/context", context),
-        Route("/add", add_form), Route("/change", change, methods=["POST"]),
+        Route("/", overview),
+        Route("/verify", verify),
+        Route("/timeline", timeline),
+        Route("/memory/{mid}", memory),
+        Route("/search", search),
+        Route("/context", context),
+        Route("/add", add_form),
+        Route("/change", change, methods=["POST"]),
         Route("/api/pulse", pulse),
         Mount("/static", app=StaticFiles(directory=os.path.join(HERE, "static")), name="static"),
-    ]  # fmt: skip
+    ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         warming = threading.Thread(target=inspector.warm, name="fastmem-ui-warm", daemon=True)
@@ -327,8 +430,12 @@ def _parse_change(action: str, form: dict[str, str]) -> dict[str, Any]:
                 out["metadata"] = _parse_change("metadata", {"value": form["metadata"]})["metadata"]
             if form.get("importance", "").strip():
                 out["importance"] = _float(form["importance"], "importance", 0.0, 1.0)
-            out.update(type=form.get("type") or "conversation", session=form.get("session") or None,
-                       summary=form.get("summary") or None, pinned=form.get("pinned") == "1")  # fmt: skip
+            out.update(
+                type=form.get("type") or "conversation",
+                session=form.get("session") or None,
+                summary=form.get("summary") or None,
+                pinned=form.get("pinned") == "1",
+            )
         return out
     return {}
 

@@ -25,25 +25,31 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections.abc import Awaitable, Callable, Iterable
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 __all__ = ["Guard", "Secrets", "check_csrf", "loopback_hosts"]
 
 Scope = dict[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]]
+ASGIApp = Callable[
+    [Scope, Callable[[], Awaitable[Any]], Callable[[Any], Awaitable[None]]], Awaitable[None]
+]
 
 SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-     b"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
+    (
+        b"content-security-policy",
+        (
+            b"default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+            b"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+        ),
+    ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"same-origin"),  # no-referrer would make the forms' Origin "null"
     (b"cache-control", b"no-store"),
     (b"cross-origin-resource-policy", b"same-origin"),
-]  # fmt: skip
+]
 
 
 class Secrets:
@@ -104,9 +110,13 @@ class Guard:
             # The printed address: keep the token as a cookie, then show the page without it.
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             where = scope.get("path", "/") + (f"?{rest}" if rest else "")
-            cookie = (f"{self.cookie}={self.secrets.token}; HttpOnly; SameSite=Strict; Path=/")
-            await _plain(send, 303, "see other", [(b"location", where.encode()),
-                                                   (b"set-cookie", cookie.encode())])  # fmt: skip
+            cookie = f"{self.cookie}={self.secrets.token}; HttpOnly; SameSite=Strict; Path=/"
+            await _plain(
+                send,
+                303,
+                "see other",
+                [(b"location", where.encode()), (b"set-cookie", cookie.encode())],
+            )
             return
 
         async def secured(message: Any) -> None:
@@ -127,8 +137,10 @@ class Guard:
             return 403, "cross-site request refused"
         if self._authorized(scope, headers):
             return None
-        return 403, ("this inspector needs its token: open the address `fastmem ui` printed "
-                     "(it ends with ?token=...)")  # fmt: skip
+        return 403, (
+            "this inspector needs its token: open the address `fastmem ui` printed "
+            "(it ends with ?token=...)"
+        )
 
     def _authorized(self, scope: Scope, headers: dict[str, str]) -> bool:
         query = parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
@@ -142,16 +154,26 @@ class Guard:
         jar: SimpleCookie = SimpleCookie()
         try:
             jar.load(headers.get("cookie", ""))
-        except Exception:  # a malformed Cookie header: no cookie
+        except CookieError:  # a malformed Cookie header: no cookie
             return False
         morsel = jar.get(self.cookie)
         return morsel is not None and self.secrets.is_token(morsel.value)
 
 
-async def _plain(send: Any, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _plain(
+    send: Any, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
     body = (text + "\n").encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"),
-                            (b"content-length", str(len(body)).encode()),
-                            *(headers or []), *SECURITY_HEADERS]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+                *SECURITY_HEADERS,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

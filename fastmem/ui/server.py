@@ -3,6 +3,7 @@ in a browser where there is one)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import sys
 import threading
@@ -18,9 +19,16 @@ DEFAULT_PORT = 8765
 
 
 def serve(
-    path: str, *, namespace: str | None = None, port: int | None = None, host: str = "127.0.0.1",
-    readonly: bool = False, browser: bool = True, out: TextIO | None = None, embedder: Any = "default",
-) -> int:  # fmt: skip
+    path: str,
+    *,
+    namespace: str | None = None,
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    readonly: bool = False,
+    browser: bool = True,
+    out: TextIO | None = None,
+    embedder: Any = "default",
+) -> int:
     """Serve the inspector for the store at ``path`` until interrupted; returns 0.
 
     Args:
@@ -41,12 +49,21 @@ def serve(
     sock = _bind(host, DEFAULT_PORT if port is None else port, fallback=port is None)
     bound = sock.getsockname()[1]
     secrets = Secrets()
-    app = create_app(path, namespace=namespace, readonly=readonly, port=bound, host=host,
-                     secrets=secrets, embedder=embedder)  # fmt: skip
+    app = create_app(
+        path,
+        namespace=namespace,
+        readonly=readonly,
+        port=bound,
+        host=host,
+        secrets=secrets,
+        embedder=embedder,
+    )
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/?token={secrets.token}"
-    out.write(f"fastmem inspector for {app.state.inspector.label}"
-              f"{' (read-only)' if readonly else ''}\n  {url}\nCtrl-C to stop.\n")  # fmt: skip
+    out.write(
+        f"fastmem inspector for {app.state.inspector.label}"
+        f"{' (read-only)' if readonly else ''}\n  {url}\nCtrl-C to stop.\n"
+    )
     out.flush()
     config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
     server = uvicorn.Server(config)
@@ -73,7 +90,7 @@ def _bind(host: str, port: int, fallback: bool) -> socket.socket:
 
 
 def _open(url: str) -> None:
-    try:
+    with contextlib.suppress(
+        webbrowser.Error, OSError
+    ):  # no browser: the printed address is enough
         webbrowser.open(url)
-    except Exception:  # no browser here: the printed address is enough
-        pass

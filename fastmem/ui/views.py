@@ -20,13 +20,27 @@ from fastmem.export import SUPERSEDED_BY, to_jsonable
 from fastmem.tokens import counter_for
 
 __all__ = [
-    "LEVELS", "ContextView", "Segment", "context_json", "context_view", "group_timeline", "memory_detail",
-    "overview", "preview", "pulse", "search_view", "visible", "when",
-]  # fmt: skip
+    "LEVELS",
+    "ContextView",
+    "Segment",
+    "context_json",
+    "context_view",
+    "group_timeline",
+    "memory_detail",
+    "overview",
+    "preview",
+    "pulse",
+    "search_view",
+    "visible",
+    "when",
+]
 
 # Level names as the pages show them, and the CSS class of each.
-LEVELS = {Level.PINNED: ("pinned", "lv-pinned"), Level.RECENT: ("level 1", "lv-recent"),
-          Level.FOUND: ("level 3", "lv-found")}  # fmt: skip
+LEVELS = {
+    Level.PINNED: ("pinned", "lv-pinned"),
+    Level.RECENT: ("level 1", "lv-recent"),
+    Level.FOUND: ("level 3", "lv-found"),
+}
 # C0 controls (but tab and line feed) and DEL show as their Unicode control pictures.
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 METADATA_SHOWN = 200_000  # characters of a memory's metadata JSON shown in full
@@ -36,7 +50,9 @@ SUPERSEDES_HOPS = 20  # the most newer versions a memory's page follows
 def visible(text: str) -> str:
     """``text`` with control characters as visible symbols (U+2400...): a memory holding
     an escape sequence or a NUL shows what it holds. HTML escaping is the templates' job."""
-    return _CONTROL.sub(lambda m: "\u2421" if m.group() == "\x7f" else chr(0x2400 + ord(m.group())), text)
+    return _CONTROL.sub(
+        lambda m: "\u2421" if m.group() == "\x7f" else chr(0x2400 + ord(m.group())), text
+    )
 
 
 def preview(text: str, n: int = 240) -> str:
@@ -62,16 +78,24 @@ def day(ts: float) -> str:
 def overview(store: MemoryStore, embedder: str) -> dict[str, Any]:
     """The overview's figures: ``stats()`` (the index alone), the newest memories."""
     stats = store.stats()
-    return {"stats": stats, "newest": store.recent(8), "embedder": embedder,
-            "version": fastmem.__version__, "top_types": list(stats.types.items())[:12]}  # fmt: skip
+    return {
+        "stats": stats,
+        "newest": store.recent(8),
+        "embedder": embedder,
+        "version": fastmem.__version__,
+        "top_types": list(stats.types.items())[:12],
+    }
 
 
 def pulse(store: MemoryStore) -> dict[str, Any]:
     """A cheap fingerprint of the store (count, newest memory, pins): what the pages poll
     to show other processes' writes."""
     newest = store.recent(1)
-    return {"memories": len(store), "newest": newest[0].id if newest else None,
-            "newest_ts": newest[0].timestamp if newest else None}  # fmt: skip
+    return {
+        "memories": len(store),
+        "newest": newest[0].id if newest else None,
+        "newest_ts": newest[0].timestamp if newest else None,
+    }
 
 
 # --- timeline --------------------------------------------------------------------------
@@ -113,20 +137,39 @@ def memory_detail(store: MemoryStore, mid: str) -> dict[str, Any]:
             break
         chain.append(newer)
         link = (newer.metadata or {}).get(SUPERSEDED_BY)
-    return {"m": memory, "info": info, "meta": meta, "meta_cut": meta is not None and len(meta) > METADATA_SHOWN,
-            "own_meta": json.dumps(to_jsonable({k: v for k, v in (memory.metadata or {}).items()
-                                                if k != SUPERSEDED_BY}), ensure_ascii=False, indent=2),
-            "chain": chain}  # fmt: skip
+    return {
+        "m": memory,
+        "info": info,
+        "meta": meta,
+        "meta_cut": meta is not None and len(meta) > METADATA_SHOWN,
+        "own_meta": json.dumps(
+            to_jsonable({k: v for k, v in (memory.metadata or {}).items() if k != SUPERSEDED_BY}),
+            ensure_ascii=False,
+            indent=2,
+        ),
+        "chain": chain,
+    }
 
 
 # --- search ----------------------------------------------------------------------------
 
 
-def search_view(store: MemoryStore, q: str, *, mode: str, k: int, types: list[str] | None,
-                session: str | None, since: float | None, until: float | None) -> dict[str, Any]:  # fmt: skip
+def search_view(
+    store: MemoryStore,
+    q: str,
+    *,
+    mode: str,
+    k: int,
+    types: list[str] | None,
+    session: str | None,
+    since: float | None,
+    until: float | None,
+) -> dict[str, Any]:
     """``store.search`` with the page's filters, and the time it took."""
     started = time.perf_counter()
-    hits = store.search(q, k, mode=mode, types=types or None, session=session, since=since, until=until)
+    hits = store.search(
+        q, k, mode=mode, types=types or None, session=session, since=since, until=until
+    )
     return {"hits": hits, "ms": 1000 * (time.perf_counter() - started)}
 
 
@@ -152,7 +195,9 @@ class ContextView:
     by_level: dict[str, int]  # tokens of the items of each level, "headers" for the rest
     counts: dict[str, int]  # items of each level
     bar: list[tuple[str, str, float, int]]  # (label, css class, % of the budget, tokens)
-    unplaced: list[ContextItem] = field(default_factory=list)  # items not found in the text (none expected)
+    unplaced: list[ContextItem] = field(
+        default_factory=list
+    )  # items not found in the text (none expected)
     ms: float = 0.0  # what the page's call to context() took, as the page measured it
 
 
@@ -162,7 +207,9 @@ def context_view(store: MemoryStore, q: str, budget: int, session: str | None) -
     started = time.perf_counter()
     ctx = store.context(q, budget, session=session)
     ms = 1000 * (time.perf_counter() - started)
-    count = store.tokens.count if ctx.encoding == store.tokens.name else counter_for(ctx.encoding).count
+    count = (
+        store.tokens.count if ctx.encoding == store.tokens.name else counter_for(ctx.encoding).count
+    )
     text = ctx.text
     placed: list[tuple[int, ContextItem]] = []
     unplaced = []
@@ -192,22 +239,52 @@ def context_view(store: MemoryStore, q: str, budget: int, session: str | None) -
         by_level[name] += item.tokens
         counts[name] += 1
     by_level["headers"] = max(0, ctx.tokens - sum(by_level.values()))
-    bar = [(name, cls, 100.0 * by_level[name] / ctx.budget, by_level[name])
-           for name, cls in (("pinned", "lv-pinned"), ("level 1", "lv-recent"),
-                             ("level 3", "lv-found"), ("headers", "lv-header"))]  # fmt: skip
+    bar = [
+        (name, cls, 100.0 * by_level[name] / ctx.budget, by_level[name])
+        for name, cls in (
+            ("pinned", "lv-pinned"),
+            ("level 1", "lv-recent"),
+            ("level 3", "lv-found"),
+            ("headers", "lv-header"),
+        )
+    ]
     return ContextView(ctx, segments, by_level, counts, bar, unplaced, ms)
 
 
 def context_json(view: ContextView) -> dict[str, Any]:
     """The context view as JSON: the same facts the page shows."""
+
     def item(i: ContextItem) -> dict[str, Any]:
-        return {"id": i.id, "level": LEVELS[i.level][0], "tokens": i.tokens, "reason": i.reason,
-                "score": i.score, "rank": i.rank, "vector": i.vector, "keyword": i.keyword,
-                "summary": i.summary, "excerpt": i.excerpt, "line": i.line}  # fmt: skip
+        return {
+            "id": i.id,
+            "level": LEVELS[i.level][0],
+            "tokens": i.tokens,
+            "reason": i.reason,
+            "score": i.score,
+            "rank": i.rank,
+            "vector": i.vector,
+            "keyword": i.keyword,
+            "summary": i.summary,
+            "excerpt": i.excerpt,
+            "line": i.line,
+        }
 
     ctx = view.ctx
-    return {"text": ctx.text, "tokens": ctx.tokens, "budget": ctx.budget, "encoding": ctx.encoding,
-            "degraded": ctx.degraded, "seconds": ctx.seconds,
-            "lines": [{"header": s.item is None, "tokens": s.tokens, "text": s.text,
-                       **({"item": item(s.item)} if s.item is not None else {})} for s in view.segments],
-            "left_out": [item(i) for i in ctx.left_out]}  # fmt: skip
+    return {
+        "text": ctx.text,
+        "tokens": ctx.tokens,
+        "budget": ctx.budget,
+        "encoding": ctx.encoding,
+        "degraded": ctx.degraded,
+        "seconds": ctx.seconds,
+        "lines": [
+            {
+                "header": s.item is None,
+                "tokens": s.tokens,
+                "text": s.text,
+                **({"item": item(s.item)} if s.item is not None else {}),
+            }
+            for s in view.segments
+        ],
+        "left_out": [item(i) for i in ctx.left_out],
+    }
