@@ -150,6 +150,7 @@ class _Entry:
         "mid",
         "namespace",
         "number",
+        "times",
         "ttl",
         "updated",
         "value",
@@ -165,16 +166,23 @@ class _Entry:
         self.ttl: float | None = item.get("ttl")
         self.expires: float | None = item.get("expires_at")
         self.indexed = memory.type.startswith((INDEXED, HASHED_INDEXED))
+        self.times: tuple[datetime, datetime] | None = None  # made at the first read
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and self.expires < now
 
     def item(self, cls: type[Item] = Item, score: float | None = None) -> Any:
-        created, updated = _datetime(self.created), _datetime(self.updated)
+        if self.times is None:
+            self.times = (_datetime(self.created), _datetime(self.updated))
+        created, updated = self.times
         if cls is SearchItem:
             return SearchItem(self.namespace, self.key, dict(self.value), created, updated, score)
         return Item(value=dict(self.value), key=self.key, namespace=self.namespace,
                     created_at=created, updated_at=updated)  # fmt: skip
+
+
+def _newness(entry: _Entry) -> tuple[float, int]:
+    return entry.updated, entry.number
 
 
 def _datetime(seconds: float) -> datetime:
@@ -383,6 +391,7 @@ class FastmemStore(BaseStore):
         self._lock = threading.RLock()
         self._catalog: dict[tuple[tuple[str, ...], str], _Entry] | None = None
         self._by_ns: dict[tuple[str, ...], dict[str, _Entry]] = {}
+        self._ordered: dict[tuple[str, ...], list[_Entry]] = {}  # newest first, made when asked
         self._live: set[str] = set()  # every live memory id known, LangGraph's or not
         self._by_id: dict[str, _Entry] = {}
         self._last: str | None = None  # the newest id read by a catch-up
@@ -437,6 +446,20 @@ class FastmemStore(BaseStore):
             if puts:
                 self._put(list(puts.values()), now)
         return results
+
+    def get(
+        self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
+    ) -> Item | None:
+        """``BaseStore.get`` without building a batch: the item, or ``None``.
+
+        Raises:
+            InvalidNamespaceError: a label of the namespace is bad.
+        """
+        _check_labels(namespace, "namespace")
+        if refresh_ttl is None:
+            refresh_ttl = (self.ttl_config or {}).get("refresh_on_read", True)
+        with self._lock:
+            return self._get(GetOp(namespace, str(key), refresh_ttl), time.time())
 
     async def abatch(self, ops: Iterable[Op]) -> list[Result]:
         """:meth:`batch` in a worker thread: the event loop never waits on the disk, the
@@ -609,14 +632,30 @@ class FastmemStore(BaseStore):
         return [e.item(SearchItem, score) for (score, _), e in zip(found, entries)]
 
     def _newest(self, op: SearchOp, now: float) -> list[_Entry]:
-        """The items under the prefix that pass the filter, newest first, paged."""
-        prefix, want = op.namespace_prefix, op.offset + op.limit
+        """The items under the prefix that pass the filter, newest first (``updated_at``,
+        then the later write), paged: each namespace's items are kept in that order, merged,
+        and tested until the page is full."""
+        lists = []
+        for ns, keys in self._by_ns.items():
+            if _under(ns, op.namespace_prefix):
+                ordered = self._ordered.get(ns)
+                if ordered is None:
+                    ordered = self._ordered[ns] = sorted(keys.values(), key=_newness, reverse=True)
+                lists.append(ordered)
         test = compile_filter(op.filter)
-        passing = (e for ns, d in self._by_ns.items() if _under(ns, prefix) for e in d.values()
-                   if test(e.value))  # fmt: skip
-        if (self.ttl_config or {}).get("omit_expired"):
-            passing = (e for e in passing if self._visible(e, now))
-        return heapq.nlargest(want, passing, key=lambda e: (e.updated, e.number))[op.offset :]
+        omit = bool((self.ttl_config or {}).get("omit_expired"))
+        page: list[_Entry] = []
+        skip = op.offset
+        for entry in heapq.merge(*lists, key=_newness, reverse=True):
+            if not test(entry.value) or (omit and not self._visible(entry, now)):
+                continue
+            if skip:
+                skip -= 1
+                continue
+            page.append(entry)
+            if len(page) == op.limit:
+                break
+        return page
 
     def _ranked(self, op: SearchOp, now: float) -> list[tuple[float, _Entry]]:
         """fastmem's hybrid ranking of the indexed items under the prefix, filtered and
@@ -741,6 +780,7 @@ class FastmemStore(BaseStore):
             return
         if self._catalog is None:
             self._catalog, self._by_ns, self._live, self._by_id, self._last = {}, {}, set(), {}, None
+            self._ordered = {}
         for mid in self.store.ids(after=self._last):
             self._last = mid
             if mid not in self._live:
@@ -776,7 +816,10 @@ class FastmemStore(BaseStore):
             return old
         self._catalog[ident] = entry
         self._by_id[mid] = entry
-        self._by_ns.setdefault(entry.namespace, {})[entry.key] = entry
+        keys = self._by_ns.setdefault(entry.namespace, {})
+        keys.pop(entry.key, None)
+        keys[entry.key] = entry
+        self._ordered.pop(entry.namespace, None)
         if old is not None and old.mid != mid:
             self._forget(old, drop=False)
         return entry
@@ -799,6 +842,7 @@ class FastmemStore(BaseStore):
         if entry is not None and catalog.get((entry.namespace, entry.key)) is entry:
             del catalog[(entry.namespace, entry.key)]
             keys = self._by_ns.get(entry.namespace)
+            self._ordered.pop(entry.namespace, None)
             if keys is not None:
                 keys.pop(entry.key, None)
                 if not keys:
@@ -819,6 +863,7 @@ class FastmemStore(BaseStore):
             self._catalog[(fresh.namespace, fresh.key)] = fresh
             self._by_id[fresh.mid] = fresh
             self._by_ns[fresh.namespace][fresh.key] = fresh
+            self._ordered.pop(fresh.namespace, None)
         return fresh
 
     def _refresh(self, entries: list[_Entry], now: float) -> list[_Entry]:
