@@ -561,3 +561,29 @@ def test_two_processes_writing_at_once_lose_nothing(path, backend):
         assert sorted(keys(found)) == sorted([f"{t}-{i}" for t in ("p1", "p2") for i in range(n)] + ["last-writer"])
         assert store.get(("shared",), "last-writer").value["i"] == n - 1
         assert len(store.store) == 2 * n + 1  # one memory per key: the older copies forgotten
+
+
+def test_it_opens_in_one_line_or_over_an_open_store(path):
+    with FastmemStore.open(path, embedder=default_embedder()) as store:
+        store.put(("a",), "k", {"text": "one line"})
+    with fastmem.open(path) as raw:
+        store = FastmemStore(raw)
+        assert store.get(("a",), "k").value == {"text": "one line"}
+        store.close()  # leaves the store it was given open
+        assert len(raw) == 1
+
+
+def test_a_query_finds_an_exact_identifier_by_its_keyword(store):
+    for i in range(30):
+        store.put(("tickets",), f"t{i}", {"text": f"Ticket INC-{4400 + i}: the printer on floor {i % 5} is jammed"})
+    found = store.search(("tickets",), query="what happened with INC-4417?", limit=3)
+    assert keys(found)[0] == "t17"  # a vector alone ranks these near-identical texts alike
+
+
+def test_omit_expired_leaves_expired_items_out_of_the_context(path):
+    with open_store(path, ttl={"omit_expired": True}) as store:
+        store.put(("m",), "old", {"text": "the wifi password is hunter2"}, ttl=0.3 / 60)
+        store.put(("m",), "new", {"text": "the door code is 4321"})
+        assert "hunter2" in store.context(("m",), "what is the wifi password?").text
+        time.sleep(0.5)
+        assert "hunter2" not in store.context(("m",), "what is the wifi password?").text
