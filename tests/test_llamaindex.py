@@ -327,7 +327,10 @@ CHAT_SCRIPT = textwrap.dedent(
     import asyncio, json, sys
     from llama_index.core.chat_engine import SimpleChatEngine
     from llama_index.core.llms import ChatMessage
-    from llama_index.core.llms.mock import MockLLMWithChatMemoryOfLastCall
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.llms.mock import (
+        MockFunctionCallingLLMWithChatMemoryOfLastCall, MockLLMWithChatMemoryOfLastCall,
+    )
     from llama_index.core.memory import Memory
     from fastmem.integrations.llamaindex import FastmemMemoryBlock
 
@@ -344,10 +347,16 @@ CHAT_SCRIPT = textwrap.dedent(
             session_id=f"{user}-{action}", token_limit=80, chat_history_token_ratio=0.5,
             token_flush_size=10, memory_blocks=[block],
         )
-        llm = MockLLMWithChatMemoryOfLastCall(max_tokens=2)  # answers "text text"
-        engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
-        for turn in json.loads(payload):
-            await engine.achat(turn)
+        if action == "agent":  # LlamaIndex's agent, on its mock function-calling model
+            llm = MockFunctionCallingLLMWithChatMemoryOfLastCall()
+            agent = FunctionAgent(llm=llm, tools=[])
+            for turn in json.loads(payload):
+                await agent.run(turn, memory=memory)
+        else:
+            llm = MockLLMWithChatMemoryOfLastCall(max_tokens=2)  # answers "text text"
+            engine = SimpleChatEngine.from_defaults(llm=llm, memory=memory)
+            for turn in json.loads(payload):
+                await engine.achat(turn)
         block.close()
         print(json.dumps([[m.role.value, m.content] for m in llm.last_chat_messages]))
 
@@ -383,6 +392,13 @@ def test_a_fact_told_in_one_process_is_in_the_model_input_after_a_restart(tmp_pa
     sent = chat_process(tmp_path, root, "alice", "second", json.dumps(["Which flight am I on?"]))
     assert "KL1234" in system_text(sent)
     assert ["user", "Which flight am I on?"] in sent
+
+
+def test_a_function_agent_in_a_new_process_gets_the_fact_in_its_input(tmp_path, root):
+    chat_process(tmp_path, root, "alice", "first", told("My dentist is Dr Okafor."))
+    sent = chat_process(tmp_path, root, "alice", "agent", json.dumps(["Who is my dentist?"]))
+    assert "Okafor" in system_text(sent)
+    assert ["user", "Who is my dentist?"] in sent
 
 
 def test_two_users_never_see_each_others_memories(tmp_path, root):
