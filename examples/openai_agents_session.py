@@ -31,7 +31,7 @@ def text_of(item: dict) -> str:
 class ScriptedModel(Model):
     """A stand-in for a model: says "Noted." and prints what it was given."""
 
-    async def get_response(self, system_instructions, input, *args, **kwargs):  # noqa: A002
+    async def get_response(self, system_instructions, input, *args, **kwargs):
         print("  model instructions:", (system_instructions or "").replace("\n", " | "))
         print("  model input:", [text_of(item) for item in input if "role" in item])
         text = ResponseOutputText(type="output_text", text="Noted.", annotations=[])

@@ -19,20 +19,20 @@ import pytest
 
 pytest.importorskip("google.adk")
 
-from google.adk.agents import LlmAgent  # noqa: E402
-from google.adk.events import Event  # noqa: E402
-from google.adk.memory import BaseMemoryService  # noqa: E402
-from google.adk.memory.memory_entry import MemoryEntry  # noqa: E402
-from google.adk.models.base_llm import BaseLlm  # noqa: E402
-from google.adk.models.llm_request import LlmRequest  # noqa: E402
-from google.adk.models.llm_response import LlmResponse  # noqa: E402
-from google.adk.runners import Runner  # noqa: E402
-from google.adk.sessions import InMemorySessionService, Session  # noqa: E402
-from google.adk.tools import load_memory, preload_memory  # noqa: E402
-from google.genai import types  # noqa: E402
+from google.adk.agents import LlmAgent
+from google.adk.events import Event
+from google.adk.memory import BaseMemoryService
+from google.adk.memory.memory_entry import MemoryEntry
+from google.adk.models.base_llm import BaseLlm
+from google.adk.models.llm_request import LlmRequest
+from google.adk.models.llm_response import LlmResponse
+from google.adk.runners import Runner
+from google.adk.sessions import InMemorySessionService, Session
+from google.adk.tools import load_memory, preload_memory
+from google.genai import types
 
-import fastmem  # noqa: E402
-from fastmem.integrations.adk import FastmemMemoryService, user_namespace  # noqa: E402
+import fastmem
+from fastmem.integrations.adk import FastmemMemoryService, user_namespace
 
 HERE = os.path.abspath(__file__)
 SEEN: list[str] = []  # what the scripted model was given, one string per call

@@ -20,18 +20,21 @@ import pytest
 
 pytest.importorskip("agents")
 
-from agents import Agent, Runner, set_tracing_disabled  # noqa: E402
-from agents.items import ModelResponse  # noqa: E402
-from agents.memory import SQLiteSession  # noqa: E402
-from agents.memory.session import Session, SessionABC  # noqa: E402
-from agents.memory.session_settings import SessionSettings  # noqa: E402
-from agents.models.interface import Model  # noqa: E402
-from agents.usage import Usage  # noqa: E402
-from openai.types.responses import ResponseOutputMessage, ResponseOutputText  # noqa: E402
+from agents import Agent, Runner, set_tracing_disabled
+from agents.items import ModelResponse
+from agents.memory import SQLiteSession
+from agents.memory.session import Session, SessionABC
+from agents.memory.session_settings import SessionSettings
+from agents.models.interface import Model
+from agents.usage import Usage
+from openai.types.responses import ResponseOutputMessage, ResponseOutputText
 
-import fastmem  # noqa: E402
-from fastmem.integrations.openai_agents import (  # noqa: E402
-    CHUNK_BYTES, FastmemSession, memory_instructions, session_name,
+import fastmem
+from fastmem.integrations.openai_agents import (
+    CHUNK_BYTES,
+    FastmemSession,
+    memory_instructions,
+    session_name,
 )  # fmt: skip
 
 set_tracing_disabled(True)  # no trace export: the tests run offline
@@ -58,7 +61,7 @@ class ScriptedModel(Model):
         self.replies = list(replies)
         self.inputs: list[tuple[str | None, list]] = []
 
-    async def get_response(self, system_instructions, input, *args, **kwargs):  # noqa: A002
+    async def get_response(self, system_instructions, input, *args, **kwargs):
         self.inputs.append((system_instructions, input if isinstance(input, list) else [input]))
         text = self.replies.pop(0) if self.replies else "ok"
         message = ResponseOutputMessage(

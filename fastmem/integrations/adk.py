@@ -39,7 +39,10 @@ from typing import Any
 
 import fastmem
 from fastmem.errors import (
-    DependencyUnavailableError, InvalidInputError, InvalidTypeError, StoreClosedError,
+    DependencyUnavailableError,
+    InvalidInputError,
+    InvalidTypeError,
+    StoreClosedError,
     UnknownMemoryError,
 )  # fmt: skip
 from fastmem.namespaces import namespace_path
@@ -297,7 +300,7 @@ class FastmemMemoryService(BaseMemoryService):
         store = self._store(namespace, create=True)
         assert store is not None
         try:
-            known: dict[str, set[str]] = {}
+            known: dict[str, set[Any]] = {}
             new = []
             for record in records:
                 session = record["session"]

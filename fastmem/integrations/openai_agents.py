@@ -32,15 +32,19 @@ import json
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import fastmem
 from fastmem.errors import (
-    DependencyUnavailableError, InvalidInputError, InvalidTypeError, StoreClosedError,
+    DependencyUnavailableError,
+    InvalidInputError,
+    InvalidTypeError,
+    StoreClosedError,
     UnknownMemoryError,
 )  # fmt: skip
 
 try:
+    from agents.items import TResponseInputItem
     from agents.memory.session import SessionABC
     from agents.memory.session_settings import SessionSettings, resolve_session_limit
 except ImportError as exc:  # pragma: no cover - the tests run with the SDK installed
@@ -162,7 +166,7 @@ class FastmemSession(SessionABC):
 
     # --- the Session interface ----------------------------------------------------------
 
-    async def get_items(self, limit: int | None = None) -> list[dict[str, Any]]:
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         """The conversation's items, oldest first.
 
         Args:
@@ -181,9 +185,10 @@ class FastmemSession(SessionABC):
         if limit == 0:
             return []
         wanted = None if limit is None or limit < 0 else limit
-        return await asyncio.to_thread(self._get_items, wanted)
+        items = await asyncio.to_thread(self._get_items, wanted)
+        return cast("list[TResponseInputItem]", items)  # the SDK's item dicts, as written
 
-    async def add_items(self, items: list[dict[str, Any]]) -> None:
+    async def add_items(self, items: list[TResponseInputItem]) -> None:
         """Append ``items`` to the conversation, in order, in one commit: every item is
         checked (a dict that JSON can encode) before anything is written.
 
@@ -200,7 +205,7 @@ class FastmemSession(SessionABC):
         records = await asyncio.to_thread(self._records, list(items))
         await _finish(asyncio.to_thread(self._store.add_many, records))
 
-    async def pop_item(self) -> dict[str, Any] | None:
+    async def pop_item(self) -> TResponseInputItem | None:
         """Remove the newest item and return it; ``None`` when the conversation is empty.
 
         Two processes popping one conversation at once never get the same item.
@@ -209,7 +214,8 @@ class FastmemSession(SessionABC):
             StoreClosedError: the session or its store was closed.
         """
         self._check_open()
-        return await _finish(asyncio.to_thread(self._pop_item))
+        item = await _finish(asyncio.to_thread(self._pop_item))
+        return cast("TResponseInputItem | None", item)
 
     async def clear_session(self) -> None:
         """Remove every item of this conversation (other sessions and memories stay).
@@ -548,10 +554,10 @@ def memory_instructions(
         raise InvalidTypeError("instructions must be a string or a function (context, agent)")
 
     async def instructions_with_memory(run_context: Any, agent: Any) -> str:
-        own = instructions
+        own: Any = instructions
         if callable(own):
             own = own(run_context, agent)
-            if asyncio.iscoroutine(own) or isinstance(own, Awaitable):
+            if isinstance(own, Awaitable):
                 own = await own
         query = latest_user_text(getattr(run_context, "turn_input", None) or [])
         found = await asyncio.to_thread(_context_text, store, query, budget, session)
@@ -570,7 +576,7 @@ def _context_text(
     if session is None:
         return store.context(query, budget).text
     limit = session.session_settings.limit if session.session_settings else None
-    shown = session._items_with_ids(None if limit is None or limit < 0 else limit)  # noqa: SLF001
+    shown = session._items_with_ids(None if limit is None or limit < 0 else limit)
     exclude = [mid for ids, _ in shown for mid in ids]
     return store.context(query, budget, session=session.name, exclude=exclude).text
 
