@@ -31,13 +31,15 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from contextlib import nullcontext
-from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ._threads import Background, Flag, ForkGate, at_fork, forks
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 __all__ = [
     "INT8_NAME",
@@ -46,7 +48,7 @@ __all__ = [
     "MODEL_SHA256",
     "ONNX_DATA_FILE",
     "ONNX_DATA_SHA256",
-    "ONNX_MODEL_DIR",
+    "ONNX_MODEL_DIR",  # noqa: F822 - made on first use, by __getattr__
     "ONNX_SHA256",
     "Embedder",
     "MiniLM",
@@ -67,9 +69,9 @@ MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db
 # a rebuild whose vectors differ beyond rounding must take a new suffix (":onnx-int8-2"), so
 # that stores written by the old one refuse it until they are re-embedded.
 INT8_NAME = MODEL_NAME + ":onnx-int8-1"
-# Kept as a str too: a Path's first str() costs a fresh process's open() ~15 µs (issue 21).
+# Kept as a str: a Path's first str() costs a fresh process's open() ~15 µs, and the
+# module's ONNX_MODEL_DIR (a Path) is made on first use (see __getattr__ below).
 _PACKAGED_MODEL = os.path.join(os.path.dirname(os.path.realpath(__file__)), "models", "all-MiniLM-L6-v2-int8")
-ONNX_MODEL_DIR = Path(_PACKAGED_MODEL)
 # The int8 build is two files (tools/build_model.py): the graph, and its weights beside it,
 # which onnxruntime reads straight from the file (a session is built in half the time it took
 # to parse them out of one 23 MB graph). Both are checked at load.
@@ -87,7 +89,41 @@ INSTALL_HINT = "pip install fastmem (onnxruntime and tokenizers are among its de
 
 _MODEL_FILES = ("model.safetensors", "tokenizer.json")
 _ONNX_FILES = ("model.onnx", "tokenizer.json")
-_PACKAGED_DIR = ONNX_MODEL_DIR  # a test may replace ONNX_MODEL_DIR: its str is then taken anew
+_packaged_path: Path | None = None  # ONNX_MODEL_DIR as first made
+
+
+def __getattr__(name: str) -> Any:
+    """``ONNX_MODEL_DIR``, the packaged model's folder as a ``Path``, made when first asked
+    for: pathlib (and the urllib.parse it imports) is then not among what ``import fastmem``
+    loads, nor what ``open()`` runs (an installed package has no other module importing it)."""
+    if name == "ONNX_MODEL_DIR":
+        return _onnx_model_dir()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _onnx_model_dir() -> Path:
+    """ONNX_MODEL_DIR: the packaged folder, or what replaced it (a test may)."""
+    global _packaged_path
+    replaced = globals().get("ONNX_MODEL_DIR")
+    if replaced is not None:
+        return replaced  # type: ignore[no-any-return]
+    if _packaged_path is None:
+        from pathlib import Path
+
+        _packaged_path = Path(_PACKAGED_MODEL)
+    return _packaged_path
+
+
+def _onnx_folder(path: str | os.PathLike[str] | None) -> str:
+    """:func:`find_onnx_model`'s folder, as a str, without pathlib for the packaged one."""
+    if path is None:
+        replaced = globals().get("ONNX_MODEL_DIR")
+        if replaced is None or replaced is _packaged_path:
+            return _PACKAGED_MODEL
+        path = replaced
+    if not isinstance(path, (str, os.PathLike)):
+        raise InvalidTypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    return os.fspath(path)
 
 
 @runtime_checkable
@@ -118,6 +154,8 @@ def find_model(path: str | os.PathLike[str] | None = None) -> Path:
     Raises:
         EmbedderUnavailableError: the model is nowhere to be found.
     """
+    from pathlib import Path
+
     candidates: list[Path] = []
     if path is not None:
         candidates.append(Path(path))
@@ -152,10 +190,17 @@ def find_onnx_model(path: str | os.PathLike[str] | None = None) -> Path:
     Raises:
         EmbedderUnavailableError: the folder lacks one of the files.
     """
-    folder = Path(path) if path is not None else ONNX_MODEL_DIR
+    from pathlib import Path
+
+    where = _check_onnx_folder(path)
+    return _onnx_model_dir() if path is None else Path(where)
+
+
+def _check_onnx_folder(path: str | os.PathLike[str] | None) -> str:
+    """:func:`find_onnx_model`'s work, returning the folder as a str."""
+    where = _onnx_folder(path)
     # A str and a stat per file, as os.path.isfile does it without its and join's Python
     # calls: in every open, 0.018 against 0.027 ms in a fresh process (pathlib: ~0.04).
-    where = _PACKAGED_MODEL if folder is _PACKAGED_DIR else os.fspath(folder)
     missing = []
     for name in _ONNX_FILES:
         try:
@@ -166,11 +211,11 @@ def find_onnx_model(path: str | os.PathLike[str] | None = None) -> Path:
         missing.append(name)
     if missing:
         raise EmbedderUnavailableError(
-            f"{folder} has no {' or '.join(missing)}: reinstall fastmem (the model ships in its "
+            f"{where} has no {' or '.join(missing)}: reinstall fastmem (the model ships in its "
             f"wheel), or rebuild it with python tools/build_model.py from a checkout, or open "
             f"the store with embedder=None (keyword search only)"
         )
-    return folder
+    return where
 
 
 def ready_within(embedder: Any, timeout: float) -> bool:
@@ -450,13 +495,23 @@ class MiniLM(_BackgroundModel):
             if not isinstance(name, str) or not name:
                 raise InvalidInputError(f"name must be a non-empty string, not {name!r}")
             self.name = name
-        self.path = find_onnx_model(path)
+        self._where = _check_onnx_folder(path)
+        self._path: Path | None = None
         self._threads = threads
         self._verify = verify
         self._session: Any = None
         self._pool: Any = None
         self.runtime = ""
         self._start(query_cache)
+
+    @property
+    def path(self) -> Path:  # type: ignore[override]
+        """The model's folder (made on first use: pathlib is not imported by ``open()``)."""
+        if self._path is None:
+            from pathlib import Path
+
+            self._path = _onnx_model_dir() if self._where == _PACKAGED_MODEL else Path(self._where)
+        return self._path
 
     @property
     def threads(self) -> int:
@@ -578,7 +633,7 @@ class MiniLM(_BackgroundModel):
 
     def describe(self) -> dict[str, Any]:
         """What ``fastmem doctor`` prints: identity, runtime, weights and where they came from."""
-        packaged = self.path.resolve() == ONNX_MODEL_DIR
+        packaged = self.path.resolve() == _onnx_model_dir()
         return {
             "name": self.name,
             "dim": self.dim,

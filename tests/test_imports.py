@@ -120,3 +120,26 @@ def test_a_first_search_and_context_import_no_numpy_ma(tmp_path):
             f"    assert store.search([1.0, 3.0, 0.0, 1.0], k=5)\n"
             f"    assert 'garden' in store.context('the garden?', budget=200).text\n")  # fmt: skip
     assert loaded(modules_after(code)["modules"], "numpy.ma") == []
+
+
+def test_an_installed_package_opens_a_store_without_pathlib(tmp_path):
+    """pathlib (with the urllib.parse it imports) is loaded neither by the import nor by
+    open() with the default embedder. The child runs as an installed package does, without
+    site's path hooks (here an editable install's finder imports pathlib itself)."""
+    import site
+
+    path = str(tmp_path / "store")
+    with fastmem.open(path, embedder=None) as store:
+        store.add("We planned a trip to Lisbon in May.")
+    paths = [SOURCE, *site.getsitepackages()]
+    code = (f"import sys\nsys.path[:0] = {paths!r}\nimport fastmem\n"
+            f"before = 'pathlib' in sys.modules\n"
+            f"store = fastmem.open({path!r}, readonly=True)\n"
+            f"print(before, 'pathlib' in sys.modules, fastmem.__file__)\n"
+            f"store.close()\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k not in ("FASTMEM_BACKEND", "FASTMEM_EMBEDDER")}
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                         env=env, cwd=os.path.dirname(SOURCE), timeout=120, check=True)  # fmt: skip
+    before, after, file = out.stdout.split()
+    assert file.startswith(SOURCE + os.sep)
+    assert (before, after) == ("False", "False")
