@@ -261,6 +261,23 @@ def test_a_missing_extra_is_named(monkeypatch):
     require(REQUIRES)
 
 
+def test_fastmem_ui_without_the_extra_exits_6_naming_it(path):
+    """As on a machine without Starlette: the command says what to install."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('starlette', 'uvicorn', 'jinja2'):\n"
+        "            raise ImportError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from fastmem.cli import main\n"
+        "sys.exit(main(['ui', sys.argv[1], '--no-browser']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True)
+    assert done.returncode == 6, done.stderr
+    assert "pip install 'fastmem[ui]'" in done.stderr and "starlette" in done.stderr
+
+
 def test_import_fastmem_does_not_load_the_inspector():
     code = (
         "import sys, fastmem, fastmem.cli; print(sorted(m for m in sys.modules if "
