@@ -24,7 +24,10 @@ and scans the index for a session, SQLite has an index on (session_id, id).
 
 The overhead rows time the same work through the store alone (``add_many`` of the
 records the session builds, ``recent(session=...)`` of the memories it reads) and report
-the adapter's share: JSON encoding and decoding, the readable line, the thread hop.
+the adapter's share: JSON encoding and decoding, the readable line, the thread hop. The
+``adk overhead`` rows do the same for ``FastmemMemoryService`` (``--adk`` events, the same
+conversation's lines as text): ``add_events_to_memory`` against ``add_many`` of its records,
+``search_memory`` against ``MemoryStore.context`` (20 queries, the same budget).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from typing import Any
 from agents.memory import SQLiteSession
 
 import fastmem
-from fastmem.integrations.openai_agents import FastmemSession
+from fastmem.integrations.openai_agents import FastmemSession, render
 
 
 def make_items(n: int) -> list[dict[str, Any]]:
@@ -134,6 +137,53 @@ async def one_round(items: list[dict[str, Any]], reads: int, embedder: str) -> d
     return out
 
 
+async def adk_overhead(n: int, queries: int) -> dict[str, float]:
+    """``FastmemMemoryService`` over the store calls it wraps, for one user with ``n``
+    events: ``add_events_to_memory`` (one call) against ``add_many`` of the same records
+    (the session's dedup read included: it is part of the adapter's work), and
+    ``search_memory`` against ``MemoryStore.context`` with the same query and budget."""
+    from google.adk.events import Event
+    from google.genai import types
+
+    from fastmem.integrations import adk
+
+    items = make_items(n)
+    events = [Event(id=f"e{i}", author="user" if i % 2 == 0 else "assistant", timestamp=1.7e9 + i,
+                    invocation_id="inv", content=types.Content(role="user", parts=[
+                        types.Part(text=render(item)[0])]))
+              for i, item in enumerate(items)]  # fmt: skip
+    words = ["umbrella Lisbon", "rain in Kyoto", "weather day 17", "wind Lima", "Zürich sunny"]
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as d:
+        service = adk.FastmemMemoryService(os.path.join(d, "svc"), embedder=None)
+        # Warm-up, not timed: the store's creation and the token encoder's first load.
+        await service.add_events_to_memory(app_name="app", user_id="u", events=events[:1],
+                                           session_id="warm-up")  # fmt: skip
+        t0 = time.perf_counter()
+        await service.add_events_to_memory(app_name="app", user_id="u", events=events,
+                                           session_id="s")  # fmt: skip
+        out["adapter add_events"] = time.perf_counter() - t0
+        records = [adk._event_record(e, "s") for e in events]
+        with fastmem.open(os.path.join(d, "alone"), embedder=None) as store:
+            store.add_many([adk._event_record(events[0], "warm-up")])
+            t0 = time.perf_counter()
+            store.add_many(records)
+            out["core add_many"] = time.perf_counter() - t0
+            for q in words:  # warm both
+                store.context(q, service.budget)
+                await service.search_memory(app_name="app", user_id="u", query=q)
+            t0 = time.perf_counter()
+            for i in range(queries):
+                store.context(words[i % len(words)], service.budget)
+            out["core context"] = (time.perf_counter() - t0) / queries
+            t0 = time.perf_counter()
+            for i in range(queries):
+                await service.search_memory(app_name="app", user_id="u", query=words[i % len(words)])
+            out["adapter search_memory"] = (time.perf_counter() - t0) / queries
+        await service.close()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=10_000)
@@ -141,6 +191,8 @@ def main() -> None:
     parser.add_argument("--reads", type=int, default=5)
     parser.add_argument("--embedder", choices=("none", "default"), default="none",
                         help="fastmem's embedder: none (keyword index only) or the default model")  # fmt: skip
+    parser.add_argument("--adk", type=int, default=2000, metavar="N",
+                        help="events for the ADK service's overhead rows (0: none)")
     args = parser.parse_args()
     items = make_items(args.items)
     rounds = [asyncio.run(one_round(items, args.reads, args.embedder)) for _ in range(args.rounds)]
@@ -158,6 +210,16 @@ def main() -> None:
         c, a = best[f"{core}|fastmem"], best[f"{adapter}|fastmem"]
         print(f"overhead {row:<16} store {c * 1e3:.2f} ms, session {a * 1e3:.2f} ms: "
               f"+{(a - c) / c * 100:.0f}%")
+
+
+    if args.adk:
+        runs = [asyncio.run(adk_overhead(args.adk, 20)) for _ in range(args.rounds)]
+        adk_best = {key: min(r[key] for r in runs) for key in runs[0]}
+        for row, core, adapter in (("add_events_to_memory", "core add_many", "adapter add_events"),
+                                   ("search_memory", "core context", "adapter search_memory")):
+            c, a = adk_best[core], adk_best[adapter]
+            print(f"adk overhead {row:<21} store {c * 1e3:.2f} ms, service {a * 1e3:.2f} ms: "
+                  f"+{(a - c) / c * 100:.0f}%")
 
 
 if __name__ == "__main__":

@@ -68,10 +68,10 @@ HEADER = "What you remember (fastmem), most relevant first:"
 # store takes 64 KiB of metadata); a longer one is cut into chunks of this size, each in a
 # memory of its own, written in the same commit (all or none of them).
 CHUNK_BYTES = 60_000
-# An item whose JSON is at most this long is kept as itself: its msgpack form is at most
-# 2.25 times longer (a float: "0.0," in JSON, 9 bytes in msgpack), within 64 KiB.
-_NATIVE_BYTES = 25_000
-_NATIVE_DEPTH = 48  # the store takes 64 levels of nesting in a record
+# An item is kept as itself when a bound of its msgpack size is within this (the store
+# takes 64 KiB of metadata) and it is nested at most _NATIVE_DEPTH deep (the store takes 64).
+_NATIVE_BYTES = 60_000
+_NATIVE_DEPTH = 48
 # A memory's text is at most 1 MiB of UTF-8: a longer item's readable line is cut there (its
 # JSON is kept whole all the same).
 _MAX_TEXT_BYTES = (1 << 20) - 16
@@ -248,15 +248,16 @@ class FastmemSession(SessionABC):
         for i, item in enumerate(items):
             if not isinstance(item, Mapping):
                 raise InvalidTypeError(f"items[{i}] must be a dict, not {type(item).__name__}")
+            text, kind = render(item)
+            first = {"text": text, "type": kind, "session": self._name}
+            size = _native_size(item, 1)
+            if size is not None and size <= _NATIVE_BYTES:  # JSON can encode it: no need to try
+                records.append({**first, "metadata": {METADATA_KEY: item}})
+                continue
             try:  # ASCII, as SQLiteSession writes it: a lone surrogate survives too
                 encoded = json.dumps(item).encode("ascii")
             except (TypeError, ValueError) as exc:
                 raise InvalidTypeError(f"items[{i}] cannot be encoded as JSON: {exc}") from None
-            text, kind = render(item)
-            first = {"text": text, "type": kind, "session": self._name}
-            if len(encoded) <= _NATIVE_BYTES and _json_native(item, 1):
-                records.append({**first, "metadata": {METADATA_KEY: item}})
-                continue
             if len(encoded) <= CHUNK_BYTES:
                 records.append({**first, "metadata": {METADATA_KEY: encoded.decode()}})
                 continue
@@ -399,23 +400,41 @@ def _whole(meta: tuple[str, Any]) -> dict[str, Any] | None:
     return meta[1] if meta[0] == "item" else _decode(meta[1])
 
 
-def _json_native(value: Any, depth: int) -> bool:
-    """Whether msgpack keeps ``value`` as a JSON round trip would give it back: only dicts
-    with str keys, lists, str, int within 64 bits, float, bool and None, not too deep (a
-    tuple would come back as a list from both, but the check is kept exact and simple)."""
+def _native_size(value: Any, depth: int) -> int | None:
+    """A bound of the msgpack size of ``value`` when msgpack gives it back as a JSON round
+    trip would: only dicts with str keys, lists, str, int within 64 bits, float, bool and
+    None, nested less than ``_NATIVE_DEPTH`` deep; ``None`` otherwise (a tuple, which both
+    give back as a list, goes the JSON way too: the check stays exact and simple)."""
     kind = type(value)
     if kind is str:
-        return value.isascii() or _utf8(value)
+        if value.isascii():
+            return len(value) + 5
+        return 4 * len(value) + 5 if _utf8(value) else None
     if kind is dict:
-        return depth < _NATIVE_DEPTH and all(
-            type(k) is str and (k.isascii() or _utf8(k)) and _json_native(v, depth + 1)
-            for k, v in value.items()
-        )  # fmt: skip
+        if depth >= _NATIVE_DEPTH:
+            return None
+        total = 5
+        for k, v in value.items():
+            if type(k) is not str or not (k.isascii() or _utf8(k)):
+                return None
+            size = _native_size(v, depth + 1)
+            if size is None:
+                return None
+            total += 4 * len(k) + 5 + size
+        return total
     if kind is list:
-        return depth < _NATIVE_DEPTH and all(_json_native(v, depth + 1) for v in value)
+        if depth >= _NATIVE_DEPTH:
+            return None
+        total = 5
+        for v in value:
+            size = _native_size(v, depth + 1)
+            if size is None:
+                return None
+            total += size
+        return total
     if kind is int:
-        return -(1 << 63) <= value < (1 << 64)
-    return kind is float or kind is bool or value is None
+        return 9 if -(1 << 63) <= value < (1 << 64) else None
+    return 9 if kind is float or kind is bool or value is None else None
 
 
 def _utf8(text: str) -> bool:
