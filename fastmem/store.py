@@ -799,8 +799,9 @@ def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> 
 
 def _newest_first(engine: Engine, before: str | None) -> Iterator[int]:
     """Live rows newest first, as ``index.by_time`` gives them; after the row of memory
-    ``before`` (an id, live or forgotten) when given: a timeline's next page found in
-    O(log n), not by walking the rows before it.
+    ``before`` (an id, live or forgotten) when given: a timeline's next page found by
+    binary search in the time order (then among the rows of the same timestamp), not by
+    walking the rows before it.
 
     Raises:
         UnknownMemoryError: ``before`` is no memory's id (never added, or compacted away).
@@ -814,7 +815,10 @@ def _newest_first(engine: Engine, before: str | None) -> Iterator[int]:
     nb, base_order, tail_order = index.n_base, index.base_order, index._tail_sorted()
     base_ts, tail_ts = index.base_rows["timestamp"], index.tail.rows["timestamp"]
     if g < nb:  # a base row: then the tail's strictly older rows (a tie goes to the tail first)
-        bi = int(np.flatnonzero(base_order == g)[0]) - 1
+        at = base_ts[g]
+        lo = bisect.bisect_left(range(nb), at, key=lambda i: base_ts[base_order[i]])
+        hi = bisect.bisect_right(range(nb), at, lo=lo, key=lambda i: base_ts[base_order[i]])
+        bi = lo + int(np.flatnonzero(base_order[lo:hi] == g)[0]) - 1
         ti = bisect.bisect_left(range(len(tail_order)), base_ts[g], key=lambda i: tail_ts[tail_order[i]]) - 1
     else:  # a tail row: then the base's rows as old or older
         ti = int(np.flatnonzero(tail_order == g - nb)[0]) - 1
