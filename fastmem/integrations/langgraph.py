@@ -392,6 +392,8 @@ class FastmemStore(BaseStore):
         self._catalog: dict[tuple[tuple[str, ...], str], _Entry] | None = None
         self._by_ns: dict[tuple[str, ...], dict[str, _Entry]] = {}
         self._ordered: dict[tuple[str, ...], list[_Entry]] = {}  # newest first, made when asked
+        self._namespaces_changed = 0  # counts namespaces made and emptied: for the cache below
+        self._prefix_types: dict[tuple[str, ...], tuple[int, list[str]]] = {}
         self._live: set[str] = set()  # every live memory id known, LangGraph's or not
         self._by_id: dict[str, _Entry] = {}
         self._last: str | None = None  # the newest id read by a catch-up
@@ -668,8 +670,10 @@ class FastmemStore(BaseStore):
         if self._embedder is not None:
             ready_within(self._embedder, EMBED_WAIT)
         want = op.offset + op.limit
-        k = min(MAX_K, max(2 * want, 20))
         omit = bool((self.ttl_config or {}).get("omit_expired"))
+        # The type filter scopes the search exactly (but for long, hashed namespaces): a
+        # filter or expiry may drop hits, so only then is there room to spare at first.
+        k = min(MAX_K, want if not op.filter and not omit else max(2 * want, 20))
         test = compile_filter(op.filter)
         while True:
             hits = self.store.search(op.query, k, types=types)
@@ -700,8 +704,11 @@ class FastmemStore(BaseStore):
         when it is loaded, else from the store's figures (read from the index alone)."""
         text = ".".join(prefix)
         if self._catalog is not None:
-            names = {namespace_type(ns, True) for ns, d in self._by_ns.items() if d and _under(ns, prefix)}
-            return sorted(names)
+            cached = self._prefix_types.get(prefix)
+            if cached is None or cached[0] != self._namespaces_changed:
+                names = {namespace_type(ns, True) for ns, d in self._by_ns.items() if d and _under(ns, prefix)}
+                cached = self._prefix_types[prefix] = (self._namespaces_changed, sorted(names))
+            return cached[1]
         state = self._file_state()
         if self._types is None or self._types[0] != state:
             self._types = (state, [t for t in self.store.stats().types
@@ -816,7 +823,10 @@ class FastmemStore(BaseStore):
             return old
         self._catalog[ident] = entry
         self._by_id[mid] = entry
-        keys = self._by_ns.setdefault(entry.namespace, {})
+        keys = self._by_ns.get(entry.namespace)
+        if keys is None:
+            keys = self._by_ns[entry.namespace] = {}
+            self._namespaces_changed += 1
         keys.pop(entry.key, None)
         keys[entry.key] = entry
         self._ordered.pop(entry.namespace, None)
@@ -847,6 +857,7 @@ class FastmemStore(BaseStore):
                 keys.pop(entry.key, None)
                 if not keys:
                     del self._by_ns[entry.namespace]
+                    self._namespaces_changed += 1
 
     def _reread(self, entry: _Entry) -> _Entry | None:
         """The entry as the store has it now (another process may have refreshed its TTL)."""
