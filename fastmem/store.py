@@ -384,12 +384,11 @@ class MemoryStore:
     def recent(self, n: int = 20, *, before: str | None = None,
                session: str | None = None) -> list[Memory]:
         """The ``n`` newest live memories, newest first; those after memory ``before`` (a page);
-        with ``session``, that session's last ``n`` in the order they were added (see ``_newest``)."""
+        of ``session`` only: the last added first, in any process (a conversation's log)."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
         n, self._last_call = min(n, 1 << 62), time.monotonic()  # n: more than any store holds
-        engine = self._engine
-        with engine.lock:
+        with (engine := self._engine).lock:
             engine.check()
             if before is None and session is None and (hot := engine.hot_recent(n)) is not None:
                 return hot
