@@ -115,6 +115,7 @@ class Inspector:
 
     @property
     def label(self) -> str:
+        """The store as the pages name it: its path, and its namespace if any."""
         return self.path + (f" · namespace {self.namespace}" if self.namespace else "")
 
     def types(self) -> list[str]:
@@ -161,6 +162,7 @@ class Inspector:
             return self._writer
 
     def close(self) -> None:
+        """Close both handles (the server's shutdown does)."""
         with self._lock:
             for store in (self._writer, self.reader):
                 if store is not None:

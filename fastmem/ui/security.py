@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hmac
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
@@ -60,9 +61,11 @@ class Secrets:
         self.csrf = csrf or secrets.token_urlsafe(24)
 
     def is_token(self, value: str | None) -> bool:
+        """Whether ``value`` is the run's token (compared in constant time)."""
         return bool(value) and hmac.compare_digest(str(value).encode(), self.token.encode())
 
     def is_csrf(self, value: str | None) -> bool:
+        """Whether ``value`` is the run's CSRF token (compared in constant time)."""
         return bool(value) and hmac.compare_digest(str(value).encode(), self.csrf.encode())
 
 
@@ -119,9 +122,15 @@ class Guard:
             )
             return
 
+        started = time.perf_counter()
+
         async def secured(message: Any) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
+                # The server's whole time for the request until its response starts
+                # (devtools show it; benchmarks/ui_speed.py reads it).
+                took = f"total;dur={1000 * (time.perf_counter() - started):.3f}".encode()
+                headers = [*message.get("headers", []), *SECURITY_HEADERS, (b"server-timing", took)]
+                message = {**message, "headers": headers}
             await send(message)
 
         await self.app(scope, receive, secured)

@@ -69,6 +69,7 @@ def when(ts: float | None) -> str:
 
 
 def day(ts: float) -> str:
+    """A timestamp's day (UTC) as the timeline's headers show it."""
     return time.strftime("%a %d %b %Y", time.gmtime(ts)) if 0 <= ts < 253402300800 else "(no date)"
 
 
