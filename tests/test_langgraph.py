@@ -587,3 +587,13 @@ def test_omit_expired_leaves_expired_items_out_of_the_context(path):
         assert "hunter2" in store.context(("m",), "what is the wifi password?").text
         time.sleep(0.5)
         assert "hunter2" not in store.context(("m",), "what is the wifi password?").text
+
+
+def test_a_read_only_store_reads_and_refuses_writes(path):
+    with open_store(path, ttl={"default_ttl": 10}) as store:
+        store.put(("r",), "k", {"text": "read me"})
+    with open_store(path, readonly=True) as store:
+        assert store.get(("r",), "k").value == {"text": "read me"}  # no TTL refresh written
+        assert keys(store.search(("r",), query="read")) == ["k"]
+        with pytest.raises(fastmem.ReadOnlyError):
+            store.put(("r",), "k2", {"text": "no"})

@@ -835,6 +835,8 @@ class FastmemStore(BaseStore):
         return entry
 
     def _forget(self, entry: _Entry, drop: bool = True) -> None:
+        if self.store.readonly and not drop:
+            return  # an older copy a writer will forget; a read-only handle only reads
         try:
             self.store.forget(entry.mid)
         except UnknownMemoryError:  # another process forgot it first
@@ -880,7 +882,7 @@ class FastmemStore(BaseStore):
     def _refresh(self, entries: list[_Entry], now: float) -> list[_Entry]:
         """Restart the TTL of the entries that have one (``refresh_on_read``); their new
         expiry is written to their metadata, so every process sees it."""
-        if not (self.ttl_config or {}).get("refresh_on_read", True):
+        if self.store.readonly or not (self.ttl_config or {}).get("refresh_on_read", True):
             return entries
         out = []
         for entry in entries:
