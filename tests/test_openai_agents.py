@@ -386,6 +386,13 @@ def test_memory_instructions_call_the_agents_own_instructions_function(store):
     run(go())
     system = model.inputs[0][0]
     assert "The user's name is Ada." in system and system.endswith("You are helper.")
+    elsewhere = FastmemSession("x", store.path + "-other", embedder=None)  # ids m0... as well
+    run(elsewhere.add_items([{"role": "user", "content": "unrelated"}]))
+    agent = Agent(name="helper", model=model,
+                  instructions=memory_instructions(store, own, session=elsewhere))
+    run(Runner.run(agent, "What is my name?"))
+    assert "The user's name is Ada." in model.inputs[-1][0]  # not left out for the other's m0
+    elsewhere.close()
     with pytest.raises(fastmem.InvalidTypeError):
         memory_instructions("not a store")
 

@@ -592,7 +592,7 @@ def _context_text(
 ) -> str:
     """The context's text, leaving out the memories of the items the model is shown anyway
     (the session's newest ``limit`` items, which the runner puts in its input)."""
-    if session is None:
+    if session is None or session.store is not store:  # another store's ids mean nothing here
         return store.context(query, budget).text
     limit = session.session_settings.limit if session.session_settings else None
     shown = session._items_with_ids(None if limit is None or limit < 0 else limit)
