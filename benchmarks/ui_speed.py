@@ -8,7 +8,8 @@ called in-process through Starlette's TestClient (routing, the guard's checks, t
 calls in the thread pool, Jinja2 rendering; no socket, no uvicorn HTTP parsing, no
 browser), with the default embedder (all-MiniLM-L6-v2 int8) for queries:
 
-* ``overview`` — ``/``: ``stats()`` (the index alone) and the newest memories;
+* ``overview`` — ``/``: the count and the newest memories; ``overview figures`` — the
+  part it loads after it (``/overview/figures``): ``stats()``, which reads the index alone;
 * ``timeline, first page`` — ``/timeline``: 50 memories, newest first;
 * ``timeline, deep page`` — ``/timeline?before=ID`` for a random memory: the page after
   it (a cursor found in O(log n), whatever its depth);
@@ -107,6 +108,7 @@ def measure(path: str, ids: list[str], requests: int) -> dict[str, dict[str, flo
             ]
 
         timed("overview", ["/"] * (requests + WARMUP))
+        timed("overview figures", ["/overview/figures"] * (requests + WARMUP))
         timed("timeline, first page", ["/timeline"] * (requests + WARMUP))
         cursors = [ids[i] for i in rng.integers(0, len(ids), requests + WARMUP)]
         timed("timeline, deep page", [f"/timeline?before={c}" for c in cursors])

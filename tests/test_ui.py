@@ -83,6 +83,7 @@ def _post(client: TestClient, **form: str):
 
 ROUTES = [
     "/",
+    "/overview/figures",
     "/timeline",
     "/memory/m1",
     "/search?q=deploy",
@@ -294,10 +295,13 @@ def test_import_fastmem_does_not_load_the_inspector():
 # --- views -------------------------------------------------------------------------------
 
 
-def test_overview(client):
+def test_overview(client, path):
     r = client.get("/")
-    assert r.status_code == 200
-    assert ">131<" in r.text and "conversation" in r.text
+    assert r.status_code == 200 and 'data-load="/overview/figures"' in r.text
+    assert "131 memories" in r.text
+    figures = client.get("/overview/figures").text
+    assert 'data-testid="memories">131<' in figures and "conversation" in figures
+    assert "<html" not in figures  # a fragment the page loads after it
     assert "intact" in client.get("/verify").text
 
 

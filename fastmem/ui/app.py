@@ -237,8 +237,12 @@ def create_app(
     reader = inspector.reader
 
     async def overview(request: Request) -> Response:
-        data = await call(views.overview, reader, inspector.embedder)
+        data = await call(views.overview, reader)
         return page("overview.html", nav="overview", **data)
+
+    async def figures(request: Request) -> Response:
+        data = await call(views.figures, reader, inspector.embedder)
+        return page("_figures.html", **data)
 
     async def verify(request: Request) -> Response:
         started = time.perf_counter()
@@ -386,6 +390,7 @@ def create_app(
 
     routes = [
         Route("/", overview),
+        Route("/overview/figures", figures),
         Route("/verify", verify),
         Route("/timeline", timeline),
         Route("/memory/{mid}", memory),

@@ -98,6 +98,7 @@
         if (first === null) { first = key; return; }
         if (key === first) { return; }
         first = key;
+        loadParts();
         const rows = document.getElementById("rows");
         if (mode === "refresh" && rows) {
           const known = new Set(Array.from(rows.querySelectorAll(".row[data-id]")).map(function (r) { return r.dataset.id; }));
@@ -116,7 +117,16 @@
     tick();
   }
 
+  // Parts of a page that load after it (the overview's figures: stats() reads the index).
+  function loadParts() {
+    document.querySelectorAll("[data-load]").forEach(function (el) {
+      get(el.dataset.load).then(function (html) { el.innerHTML = html; widths(el); })
+        .catch(function (e) { el.textContent = "Could not load: " + e.message; });
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
+    loadParts();
     widths(document);
     watchMore();
     live();
