@@ -7,7 +7,8 @@ One store of ``--memories`` short facts about made-up people (the default embedd
 all-MiniLM-L6-v2, int8), then, in one process and one event loop:
 
 * **adapter overhead** — each adapter call against the core call it wraps, called directly
-  (synchronously, on the loop's thread): ``FastmemMemory.add`` / ``MemoryStore.add``,
+  (synchronously, on the loop's thread, with the arguments the adapter passes it):
+  ``FastmemMemory.add`` / ``MemoryStore.add``,
   ``FastmemMemory.query`` / ``MemoryStore.search``, ``FastmemMemory.update_context`` /
   ``MemoryStore.context``, ``FastmemMemoryBlock.aget`` / ``MemoryStore.context`` and
   ``FastmemMemoryBlock.aput`` (4 messages) / ``MemoryStore.add_many``. Adapter and core
@@ -165,10 +166,12 @@ async def run(args: argparse.Namespace) -> None:
     texts_ = [next(extra) for _ in range(3 * calls)]
     plain, pairs = iter(texts_[:calls]), iter(zip(texts_[calls::2], texts_[calls + 1::2]))
 
+    TEXT_PLAIN = {"mime_type": "text/plain"}  # noqa: N806 - what FastmemMemory.add stores
     await overhead("a bare thread hop (asyncio.to_thread) / no-op", calls,
                    lambda: asyncio.to_thread(int), int)
     await overhead("autogen add / MemoryStore.add", calls,
-                   lambda: memory.add(next(contents)), lambda: store.add(next(plain), type="fact"))
+                   lambda: memory.add(next(contents)),
+                   lambda: store.add(next(plain), type="fact", metadata=TEXT_PLAIN))
     await overhead("autogen query / MemoryStore.search (k=5)", calls,
                    lambda: memory.query(next(asked)), lambda: store.search(next(asked), 5))
     await overhead("autogen update_context / MemoryStore.context", calls,
@@ -178,7 +181,10 @@ async def run(args: argparse.Namespace) -> None:
                    lambda: block.aget(next(asks)), lambda: store.context(next(asked), 1300))
     await overhead("llamaindex aput (2 messages) / add_many", calls,
                    lambda: block.aput(next(turns)),
-                   lambda: store.add_many([{"text": t} for t in next(pairs)]))
+                   lambda: store.add_many([
+                       {"text": f"{role}: {t}", "metadata": {"role": role}, "session": None,
+                        "type": "conversation"}
+                       for role, t in zip(("user", "assistant"), next(pairs))]))
     # The peers' rows below hold exactly the original facts: forget what the rows above added.
     originals = set(ids)
     for memory_id in [m.id for m in store if m.id not in originals]:
