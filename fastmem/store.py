@@ -419,6 +419,12 @@ class MemoryStore:
             self._engine.check()
             return self._engine.index.live
 
+    def types(self) -> dict[str, int]:
+        """Live memories by type name, from the index's type column alone (``stats`` for more)."""
+        with self._engine.lock:
+            self._engine.check()
+            return _live_types(self._engine.index)
+
     def ids(self, after: str | None = None) -> list[str]:
         """Live memories' ids, oldest first; with ``after``, those added after it (ids grow
         with every add, in any process). Raises ``UnknownMemoryError`` for a bad ``after``."""
@@ -757,6 +763,14 @@ class MemoryStore:
         state = "closed" if self._engine.closed else f"{self._engine.index.live} memories"
         mode = "readonly" if self.readonly else self.durability
         return f"<fastmem.MemoryStore {self.path!r} {state}, {mode}>"
+
+
+def _live_types(index: Any) -> dict[str, int]:
+    """``MemoryStore.types``: a count per type code by ``np.bincount`` (no sort, and not
+    ``np.unique``, whose first call imports ``numpy.ma``: ms of a fresh process's restart)."""
+    codes, flags = index.column("type"), index.column("flags")
+    counts = np.bincount(codes[flags & fmt.FLAG_FORGOTTEN == 0], minlength=1)
+    return {index.type_name(int(c)): int(counts[c]) for c in np.flatnonzero(counts).tolist()}
 
 
 def _live_ids(index: Any, after: int) -> list[str]:
