@@ -70,3 +70,12 @@ def test_a_search_refuses_types_given_as_one_string(store):
     with pytest.raises(fastmem.InvalidTypeError):
         store.search("fact", types="fact", mode="keyword")  # read as "f", "a", "c", "t" before
     assert [h.memory.type for h in store.search("fact", types=["fact"], mode="keyword")] == ["fact"]
+
+
+def test_types_counts_live_memories_by_type_as_stats_does(store):
+    ids = store.add_many([{"text": "a", "type": "fact"}, {"text": "b", "type": "lg:x"},
+                          {"text": "c", "type": "lg:x"}, {"text": "d"}])  # fmt: skip
+    assert store.types() == {"fact": 1, "lg:x": 2, "conversation": 1} == store.stats().types
+    store.forget(ids[1])
+    store.forget(ids[0])
+    assert store.types() == {"lg:x": 1, "conversation": 1} == store.stats().types

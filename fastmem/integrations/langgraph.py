@@ -701,7 +701,7 @@ class FastmemStore(BaseStore):
 
     def _search_types(self, prefix: tuple[str, ...]) -> list[str]:
         """The indexed types whose namespaces may lie under ``prefix``: from the catalog
-        when it is loaded, else from the store's figures (read from the index alone)."""
+        when it is loaded, else from the store's types (read from the index alone)."""
         text = ".".join(prefix)
         if self._catalog is not None:
             cached = self._prefix_types.get(prefix)
@@ -711,8 +711,7 @@ class FastmemStore(BaseStore):
             return cached[1]
         state = self._file_state()
         if self._types is None or self._types[0] != state:
-            self._types = (state, [t for t in self.store.stats().types
-                                   if t.startswith((INDEXED, HASHED_INDEXED))])  # fmt: skip
+            self._types = (state, [t for t in self.store.types() if t.startswith((INDEXED, HASHED_INDEXED))])
         return [t for t in self._types[1] if _type_may_match(t, text)]
 
     def _list_namespaces(self, op: ListNamespacesOp, now: float) -> list[tuple[str, ...]]:
