@@ -97,8 +97,9 @@ MAX_K = 10_000  # fastmem's largest search
 META = "langgraph"  # the metadata key that holds the item
 # Ranking for items rather than conversation turns: an item's neighbours in the file are
 # unrelated items, so no smoothing or lifting by them; no level 1 (newest memories) in
-# contexts: a context here answers from the items of a namespace prefix.
-POLICY = fastmem.ContextPolicy(recent=0, neighbour_weight=0.0, neighbour_gap=1000.0)
+# contexts: a context here answers from the items of a namespace prefix; no level-2 preload
+# thread: a search reads its own hits, and an idle graph should not spend CPU.
+POLICY = fastmem.ContextPolicy(recent=0, preload=0, neighbour_weight=0.0, neighbour_gap=1000.0)
 CONTEXT_BUDGET = 1300
 # Seconds a query search waits for the embedding model still loading (it is ready ~0.1 s
 # after the open): a LangGraph query is a semantic search, never a keyword-only one.
