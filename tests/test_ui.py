@@ -380,6 +380,18 @@ def test_context_page_is_the_stores_context(client, path):
     assert client.get("/context", params={"q": "x", "budget": "0"}).status_code == 400
 
 
+def test_context_page_without_a_question_is_the_hot_restore(client, path):
+    r = client.get("/context", params={"q": "", "budget": "300"})
+    levels = re.findall(r'data-testid="context-line" data-id="m\d+" data-level="([^"]+)"', r.text)
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        ctx = store.context("", 300)
+    assert sorted(levels) == sorted(
+        {fastmem.Level.PINNED: "pinned", fastmem.Level.RECENT: "level 1"}[i.level]
+        for i in ctx.items
+    )
+    assert "level 1" in levels and "pinned" in levels
+
+
 def test_the_context_view_counts_no_access(client, path):
     with fastmem.open(path, readonly=True, embedder=None) as store:
         before = store.info("m5").access_count
