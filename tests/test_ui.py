@@ -380,6 +380,27 @@ def test_context_page_is_the_stores_context(client, path):
     assert client.get("/context", params={"q": "x", "budget": "0"}).status_code == 400
 
 
+def test_context_lines_of_memories_holding_line_breaks(tmp_path):
+    """A memory of several lines, and one whose text is one of those lines: each line of
+    the page is its own memory's, and the lines put together are the context's text."""
+    p = str(tmp_path / "s")
+    with fastmem.open(p, embedder=None) as store:
+        store.add("deploy log\nok\n## not a header", type="tool_result", timestamp=1e9 + 1)
+        store.add("ok", timestamp=1e9 + 3)  # after it: its text stands inside the other's first
+        store.add("deploy finished: ok", timestamp=1e9 + 2)
+        ctx = store.context("deploy ok", 500)
+    assert len(ctx.items) == 3
+    with _client(p) as c:
+        data = c.get(
+            "/context", params={"q": "deploy ok", "budget": "500", "format": "json"}
+        ).json()
+    assert "\n".join(line["text"] for line in data["lines"]) == ctx.text
+    shown = [line["item"]["id"] for line in data["lines"] if not line["header"]]
+    assert sorted(shown) == sorted(i.id for i in ctx.items)
+    headers = [line["text"] for line in data["lines"] if line["header"]]
+    assert "## not a header" not in headers and all(h.startswith("## ") for h in headers)
+
+
 def test_context_page_without_a_question_is_the_hot_restore(client, path):
     r = client.get("/context", params={"q": "", "budget": "300"})
     levels = re.findall(r'data-testid="context-line" data-id="m\d+" data-level="([^"]+)"', r.text)

@@ -218,28 +218,9 @@ def context_view(store: MemoryStore, q: str, budget: int, session: str | None) -
     count = (
         store.tokens.count if ctx.encoding == store.tokens.name else counter_for(ctx.encoding).count
     )
-    text = ctx.text
-    placed: list[tuple[int, ContextItem]] = []
-    unplaced = []
-    padded = "\n" + text + "\n"
-    for item in ctx.items:  # each line is whole between line breaks (texts are de-duplicated)
-        at = padded.find("\n" + item.line + "\n")
-        if at < 0:
-            unplaced.append(item)
-        else:
-            placed.append((at, item))
-    placed.sort(key=lambda p: p[0])
-    segments: list[Segment] = []
-    pos = 0
-    for at, item in placed:
-        for header in text[pos:at].split("\n"):
-            if header:
-                segments.append(Segment(header, count(header)))
-        segments.append(Segment(item.line, item.tokens, item))
-        pos = at + len(item.line) + 1
-    for header in text[pos:].split("\n"):
-        if header:
-            segments.append(Segment(header, count(header)))
+    segments = _segments(ctx.text, ctx.items, count)
+    placed = {id(s.item) for s in segments if s.item is not None}
+    unplaced = [item for item in ctx.items if id(item) not in placed]
     by_level = {"pinned": 0, "level 1": 0, "level 3": 0}
     counts = dict.fromkeys(by_level, 0)
     for item in ctx.items:
@@ -257,6 +238,39 @@ def context_view(store: MemoryStore, q: str, budget: int, session: str | None) -
         )
     ]
     return ContextView(ctx, segments, by_level, counts, bar, unplaced, ms)
+
+
+def _segments(text: str, items: list[ContextItem], count: Any) -> list[Segment]:
+    """``text`` cut into its lines in order: at each place, the longest item line that
+    stands there whole (a memory may hold line breaks, or the text of a shorter memory),
+    else one header line."""
+    by_first: dict[str, list[ContextItem]] = {}
+    for item in items:
+        by_first.setdefault(item.line.split("\n", 1)[0], []).append(item)
+    out: list[Segment] = []
+    pos = 0
+    while pos < len(text):
+        end = text.find("\n", pos)
+        end = len(text) if end < 0 else end
+        best = None
+        for item in by_first.get(text[pos:end], ()):
+            stop = pos + len(item.line)
+            whole = stop == len(text) or text[stop] == "\n"
+            if (
+                whole
+                and text.startswith(item.line, pos)
+                and (best is None or len(item.line) > len(best.line))
+            ):
+                best = item
+        if best is not None:
+            by_first[text[pos:end]].remove(best)
+            out.append(Segment(best.line, best.tokens, best))
+            pos += len(best.line) + 1
+            continue
+        if end > pos:
+            out.append(Segment(text[pos:end], count(text[pos:end])))
+        pos = end + 1
+    return out
 
 
 def context_json(view: ContextView) -> dict[str, Any]:
