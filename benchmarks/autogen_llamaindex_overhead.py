@@ -66,7 +66,7 @@ def facts(count: int, seed: int = 7) -> list[str]:
         rng.choice(TEMPLATES).format(
             name=rng.choice(NAMES), thing=rng.choice(THINGS), place=rng.choice(PLACES),
             year=rng.randint(1990, 2025), n=rng.randint(20, 3000),
-        )  # fmt: skip
+        )
         for _ in range(count)
     ]
 
@@ -166,7 +166,7 @@ async def run(args: argparse.Namespace) -> None:
     texts_ = [next(extra) for _ in range(3 * calls)]
     plain, pairs = iter(texts_[:calls]), iter(zip(texts_[calls::2], texts_[calls + 1::2]))
 
-    TEXT_PLAIN = {"mime_type": "text/plain"}  # noqa: N806 - what FastmemMemory.add stores
+    TEXT_PLAIN = {"mime_type": "text/plain"}
     await overhead("a bare thread hop (asyncio.to_thread) / no-op", calls,
                    lambda: asyncio.to_thread(int), int)
     await overhead("autogen add / MemoryStore.add", calls,
@@ -215,11 +215,11 @@ async def run(args: argparse.Namespace) -> None:
           f"{'cpu':>6} {'tokens':>7}")  # fmt: skip
     rows = {}
     for name, peer in peers.items():
-        query = [await timed_async(lambda: peer.query(next(asked))) for _ in range(calls)]
+        query = [await timed_async(lambda p=peer: p.query(next(asked))) for _ in range(calls)]
         update, tokens = [], []
         for _ in range(calls):
             context = new_context()
-            update.append(await timed_async(lambda: peer.update_context(context)))
+            update.append(await timed_async(lambda p=peer, c=context: p.update_context(c)))
             added = (await context.get_messages())[1:]
             tokens.append(sum(counter.count(str(m.content)) for m in added))
         (q50, q90), (u50, u90) = percentiles([q[0] for q in query]), percentiles(
@@ -282,7 +282,7 @@ def fastmem_embedding() -> Any:
         def __init__(self) -> None:
             self.model = fastmem.embed.default_embedder()
 
-        def __call__(self, input: Documents) -> Embeddings:  # noqa: A002 - Chroma's name
+        def __call__(self, input: Documents) -> Embeddings:
             return list(self.model.encode(list(input)))
 
         @staticmethod

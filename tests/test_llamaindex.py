@@ -16,14 +16,14 @@ import pytest
 
 pytest.importorskip("llama_index.core")
 
-from llama_index.core.base.llms.types import ImageBlock, TextBlock  # noqa: E402
-from llama_index.core.bridge.pydantic import ValidationError  # noqa: E402
-from llama_index.core.llms import ChatMessage, MessageRole  # noqa: E402
-from llama_index.core.memory import BaseMemoryBlock, Memory  # noqa: E402
-from llama_index.core.storage.chat_store.sql import MessageStatus  # noqa: E402
+from llama_index.core.base.llms.types import ImageBlock, TextBlock
+from llama_index.core.bridge.pydantic import ValidationError
+from llama_index.core.llms import ChatMessage, MessageRole
+from llama_index.core.memory import BaseMemoryBlock, Memory
+from llama_index.core.storage.chat_store.sql import MessageStatus
 
-import fastmem  # noqa: E402
-from fastmem.integrations.llamaindex import MAX_MESSAGE_BYTES, FastmemMemoryBlock  # noqa: E402
+import fastmem
+from fastmem.integrations.llamaindex import MAX_MESSAGE_BYTES, FastmemMemoryBlock
 
 SOURCE = os.path.dirname(os.path.dirname(fastmem.__file__))
 ENV = {**os.environ, "PYTHONPATH": SOURCE}
@@ -370,7 +370,7 @@ def chat_process(tmp_path, *args: str) -> list[list[str]]:
     script.write_text(CHAT_SCRIPT)
     done = subprocess.run(
         [sys.executable, str(script), *args], capture_output=True, text=True, timeout=120,
-        env=ENV,
+        check=False, env=ENV,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout) if done.stdout.strip() else []

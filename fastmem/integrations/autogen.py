@@ -45,13 +45,13 @@ try:
     )
     from autogen_core.model_context import ChatCompletionContext
     from autogen_core.models import SystemMessage, UserMessage
-    from pydantic import BaseModel, Field
+    from pydantic import BaseModel
 except ImportError as exc:  # pragma: no cover - the tests run with AutoGen installed
     raise DependencyUnavailableError(
         "fastmem.integrations.autogen needs AutoGen: pip install 'fastmem[autogen]'"
     ) from exc
 
-__all__ = ["FastmemMemory", "FastmemMemoryConfig", "HEADER"]
+__all__ = ["HEADER", "FastmemMemory", "FastmemMemoryConfig"]
 
 # The SystemMessage's first line, as ListMemory's "Relevant memory content ..." line: the
 # context's own headers (session and day) follow it.
@@ -125,7 +125,7 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
         session: str | None = None,
         budget: int = 1300,
         k: int = 5,
-        type: str = "fact",  # noqa: A002 - fastmem's keyword
+        type: str = "fact",
         remember_user_messages: bool = False,
     ) -> None:
         self._given: fastmem.MemoryStore | None = None
@@ -254,17 +254,7 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
         if not context.text:
             return UpdateContextResult(memories=MemoryQueryResult(results=[]))
         await model_context.add_message(SystemMessage(content=f"{HEADER}\n{context.text}"))
-        results = [
-            MemoryContent(
-                content=item.text, mime_type=MemoryMimeType.TEXT,
-                metadata={"id": item.id, "level": item.level.name.lower(), "score": item.score,
-                          "type": item.type, "session": item.session,
-                          "timestamp": item.timestamp, "summary": item.summary,
-                          "excerpt": item.excerpt},
-            )  # fmt: skip
-            for item in context.items
-            if item.id != added
-        ]
+        results = [_shown(item) for item in context.items if item.id != added]
         return UpdateContextResult(memories=MemoryQueryResult(results=results))
 
     async def clear(self) -> None:
@@ -371,7 +361,7 @@ def _query_text(query: object) -> str:
     if isinstance(query, str):
         return query
     if isinstance(query, MemoryContent):
-        if isinstance(query.content, Image) or isinstance(query.content, bytes):
+        if isinstance(query.content, (Image, bytes)):
             raise InvalidInputError("fastmem searches text: an image or bytes cannot be a query")
         text, _ = _to_record(query)
         return text
@@ -409,6 +399,16 @@ def _to_content(memory: fastmem.Memory, score: float | None) -> MemoryContent:
     except ValueError:
         mime_type = str(mime)
     return MemoryContent(content=content, mime_type=mime_type, metadata=metadata)
+
+
+def _shown(item: fastmem.ContextItem) -> MemoryContent:
+    """One line of a context as a MemoryContent: what the model was shown, and why."""
+    metadata = {
+        "id": item.id, "level": item.level.name.lower(), "score": item.score, "type": item.type,
+        "session": item.session, "timestamp": item.timestamp, "summary": item.summary,
+        "excerpt": item.excerpt,
+    }  # fmt: skip
+    return MemoryContent(content=item.text, mime_type=MemoryMimeType.TEXT, metadata=metadata)
 
 
 def _context(

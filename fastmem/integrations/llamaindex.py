@@ -48,7 +48,7 @@ except ImportError as exc:  # pragma: no cover - the tests run with LlamaIndex i
         "fastmem.integrations.llamaindex needs LlamaIndex: pip install 'fastmem[llamaindex]'"
     ) from exc
 
-__all__ = ["FastmemMemoryBlock", "MAX_MESSAGE_BYTES"]
+__all__ = ["MAX_MESSAGE_BYTES", "FastmemMemoryBlock"]
 
 # fastmem's largest memory (1 MiB of UTF-8): a longer message is cut to it, not refused,
 # because Memory has already archived it when it reaches the block.
