@@ -428,3 +428,28 @@ def test_two_processes_writing_one_store_at_once_lose_nothing(tmp_path, root):
     texts = [m.text for m in memories_in(root, "shared")]
     assert len(texts) == 2 * per_process
     assert all(texts.count(f"user: shared note {i}") == 2 for i in range(per_process))
+
+
+def test_one_store_serves_both_frameworks(root):
+    """What an AutoGen agent's memory added, a LlamaIndex chat of the same user recalls
+    (the same namespace is the same store), and the other way round."""
+    pytest.importorskip("autogen_core")
+    from autogen_core.memory import MemoryContent
+
+    from fastmem.integrations.autogen import FastmemMemory
+
+    async def main():
+        autogen = FastmemMemory(root, namespace="alice")
+        fact = MemoryContent(content="Alice's cat is called Tom.", mime_type="text/plain")
+        await autogen.add(fact)
+        block = FastmemMemoryBlock(path=root, namespace="alice")
+        await block.aput([msg("user", "My flight is KL1234 today.")])
+        recalled = await block.aget([msg("user", "What is my cat called?")])
+        found = await autogen.query("flight KL1234")
+        await autogen.close()
+        block.close()
+        return recalled, [r.content for r in found.results]
+
+    recalled, found = run(main())
+    assert "Alice's cat is called Tom." in recalled
+    assert found[0] == "user: My flight is KL1234 today."
