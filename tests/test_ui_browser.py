@@ -2,8 +2,9 @@
 
 Open a store, search, open a memory, build a context and check that the levels and token
 counts the page shows are ``store.context()``'s, pin, forget, and see a memory another
-process writes appear. Screenshots of each view go to docs/img/ui-*.png (the docs show
-them). Skipped when Chromium, Playwright or the ``ui`` extra is missing.
+process writes appear. Screenshots of each view are taken; with FASTMEM_UI_SCREENSHOTS=1
+they go to docs/img/ui-*.png (the docs show them). Skipped when Chromium, Playwright or
+the ``ui`` extra is missing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,7 +37,15 @@ from fastmem.embed import default_embedder  # noqa: E402
 # comparisons show hybrid search and contexts as users get them (the suite's default is none).
 ENV = {**os.environ, "FASTMEM_EMBEDDER": "default"}
 
-IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+DOCS_IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+# The screenshots go to the docs (docs/img/ui-*.png, committed) with FASTMEM_UI_SCREENSHOTS=1,
+# else to a temporary folder: a test run leaves the working tree as it was (each run's
+# screenshots differ a little: times, paths).
+IMG = (
+    DOCS_IMG
+    if os.environ.get("FASTMEM_UI_SCREENSHOTS") == "1"
+    else Path(tempfile.mkdtemp(prefix="fastmem-ui-shots-"))
+)
 DAY = 86400.0
 START = 1_764_547_200.0  # 1 Dec 2025, 00:00 UTC: the screenshots show the same dates every run
 QUESTION = "What did we decide about the Lisbon trip budget?"
