@@ -229,6 +229,8 @@ def test_bad_puts_are_refused_and_write_nothing(root, bad):
     block = FastmemMemoryBlock(path=root, namespace="alice")
     run(block.aput([msg("user", "before")]))
     with pytest.raises(TypeError) as raised:
+        run(block.aput(bad, from_short_term_memory=True, session_id="chat-1"))  # as Memory does
+    with pytest.raises(TypeError):
         run(block._aput(bad))
     block.close()
     assert isinstance(raised.value, fastmem.FastmemError)

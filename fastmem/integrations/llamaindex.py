@@ -134,6 +134,22 @@ class FastmemMemoryBlock(BaseMemoryBlock[str]):
         self._last = (context.text, query, session_id, context.tokens)
         return context.text
 
+    async def aput(
+        self,
+        messages: list[ChatMessage],
+        from_short_term_memory: bool = False,
+        session_id: str | None = None,
+    ) -> None:
+        """``BaseMemoryBlock.aput`` (which writes ``session_id`` into each message before
+        ``_aput``), after checking that ``messages`` is a list of ``ChatMessage``: a bad
+        item raises fastmem's ``InvalidTypeError`` rather than an ``AttributeError``.
+
+        Raises:
+            InvalidTypeError: ``messages`` is not a list of ``ChatMessage`` (nothing written).
+        """
+        _check_messages(messages)
+        await super().aput(messages, from_short_term_memory, session_id)
+
     async def _aput(self, messages: list[ChatMessage]) -> None:
         """Store the messages ``Memory`` flushed, one memory per message (``role: text``),
         in order, in one write. Only text is kept (images, audio and tool-call parts have
@@ -186,13 +202,11 @@ class FastmemMemoryBlock(BaseMemoryBlock[str]):
             return self._opened
 
 
-def _to_items(messages: Any, type_: str) -> list[dict[str, Any]]:
-    """The ``add_many`` items of flushed messages; checks them all before any write."""
+def _check_messages(messages: Any) -> None:
     if not isinstance(messages, list):
         raise InvalidTypeError(
             f"messages must be a list of ChatMessage, not {type(messages).__name__}"
         )
-    items = []
     for position, message in enumerate(messages):
         if not isinstance(message, ChatMessage):
             error = InvalidTypeError(
@@ -200,6 +214,13 @@ def _to_items(messages: Any, type_: str) -> list[dict[str, Any]]:
             )
             error.item = position
             raise error
+
+
+def _to_items(messages: Any, type_: str) -> list[dict[str, Any]]:
+    """The ``add_many`` items of flushed messages; checks them all before any write."""
+    _check_messages(messages)
+    items = []
+    for position, message in enumerate(messages):
         text = "\n".join(b.text for b in message.blocks if isinstance(b, TextBlock)).strip()
         if not text:
             continue
