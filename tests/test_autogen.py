@@ -233,6 +233,8 @@ def test_bad_queries_and_arguments_are_refused(root):
             await memory.query("x", k=0)
         with pytest.raises(ValueError, match="need a query text"):
             await memory.query("", session="s")
+        with pytest.raises(TypeError, match="ChatCompletionContext"):
+            await memory.update_context([user("a list, not a model context")])
         await memory.close()
 
     run(main())

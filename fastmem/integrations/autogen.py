@@ -235,11 +235,18 @@ class FastmemMemory(Memory, Component[FastmemMemoryConfig]):
         ``remember_user_messages``, the latest user message is stored first (and left out
         of the context: the model has it already).
 
+        Raises:
+            InvalidTypeError: ``model_context`` is not a ``ChatCompletionContext``.
+
         Returns:
             The memories used, one ``MemoryContent`` per line of the context: what was shown
             (full text, summary or excerpt) with ``id``, ``level``, ``score``, ``type``,
             ``session``, ``timestamp``, ``summary`` and ``excerpt`` in its metadata.
         """
+        if not isinstance(model_context, ChatCompletionContext):
+            raise InvalidTypeError(
+                f"update_context takes a ChatCompletionContext, not {_type_name(model_context)}"
+            )
         messages = await model_context.get_messages()
         source, latest = _latest_user_message(messages)
         store = await self._open()
