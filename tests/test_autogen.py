@@ -585,3 +585,28 @@ def test_one_memory_serves_one_event_loop_after_another(root):
     run(many_calls())
     run(many_calls())  # a lock bound to the first loop would refuse this one
     assert memory.store is None
+
+
+def test_with_the_embedding_model_a_fact_is_found_by_meaning(root):
+    """No word of the question is in the fact: the vector side of the hybrid ranking finds
+    it (the other tests run keyword-only, as tests/conftest.py sets FASTMEM_EMBEDDER)."""
+    import fastmem.embed
+
+    store = fastmem.open(root, namespace="alice", embedder=fastmem.embed.default_embedder())
+    try:
+        memory = FastmemMemory(store, budget=60)
+
+        async def main():
+            await memory.add(text("The user's cat is called Tom."))
+            for i in range(8):
+                await memory.add(text(f"Quarterly report number {i} is due on a Friday."))
+            results = (await memory.query("Which pet do I own?", k=1)).results
+            context = UnboundedChatCompletionContext([user("Which pet do I own?")])
+            await memory.update_context(context)
+            return results, (await context.get_messages())[-1].content
+
+        results, added = run(main())
+    finally:
+        store.close()
+    assert results[0].content == "The user's cat is called Tom."
+    assert "Tom" in added
