@@ -447,8 +447,10 @@ def build(
         if hit.row not in levels and hit.row not in exclude:
             levels[hit.row] = (Level.FOUND, hit.relevance)
     focus = named_speakers(engine, ranked[:SPEAKER_ROWS], query) if policy.other_speaker < 1 else None
+    theirs = their_sessions(engine, ranked, focus) if focus and policy.other_conversation < 1 else None
     candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget,
-                             query_stems(query), focus, sole_match(ranked), exclude, parts)  # fmt: skip
+                             query_stems(query), focus, sole_match(ranked), exclude, parts,
+                             theirs)  # fmt: skip
     return pack(candidates, budget, counter.count)
 
 
@@ -492,6 +494,19 @@ def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozense
     if not named:
         named = user
     return frozenset(named) or None
+
+
+def their_sessions(engine: Engine, ranked: list[Ranked], focus: frozenset[str]) -> frozenset[int]:
+    """The sessions (as the index hashes their names) of the ranked memories that are turns
+    of a speaker in ``focus`` (:func:`named_speakers`): the conversations the question's
+    speakers take part in. A store holding many conversations (an agent's, after months)
+    ranks other conversations' turns among the candidates too; a question about Melanie is
+    answered in the conversations Melanie is part of (``ContextPolicy.other_conversation``)."""
+    index = engine.index
+    return frozenset(
+        int(index.row(hit.row)[F_SESSION]) for hit in ranked
+        if (m := speaker_of(engine.cached_memory(hit.row))) and m.group(0) in focus
+    )  # fmt: skip
 
 
 def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | None:
@@ -598,6 +613,7 @@ def _candidates(
     terms: frozenset[str] = frozenset(), focus: frozenset[str] | None = None,
     sole: int = -1, exclude: set[int] | frozenset[int] = frozenset(),
     parts: dict[int, tuple[int, float | None, float]] | None = None,
+    theirs: frozenset[int] | None = None,
 ) -> list[Candidate]:  # fmt: skip
     """Context candidates for rows, best first, near-duplicates left out (the better one
     stays). Reading stops once the candidates whose priority is at least the next row's
@@ -609,7 +625,8 @@ def _candidates(
     ``sole``: :func:`~fastmem.retrieval.sole_match`), which goes in whole when it fits, by its
     relevance alone (it is what the query asks for), and as its excerpt otherwise. Other
     found memories' priorities are their value per token, and ``other_speaker`` times that for a turn of a speaker not in
-    ``focus`` (:func:`named_speakers`; see :class:`ContextPolicy`).
+    ``focus`` (:func:`named_speakers`; see :class:`ContextPolicy`), and ``other_conversation``
+    times that again when its session is not in ``theirs`` (:func:`their_sessions`).
 
     A memory replaced by a newer one (``add``'s ``supersedes``) gives its place to the newest
     live version (:func:`~fastmem._supersede.newest`), which then goes in only once; when
@@ -688,6 +705,10 @@ def _candidates(
             if speaker and speaker.group(0) not in focus:
                 priority *= policy.other_speaker
                 why.append(f"another speaker's turn than the question's (priority x{policy.other_speaker:g})")
+                if theirs and int(row[F_SESSION]) not in theirs:
+                    priority *= policy.other_conversation
+                    why.append("from a conversation none of the question's speakers is in "
+                               f"(priority x{policy.other_conversation:g})")
         if level == Level.FOUND and score < policy.full_text_score and summary is not None and not long:
             why.append(f"its summary: relevance below {policy.full_text_score:g}")
         item = ContextItem(memory.id, level, score, memory.text, False, memory.timestamp,

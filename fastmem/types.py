@@ -134,7 +134,10 @@ class ContextPolicy:
     person's own turns; a question naming a speaker is also ranked with the embedding of the
     query without that name, as the speaker's own turns say "I", and there a match lifts
     the rows two away (in a dialogue, that speaker's own previous and next turns) as it
-    lifts its neighbours (1: all three off).
+    lifts its neighbours (1: all three off). Another speaker's turn from a session in which
+    none of the question's speakers takes part among the ranked memories (another
+    conversation of a store that holds many) goes in at ``other_conversation`` times that
+    again (1: off).
     Importance is the memory's base importance (by type unless given) plus decayed access
     frequency, a recency bonus and a pin bonus.
     """
@@ -152,6 +155,7 @@ class ContextPolicy:
     item_share: float = 0.25
     length_penalty: float = 0.5
     other_speaker: float = 0.7
+    other_conversation: float = 0.5
     vector_weight: float = 1.0
     keyword_weight: float = 0.3
     identifier_weight: float = 1.0
@@ -174,7 +178,7 @@ class ContextPolicy:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be an int >= 0, got {value!r}")
         for name in ("recent_share", "pinned_share", "full_text_score", "near_duplicate",
-                     "item_share", "other_speaker"):  # fmt: skip
+                     "item_share", "other_speaker", "other_conversation"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
                 raise InvalidInputError(f"ContextPolicy.{name} must be from 0 to 1, got {value!r}")

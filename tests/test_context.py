@@ -750,6 +750,40 @@ def test_a_question_naming_a_speaker_is_embedded_without_the_name(store_path):
     assert found[1.0] < 3, found
 
 
+def test_other_conversations_turns_go_in_after_those_of_the_questions_conversation(store_path):
+    # One store, two conversations: Ana and Ben talk about Ana's spicy cooking; Cal and Dee,
+    # in another session, talk about spicy cooking too, in more of the question's words.
+    # "What spicy food does Ana cook?" is answered in Ana's conversation: Ben's replies there
+    # go in before Cal's and Dee's turns, which rank higher but are from a conversation Ana
+    # is not in. The budget holds Ana's turns and about three more.
+    t0 = 1_700_000_000.0
+    ana = ["Ana: I cook spicy food most evenings.", "Ana: Last night it was a spicy lentil stew."]
+    ben = [f"Ben: The spicy food you cook, {dish}, is the best spicy food."
+           for dish in ("the lentil stew", "those noodles", "that curry")]  # fmt: skip
+    other = [f"{who}: What spicy food do we cook? Spicy food {i}, we cook spicy food."
+             for i, who in enumerate(["Cal", "Dee", "Cal", "Dee"])]  # fmt: skip
+    budget = sum(count(t) + 1 for t in ana) + 3 * max(count(t) + 1 for t in ben + other) + 16
+    shown = {}
+    for other_conversation in (0.5, 1.0):
+        policy = ContextPolicy(recent=0, other_conversation=other_conversation)
+        path = f"{store_path}-{other_conversation}"
+        with fastmem.open(path, embedder=WordHashEmbedder(), summarizer=None, policy=policy) as store:
+            store.add_many([{"text": t, "session": "ana-ben", "timestamp": t0 + 60 * i}
+                            for i, t in enumerate([ana[0], ben[0], ana[1], ben[1], ben[2]])])
+            store.add_many([{"text": t, "session": "cal-dee", "timestamp": t0 + 9000 + 60 * i}
+                            for i, t in enumerate(other)])  # fmt: skip
+            for i in range(10):  # relevance is relative: the least relevant candidate gets 0
+                store.add(f"Unrelated note {i} on groceries.", session="notes", timestamp=t0 + 20000 + i)
+            ctx = store.context("What spicy food does Ana cook?", budget=budget)
+        assert ctx.tokens <= budget
+        shown[other_conversation] = [i.text.split(":")[0] for i in ctx.items]
+        if other_conversation < 1:
+            why = [i.reason for i in ctx.left_out if i.text.startswith(("Cal:", "Dee:"))]
+            assert why and all("a conversation none of the question's speakers is in" in r for r in why)
+    assert shown[0.5].count("Ana") == 2 and shown[0.5].count("Ben") == 3, shown
+    assert shown[1.0].count("Ben") < 3, shown  # the rule off: the other conversation's turns win
+
+
 def test_a_question_naming_two_speakers_leaves_the_names_out_of_the_keyword_side(store_path, monkeypatch):
     # Every turn holds one of the names (its prefix) and the greetings hold both: with both
     # named, the names tell no speaker's turns apart on the keyword side. With one named,
