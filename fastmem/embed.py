@@ -88,7 +88,8 @@ MAX_SAFETENSORS_HEADER = 1 << 20
 INSTALL_HINT = "pip install fastmem (onnxruntime and tokenizers are among its dependencies)"
 
 _MODEL_FILES = ("model.safetensors", "tokenizer.json")
-_ONNX_FILES = ("model.onnx", "tokenizer.json")
+_ONNX_FILES = ("model.onnx", "tokenizer.json")  # a folder given: its graph may be one file
+_PACKAGED_FILES = ("model.onnx", ONNX_DATA_FILE, "tokenizer.json")
 _packaged_path: Path | None = None  # ONNX_MODEL_DIR as first made
 
 
@@ -202,7 +203,7 @@ def _check_onnx_folder(path: str | os.PathLike[str] | None) -> str:
     # A str and a stat per file, as os.path.isfile does it without its and join's Python
     # calls: in every open, 0.018 against 0.027 ms in a fresh process (pathlib: ~0.04).
     missing = []
-    for name in _ONNX_FILES:
+    for name in _PACKAGED_FILES if where == _PACKAGED_MODEL else _ONNX_FILES:
         try:
             if stat.S_ISREG(os.stat(f"{where}/{name}").st_mode):
                 continue

@@ -165,7 +165,8 @@ def test_the_packaged_model_is_looked_for_in_its_folder(monkeypatch):
     looked, real_stat = [], os.stat
     monkeypatch.setattr(os, "stat", lambda p, *a, **k: looked.append(p) or real_stat(p, *a, **k))
     assert embed.find_onnx_model() == folder
-    assert looked == [os.path.join(os.fspath(folder), name) for name in ("model.onnx", "tokenizer.json")]
+    packaged = ("model.onnx", "model.onnx.data", "tokenizer.json")  # the weights' file too
+    assert looked == [os.path.join(os.fspath(folder), name) for name in packaged]
     looked.clear()
     monkeypatch.setattr(embed, "ONNX_MODEL_DIR", folder.parent / "elsewhere")
     with pytest.raises(EmbedderUnavailableError, match="elsewhere has no model.onnx or tokenizer.json"):
@@ -519,6 +520,21 @@ def test_without_the_model_open_says_what_to_do(store_path, monkeypatch, tmp_pat
     monkeypatch.setattr(embed, "ONNX_MODEL_DIR", tmp_path / "nowhere")
     monkeypatch.setattr(embed, "_default", None)
     with pytest.raises(EmbedderUnavailableError, match="reinstall fastmem"):
+        fastmem.open(store_path)
+    assert not os.path.exists(store_path + ".dat")
+
+
+def test_a_package_without_the_weights_file_says_so_at_open(store_path, monkeypatch, tmp_path):
+    """The packaged graph's weights are a file of their own: an install that lacks it is
+    told so by open(), as one that lacks the graph, not by every context later."""
+    monkeypatch.delenv("FASTMEM_EMBEDDER")
+    partial = tmp_path / "model"
+    partial.mkdir()
+    for name in ("model.onnx", "tokenizer.json"):
+        shutil.copy(Path(embed._PACKAGED_MODEL) / name, partial / name)
+    monkeypatch.setattr(embed, "_PACKAGED_MODEL", str(partial))
+    monkeypatch.setattr(embed, "_default", None)
+    with pytest.raises(EmbedderUnavailableError, match="has no model.onnx.data: reinstall"):
         fastmem.open(store_path)
     assert not os.path.exists(store_path + ".dat")
 
