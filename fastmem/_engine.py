@@ -36,11 +36,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from . import _erase, _kernels
 from . import _format as fmt
-from . import _kernels
 from ._checkpoint import Background, frozen
 from ._files import Retired, fsync_dir, map_same, pending_index, recover, releaser, remove_quietly
-from ._index import F_FLAGS, F_META, F_OFFSET, MemoryIndex, update_changes
+from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, F_TS, F_TYPE, MemoryIndex, update_changes
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
 from ._items import Batch, decode_memory, f32, frame_batch, frame_changes, parse_id
@@ -107,6 +107,7 @@ class Engine:
         self.cache = ContentCache(cache_bytes)
         self.closed = True
         self._changes: list[tuple[int, int, int]] | None = None  # see note_change
+        self.erase_after: list[str] = []  # ids forgotten during a compaction (erase_rows)
         self._generation = forks()  # a handle is its process's: StoreForkedError in a child
         self._commit: GroupCommit | None = None
         self._dat: mmap.mmap | None = None
@@ -166,6 +167,7 @@ class Engine:
             self._fd = -1  # adopted below, with the rest of the state
             self._adopt(state)
             self._cut_torn_tail()
+            self._finish_erases()
             # An index loaded from its file (under the lock) exists: no stat for it.
             if self._rebuilt or (self.index.file is None and not os.path.exists(self.idx_path)):
                 self.checkpoint()
@@ -396,6 +398,7 @@ class Engine:
             with self.write_lock(), self.lock:
                 self.check_writable(appending)  # brings the view up to the end of the file
                 self._cut_torn_tail()
+                self._finish_erases()
                 yield
 
     def failures(self, path: str | None = None) -> Any:
@@ -512,6 +515,8 @@ class Engine:
             return
         self._dat, self.dat_end = dat, size
         self.valid_end = self.index.replay(dat, self.valid_end, size, self.dat_path, self._map_fd)[1]
+        if self.readonly and self.index.erase_pending:
+            self.index.erase_pending.clear()  # a writer finishes erases (_finish_erases)
 
     def check_writable(self, appending: bool = False) -> None:
         self.check(appending)
@@ -700,6 +705,115 @@ class Engine:
         self.valid_end = self.dat_end
         return [f"m{mid}" for mid in ids]
 
+    def erase_rows(self, rows: list[int], now: float) -> list[str]:
+        """Forget ``rows`` and erase them from the files (fastmem._erase): their forget
+        records appended with one write and synced, their records overwritten in place and
+        synced, the index file rewritten whole if it held any of them. Returns their ids."""
+        if self._changes is not None:
+            # A compaction of this process is copying the records meanwhile: its new file
+            # would hold them again, and the forget records' offsets are the old file's.
+            # Tombstones now; the erase once it is done (erase_deferred).
+            ids = self.append_tombstones(rows, now)
+            self.erase_after += ids
+            return ids
+        index = self.index
+        pending = []
+        for g in rows:
+            row = index.row(g)
+            code = row[F_TYPE]
+            type_name = None if code == 0 else index.type_name(code)
+            pending.append((row[F_ID], row[F_TS], type_name, _erase.records_of(self, row), 0))
+        for mid, ts, type_name, spans, _ in pending:  # fails here, before anything is written
+            _erase.erased_record(fmt.KIND_MEMORY, 0, mid, spans[1], ts, type_name)
+        payloads = [_erase.forget_payload(*p[:4], now) for p in pending]
+        covered = self._index_file_holds(rows)
+        data, lengths, crcs = frame_changes(fmt.KIND_FORGET, payloads)
+        start = self._append(data)
+        if self.durability == "batch":  # ("always": _append synced them)
+            try:
+                self.sync(self._fd)  # the forget records first: a kill mid-erase is redone
+            except BaseException:
+                self._cut_back(start)  # not acknowledged: as a failed append
+                self.dat_end = start
+                raise
+        # The forget is done (durable). What follows finishes the erase; a failure there
+        # leaves it for the next write (erase_pending), and is raised.
+        at = start + np.concatenate(([0], np.cumsum(lengths[:-1]))).astype(np.int64)
+        pending = [(*p[:4], int(a)) for p, a in zip(pending, at)]
+        try:
+            for g in rows:
+                self.note_change(g, index.row(g))
+            index.erase(rows)
+            index.note_applied(start + int(lengths[:-1].sum()), int(lengths[-1]), int(crcs[-1]))
+        except BaseException:
+            self._undo_append(start)
+            raise
+        self.valid_end = self.dat_end
+        index.erase_pending.extend(pending)
+        try:
+            if _erase.redo(self._fd, pending) and self.durability != "none":
+                self.sync(self._fd)
+            if covered:
+                self.checkpoint(full=True)
+        except OSError as exc:
+            code = exc.errno or errno.EIO
+            raise DurabilityError(
+                code, f"forgotten, but erasing the memories' bytes failed ({os.strerror(code)}): "
+                f"the next write to the store tries again", self.dat_path,
+            ) from exc  # fmt: skip
+        done = {id(p) for p in pending}
+        self.index.erase_pending = [p for p in self.index.erase_pending if id(p) not in done]
+        return [f"m{p[0]}" for p in pending]
+
+    def _index_file_holds(self, rows: list[int]) -> bool:
+        """Whether the index file under the store's name may hold any of ``rows``: this
+        handle's index covers their records, or the file is not the one it loaded (another
+        process checkpointed since; one stat tells)."""
+        loaded = self.index.file
+        try:
+            st = os.stat(self.idx_path)
+        except FileNotFoundError:
+            return False
+        if loaded is None or (st.st_dev, st.st_ino, st.st_size) != (loaded.dev, loaded.ino, loaded.size):
+            return True
+        return any(self.index.row(g)[F_OFFSET] < self.index.covered for g in rows)
+
+    def erase_deferred(self) -> None:
+        """Erase the memories forgotten while a compaction ran (see ``erase_rows``)."""
+        if not self.erase_after or self.closed:
+            return
+        with self.writing():
+            ids, self.erase_after = self.erase_after, []
+            rows = [g for g in (self.index.find(parse_id(mid)) for mid in ids) if g >= 0]
+            if rows:  # (the compaction may have dropped them: then nothing is left)
+                self.erase_rows(rows, time.time())
+
+    def _finish_erases(self) -> None:
+        """Holding the writer lock: overwrite the records erasing forgets named that are not
+        erased yet (a process was killed while erasing them, fastmem._erase). Then the
+        rows are read again from the files and the index file is rewritten whole."""
+        pending = self.index.erase_pending
+        if not pending:
+            return
+        self.index.erase_pending = []
+        try:
+            wrote = _erase.redo(self._fd, pending)
+        except BaseException:
+            self.index.erase_pending = pending + self.index.erase_pending
+            raise
+        if wrote:
+            if self.durability != "none":
+                self.sync(self._fd)
+            self._adopt(self._build(self._fd, None, locked=True)).release(drop_cache=False)
+            self.index.erase_pending = []  # the replay just now noted them again: all erased
+        # The eraser rewrites the index file last: killed before, it left one that may hold
+        # what was erased (the memory was in it when the record lies before what it covers).
+        first = min(p[4] for p in pending)
+        if any(p[3][0] < self.index.covered for p in pending) and not _erase.index_file_after(
+            self.idx_path, self.uuid, first
+        ):
+            self.checkpoint(full=True)
+
     # --- the change log a compaction reads ------------------------------------------------
 
     def start_change_log(self) -> list[tuple[int, int, int]]:
@@ -734,7 +848,14 @@ class Engine:
                                       self.dat_end, Memory, f32)  # fmt: skip
         if memory is None:
             row = self.live_row(mid)[1]
-            memory = self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
+            try:
+                memory = self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
+            except CorruptionError:
+                # Another process may be erasing it this moment (fastmem._erase): its
+                # forget record is then there to apply, and the memory is forgotten.
+                self.check()
+                self.live_row(mid)
+                raise
         return memory
 
     def live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
@@ -814,8 +935,9 @@ class Engine:
             with self.failures():
                 self.sync(self._fd)
 
-    def checkpoint(self) -> None:
-        """Write the index file (atomically) and continue from it."""
+    def checkpoint(self, full: bool = False) -> None:
+        """Write the index file (atomically) and continue from it; ``full``: the whole
+        index, even when a delta would do (an erase: no copy of what it erased is left)."""
         self.finish_checkpoint()
         sync = self.durability != "none"
         if sync:
@@ -824,7 +946,7 @@ class Engine:
             try:
                 # A delta when the index file can take one (what changed since the full
                 # checkpoint, appended); else the whole index, written aside and renamed.
-                if not self.index.save_delta(self.idx_path, self.data(), sync=sync):
+                if full or not self.index.save_delta(self.idx_path, self.data(), sync=sync):
                     self.index.save(self.idx_path, self.data(), sync=sync)
             except BaseException:
                 remove_quietly(self.idx_path + ".tmp")  # on a full disk it holds the space

@@ -98,8 +98,19 @@ def check_covers(
             last = fmt.parse_record_header(dat, last_offset, dat_end, path)
         except CorruptRecordError:
             last = None
-        if last is None or last_offset + last.length != covered or last.crc != last_crc:
+        if last is None or last_offset + last.length != covered or (
+            last.crc != last_crc and not _erased(dat, last_offset, last.length)
+        ):
             raise CorruptIndexError(f"{path} does not match its data file (stale)")
+
+
+def _erased(dat: Any, offset: int, length: int) -> bool:
+    """Whether the record at ``offset`` was erased in place since the index was written (its
+    CRC changed with it): the forget record after it, which the index does not cover, is
+    replayed onto the index's row (fastmem._erase)."""
+    from ._erase import is_erased
+
+    return is_erased(dat, offset, length, None)
 
 
 # The named tuples the compiled twin makes, in its order (heads.idx_open's ``types``).

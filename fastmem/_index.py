@@ -27,8 +27,9 @@ from . import _idxopen, _kernels
 from ._io import map_data
 from ._keyword import KeywordIndex
 from ._replay import (  # noqa: F401 - F_* and the helpers are imported from here too
-    F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META, F_OFFSET, F_RESERVED,
-    F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE, Replayer,
+    ERASED_FIELDS, F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META,
+    F_OFFSET, F_RESERVED, F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE,
+    Replayer,
     check_memory_fields, default_importance, scan_file, session_hash, update_changes,
 )
 from ._tail import NO_ROWS as _NO_ROWS
@@ -150,6 +151,10 @@ class MemoryIndex:
         self.compacted_end = 0
         self.id_floor = 0
         self.damaged: list[tuple[int, int]] = []  # (start, end) of the damaged regions replayed
+        # (id, timestamp, records) of the erasing forgets replayed: the next writer makes
+        # sure those records are erased (fastmem._erase.redo).
+        self.erase_pending: list[Any] = []
+        self.erased_base: set[int] = set()  # base rows whose vectors ``erase`` zeroed
         self.file_closer: weakref.finalize | None = None  # closes the mapped file's descriptor
         # Incremental checkpoints: the file this index was loaded from (None: a full
         # checkpoint is due), the base rows changed since it was written (the loaded
@@ -423,6 +428,8 @@ class MemoryIndex:
             except OSError:
                 done = -1  # not supported here (another file system...): through the map
             if done == size:
+                for g in self.erased_base:  # zeroed here, not in the file copied (erase)
+                    os.pwrite(dst, bytes(self.dim), start + g * self.dim)
                 f.seek(start + size)
                 return
             f.seek(start)
@@ -641,6 +648,25 @@ class MemoryIndex:
         self.keyword.forget(g)  # after the flags: a background keyword build reads them
         self.live -= 1
 
+    def erase(self, rows: list[int]) -> None:
+        """Rows ``rows`` as their erased records read back (fastmem._erase): forgotten, with
+        no session, metadata, statistics, tokens, keyword postings or vector (their int8
+        vectors zeroed here, so that no checkpoint of this index writes them again)."""
+        nb = self.n_base
+        for g in rows:
+            row = self.row(g)
+            if not row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+                self.forget(g, row[F_FLAGS])
+            self.change(g, ERASED_FIELDS)
+            vectors, i = (self.base_vectors, g) if g < nb else (self.tail.vectors, g - nb)
+            if i < len(vectors):
+                vectors[i] = 0
+            if g < nb:
+                self.erased_base.add(g)
+                if self.base_scales is not None:
+                    self.base_scales[g] = 0.0
+        self.keyword.erase(np.array(rows, dtype=np.int64))
+
     def find(self, mid: int) -> int:
         """Global row of the memory with id ``mid``, or -1."""
         nb = self.n_base
@@ -808,21 +834,22 @@ class MemoryIndex:
         """
         problems: list[Problem] = []
         valid_end, count = start, 0
+        erased: set[int] = set()  # ids of erased memory records (Replayer.erased)
         if start < min(self.compacted_end, end):
             # The compacted prefix is in (session, time, id) order: its rows are sorted
             # by id before they are appended; ids after it start from the floor.
             prefix_end = min(self.compacted_end, end)
-            valid_end, count = self._replay(dat, start, prefix_end, path, problems, sort=True)
+            valid_end, count = self._replay(dat, start, prefix_end, path, problems, True, erased)
             start = prefix_end
         self.next_id = max(self.next_id, self.id_floor)  # ids of compacted-away memories
         if start < end:
-            last_end, n = self._replay(dat, start, end, path, problems, sort=False, fd=fd)
+            last_end, n = self._replay(dat, start, end, path, problems, False, erased, fd=fd)
             valid_end, count = max(valid_end, last_end), count + n
         return problems, valid_end, count
 
     def _replay(
         self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool,
-        fd: int | None = None,
+        erased: set[int], fd: int | None = None,
     ) -> tuple[int, int]:
         scanned = _kernels.scan_records(dat, start, end) if fd is None else scan_file(fd, start, end)
         offsets, lengths, kinds, dims, bad_starts, bad_ends = scanned
@@ -830,7 +857,7 @@ class MemoryIndex:
             Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
         ]
         self.damaged += [(int(s), int(e)) for s, e in zip(bad_starts, bad_ends)]
-        Replayer(self, dat, path, problems, sort).run(offsets, lengths, kinds, dims)
+        Replayer(self, dat, path, problems, sort, erased).run(offsets, lengths, kinds, dims)
         valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
         return max(valid_end, start), len(offsets)
 

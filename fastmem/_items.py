@@ -421,6 +421,11 @@ def frame_changes(kind: int, payloads: list[dict[str, Any]]) -> tuple[bytes, np.
 _new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
 
 
+class MemoryErased(UnknownMemoryError):
+    """The record of a row read a moment before was erased since (another process forgot
+    the memory): the call that read the row sees the forget if it looks again."""
+
+
 def decode_memory(
     row: tuple[Any, ...], buf: Any, offset: int, end: int, update: Callable[[], Any] | None,
     dat_path: str, idx_path: str, *, precise: bool,
@@ -440,6 +445,8 @@ def decode_memory(
             path=idx_path,
         )
     text = p.get("x")
+    if "e" in p:  # erased since the caller looked at the row: forgotten (fastmem._erase)
+        raise MemoryErased(f"no memory has the id 'm{row[F_ID]}' (forgotten)")
     if not isinstance(text, str):
         raise CorruptRecordError(f"{dat_path}: the record at offset {offset} has no text", offset=offset)
     metadata = p.get("m")

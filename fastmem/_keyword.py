@@ -261,6 +261,36 @@ class KeywordIndex:
                 if self.live_tokens < 0:  # a damaged header's count: the rows' own counts hold
                     self.live_tokens = self._counted_live_tokens()
 
+    def erase(self, rows: np.ndarray) -> None:
+        """Drop every posting of ``rows`` (forgotten already) and set their token counts to
+        0 (forgotten): an erased memory's words are in no copy of the index, as in one
+        rebuilt from the data file, whose records no longer hold them (fastmem._erase)."""
+        base = self.wait()
+        self._consolidate()
+        rows = np.asarray(rows, dtype=np.uint32)
+        with self._lock:
+            in_base, in_tail = rows[rows < self.n_base], rows[rows >= self.n_base]
+            if len(in_base):
+                base.doc_len[in_base] = np.uint32(fmt.DOC_DEAD)
+                keep = ~np.isin(base.rows, in_base)
+                if not keep.all():
+                    counts = np.diff(base.offsets.astype(np.int64))
+                    term_of = np.repeat(np.arange(len(base.terms)), counts)
+                    kept = np.bincount(term_of[keep], minlength=len(base.terms))
+                    offsets = np.zeros(int(np.count_nonzero(kept)) + 1, dtype=base.offsets.dtype)
+                    np.cumsum(kept[kept > 0], out=offsets[1:])
+                    self.base = fmt.KeywordSection(base.terms[kept > 0], offsets, base.rows[keep],
+                                                   base.tf[keep], base.doc_len)  # fmt: skip
+            if len(in_tail):
+                self.tail_len[in_tail - np.uint32(self.n_base)] = np.uint32(fmt.DOC_DEAD)
+                runs = []
+                for run in self._runs:  # replaced, never changed in place (see frozen)
+                    keep = ~np.isin(run[1], in_tail)
+                    run = run if keep.all() else tuple(part[keep] for part in run)
+                    if len(run[0]):
+                        runs.append(run)
+                self._runs = runs
+
     def _counted_live_tokens(self) -> int:
         """The live rows' token count, summed from each row's (``live_tokens`` keeps it)."""
         parts = [self.tail_len[: self.tail_n]] + ([self.base.doc_len] if self.base is not None else [])

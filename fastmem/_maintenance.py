@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from . import _erase, _kernels
 from . import _format as fmt
-from . import _kernels
 from ._engine import Engine
 from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, remove_compaction_files
 from ._index import F_ID, F_LENGTH, F_OFFSET, MemoryIndex, default_importance
@@ -99,18 +99,21 @@ def _checked(
 
 def evict(
     engine: Engine, policy: ContextPolicy, ttl: Any, min_importance: Any, max_count: Any,
-    max_bytes: Any, now: float | None,
+    max_bytes: Any, now: float | None, erase: bool = True,
 ) -> list[str]:  # fmt: skip
     """Forget what the policies select (never a pinned memory); the ids, oldest id first.
     ``policy`` weighs the importance scores the floor and the maxima go by.
 
-    The forgets are one write: one tombstone per memory, appended together."""
+    The forgets are one write: one tombstone per memory, appended together; ``erase``: the
+    memories' records are then erased (``Engine.erase_rows``)."""
     ttls, floor, max_count, max_bytes = _checked(ttl, min_importance, max_count, max_bytes)
     now = time.time() if now is None else float(now)
     with engine.writing():
         rows = _chosen(engine.index, importance_scores(engine.index, policy, now), ttls, floor,
                        max_count, max_bytes, now)  # fmt: skip
-        return engine.append_tombstones(rows, now) if rows else []
+        if not rows:
+            return []
+        return engine.erase_rows(rows, now) if erase else engine.append_tombstones(rows, now)
 
 
 def _chosen(
@@ -388,7 +391,10 @@ def _sizes(engine: Engine) -> tuple[int, int]:
 def compact(engine: Engine) -> CompactReport:
     """See ``MemoryStore.compact``."""
     with engine.failures():
-        return _compact(engine)
+        try:
+            return _compact(engine)
+        finally:
+            engine.erase_deferred()  # what was forgotten meanwhile, erased from the new files
 
 
 def _compact(engine: Engine) -> CompactReport:
@@ -620,7 +626,8 @@ def _backup(engine: Engine, dest: Any) -> BackupReport:
     with engine.lock:
         engine.check()
         # Everything before the last applied record's end is whole records, and the data
-        # file is append-only: those bytes never change. A descriptor of its own keeps the
+        # file is append-only: those bytes never change (an erase overwrites some in place:
+        # the copy finishes what it may have missed, below). A descriptor of its own keeps the
         # same file even if a compaction replaces it meanwhile.
         end = engine.valid_end
         src = engine.copy_descriptor()
@@ -640,6 +647,11 @@ def _backup(engine: Engine, dest: Any) -> BackupReport:
         mm = mmap.mmap(out, end, access=mmap.ACCESS_READ)
         try:
             index, _, _ = build_index(mm, end, dat_path)
+            # An erase whose records were copied before it overwrote them (it runs without
+            # this lock) or that a crash interrupted: finished in the copy (fastmem._erase).
+            if index.erase_pending and _erase.redo(out, index.erase_pending):
+                os.fsync(out)
+                index, _, _ = build_index(mm, end, dat_path)
             index.save(idx_path, mm, sync=True)
             memories = index.live
             del index

@@ -27,6 +27,14 @@ _SCAN_CHUNK = 1 << 22  # bytes scan_file copies at once (more for a longer recor
 assert fmt.INDEX_DTYPE.names is not None and fmt.INDEX_DTYPE.names[F_FLAGS] == "flags"
 
 
+# What an erased memory's row holds (fastmem._erase) besides its id, time, offset, length
+# and type: the same whether the erasing process sets it or a replay reads the record back.
+ERASED_FIELDS = {F_SESSION: 0, F_META: 0, F_LAST_ACCESS: 0.0, F_IMPORTANCE: 0.0, F_SCALE: 0.0,
+                 F_ACCESS: 0, F_TEXT_TOKENS: fmt.UNKNOWN_TOKENS,
+                 F_SUMMARY_TOKENS: fmt.UNKNOWN_TOKENS, F_FLAGS: fmt.FLAG_FORGOTTEN,
+                 F_RESERVED: 0}  # fmt: skip
+
+
 def session_hash(session: str | None) -> int:
     """64-bit hash of a session name (0 = no session); collisions are checked on read."""
     if session is None:
@@ -168,8 +176,9 @@ class Replayer:
     """Turns checked records into index rows, batching new rows for ``append``."""
 
     def __init__(
-        self, index: Any, dat: Any, path: str, problems: list[Problem], sort: bool = False
-    ) -> None:
+        self, index: Any, dat: Any, path: str, problems: list[Problem], sort: bool = False,
+        erased: set[int] | None = None,
+    ) -> None:  # fmt: skip
         self.index, self.dat, self.path, self.problems = index, dat, path, problems
         self.sort = sort  # records come in any id order: sort the rows once, at the end
         self.rows: list[list[Any]] = []
@@ -177,6 +186,10 @@ class Replayer:
         self.vec_rows: list[int] = []
         self.texts: list[str] = []  # of the rows in self.rows
         self.sessions: dict[str | None, int] = {None: 0}  # names repeat: hash each once
+        # Ids read from erased memory records: a plain forget of one of them may follow (it
+        # was forgotten while a compaction copied it, and erased after: Engine.erase_rows).
+        self.erased: set[int] = erased if erased is not None else set()
+        self.erase_rows: list[int] = []  # rows applied before, erased by a forget here
 
     def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
         apply = {
@@ -201,6 +214,9 @@ class Replayer:
             if len(self.rows) >= _FLUSH_ROWS and not self.sort:
                 self._flush()
         self._flush()
+        if self.erase_rows:
+            self.index.erase(self.erase_rows)
+            self.erase_rows = []
 
     def _flush(self) -> None:
         if not self.rows:
@@ -257,6 +273,9 @@ class Replayer:
             not self.sort and self.rows and mid <= self.rows[-1][F_ID]
         ):
             raise ValueError(f"memory id {mid} is not above the ids before it")
+        if "e" in p:
+            self._erased(mid, off, length, p)
+            return
         check_memory_fields(p)
         ts = float(p["t"])
         text = p["x"]
@@ -283,6 +302,21 @@ class Replayer:
              int(tokens[0]), int(tokens[1]), code, flags, 0]
         )  # fmt: skip
 
+    def _erased(self, mid: int, off: int, length: int, p: dict[str, Any]) -> None:
+        """An erased memory record (fastmem._erase): a forgotten row with nothing of it but
+        its id, time, type, offset and length."""
+        ts, type_name = p.get("t", 0.0), p.get("y", "conversation")
+        if not (type(ts) is float and 0.0 <= ts <= fmt.MAX_TIMESTAMP) or type(type_name) is not str:
+            raise ValueError("the erased memory's time or type is invalid")
+        row = [mid, ts, 0, off, 0, 0.0, length, 0.0, 0.0, 0, 0, 0, 0, 0, 0]
+        for field, value in ERASED_FIELDS.items():
+            row[field] = value
+        row[F_TYPE] = self.index.type_code(type_name, create=True)
+        self.pending[mid] = len(self.rows)
+        self.texts.append("")
+        self.rows.append(row)
+        self.erased.add(mid)
+
     def _target(self, mid: int) -> tuple[list[Any] | None, int]:
         pos = self.pending.get(mid)
         if pos is not None:
@@ -296,6 +330,10 @@ class Replayer:
         _check_change_fields(p)
         row, g = self._target(p["i"])
         flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
+        if flags & fmt.FLAG_FORGOTTEN:
+            # Only an erased memory's updates come after it is forgotten (its record was
+            # overwritten, its forget record follows): nothing of them is kept.
+            return
         changes = update_changes(flags, p, off)
         if row is None:
             self.index.change(g, changes)
@@ -305,11 +343,40 @@ class Replayer:
 
     def _forget(self, off: int, length: int, dim: int, p: dict[str, Any]) -> None:
         _check_change_fields(p)
-        row, g = self._target(p["i"])
-        flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
-        if flags & fmt.FLAG_FORGOTTEN:
-            raise ValueError(f"memory {p['i']} is forgotten twice")
-        if row is None:
-            self.index.forget(g, flags)
-        else:
-            row[F_FLAGS] = flags | fmt.FLAG_FORGOTTEN
+        if "e" not in p:
+            if p["i"] in self.erased:
+                return
+            row, g = self._target(p["i"])
+            flags = row[F_FLAGS] if row is not None else self.index.row(g)[F_FLAGS]
+            if flags & fmt.FLAG_FORGOTTEN:
+                raise ValueError(f"memory {p['i']} is forgotten twice")
+            if row is None:
+                self.index.forget(g, flags)
+            else:
+                row[F_FLAGS] = flags | fmt.FLAG_FORGOTTEN
+            return
+        # A forget that erased records (fastmem._erase): they may be erased records already
+        # (the memory's row is then forgotten), whole or, if the eraser was killed, damaged.
+        pending = _erase_pending(p, off)
+        self.index.erase_pending.append(pending)
+        mid = pending[0]
+        pos = self.pending.get(mid)
+        if pos is not None:
+            row = self.rows[pos]
+            if row[F_FLAGS] & fmt.FLAG_HAS_VECTOR:
+                self.vec_rows.remove(pos)
+            for field, value in ERASED_FIELDS.items():
+                row[field] = value
+            self.texts[pos] = ""
+            return
+        g = self.index.find(mid)
+        if g >= 0:
+            self.erase_rows.append(g)  # all at once, after the run (one pass over the postings)
+        else:  # its memory record was being erased when the eraser was killed: see redo
+            self.index.next_id = max(self.index.next_id, mid + 1)
+
+
+def _erase_pending(p: dict[str, Any], before: int) -> Any:
+    from ._erase import pending_of  # (it imports the row fields from here)
+
+    return pending_of(p, before)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import os
 import time
 import weakref
@@ -65,6 +66,23 @@ _QUIET = ContextPolicy(preload=0, recent=0)  # no background loading: for a one-
 # The default, made once (frozen): made per open, its checks cost ~0.02 ms of a fresh
 # process's restart (issue 21).
 _POLICY = ContextPolicy()
+
+
+def _erase_retried(call: Any) -> Any:
+    """A read of many memories, made again when one of them was erased by another process
+    between the look at the rows and the read of its record (its next look applies the
+    forget; the erase, fastmem._erase, cannot wait for readers, which take no lock)."""
+
+    @functools.wraps(call)
+    def retried(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(8):
+            try:
+                return call(*args, **kwargs)
+            except _items.MemoryErased:
+                continue
+        return call(*args, **kwargs)
+
+    return retried
 
 
 def open(  # noqa: A001 - the name users expect: fastmem.open(path)
@@ -325,15 +343,29 @@ class MemoryStore:
         """Pin a memory ("remember this") or, with ``pinned=False``, unpin it."""
         self.update(mid, pinned=pinned)
 
-    def forget(self, mid: str) -> None:
-        """Forget a memory: it is gone from every read (a tombstone in the data file).
+    def forget(self, mid: str, *, erase: bool = True) -> None:
+        """Forget a memory: it is gone from every read and, by default, from the disk.
+
+        Args:
+            mid: the memory's id.
+            erase: overwrite its text, summary, metadata and vector in the store's files
+                before returning (its records in the data file are overwritten in place,
+                and the index file is rewritten when it held a copy; a crash in between is
+                finished by the next write). ``False``: only append a tombstone (cheaper;
+                the bytes stay in the data file until ``compact()``, and in backups).
 
         Raises:
             UnknownMemoryError: no live memory has this id.
+            InvalidTypeError: ``erase`` is not a bool.
         """
+        if not isinstance(erase, bool):
+            raise InvalidTypeError("erase must be True or False")
         engine = self._engine
         with engine.writing():
             g, row = engine.live_row(mid)
+            if erase:
+                engine.erase_rows([g], time.time())
+                return
             engine.append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": time.time()})
             engine.note_change(g, row)
             engine.index.forget(g, row[F_FLAGS])
@@ -381,6 +413,7 @@ class MemoryStore:
             self._engine.check()
             return self._engine.vector(self._engine.live_row(mid)[1])
 
+    @_erase_retried
     def recent(self, n: int = 20, *, before: str | None = None,
                session: str | None = None) -> list[Memory]:
         """The ``n`` newest live memories, newest first; those after memory ``before`` (a page);
@@ -394,6 +427,7 @@ class MemoryStore:
                 return hot
             return _newest(engine, n, before, session)
 
+    @_erase_retried
     def pinned(self) -> list[Memory]:
         """The pinned memories, most important first (ties: the older id first)."""
         with self._engine.lock:
@@ -412,7 +446,11 @@ class MemoryStore:
                 engine.check()
                 g = engine.index.find(mid)
                 if g >= 0 and not engine.index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
-                    yield engine.memory(g)
+                    try:
+                        memory = engine.memory(g)
+                    except _items.MemoryErased:  # forgotten by another process just now
+                        continue
+                    yield memory
 
     def __len__(self) -> int:
         with self._engine.lock:
@@ -441,6 +479,7 @@ class MemoryStore:
                 return False
             return True
 
+    @_erase_retried
     def search(
         self,
         query: str | Sequence[float] | np.ndarray,
@@ -530,6 +569,7 @@ class MemoryStore:
 
     # --- context: the three levels ------------------------------------------------------
 
+    @_erase_retried
     def context(
         self,
         query: str = "",
@@ -674,15 +714,19 @@ class MemoryStore:
         max_count: int | None = None,
         max_bytes: int | None = None,
         now: float | None = None,
+        erase: bool = True,
     ) -> list[str]:
         """Forget the memories the policies select; returns their ids. Pinned memories
         are never evicted. The policies (each optional, all applied) are those of
         :class:`EvictionPolicy`: ``ttl`` seconds by type name, an importance-score floor,
         a maximum count, a maximum of live record bytes (lowest scores go first).
-        The forgets are tombstones, as ``forget`` writes; ``compact()`` reclaims the space.
+        ``erase``: as ``forget``'s (by default the memories are erased from the files, in
+        one write; ``False``: tombstones only, and ``compact()`` reclaims the space).
         """
+        if not isinstance(erase, bool):
+            raise InvalidTypeError("erase must be True or False")
         return _maintenance.evict(self._engine, self.policy, ttl, min_importance, max_count,
-                                  max_bytes, now)  # fmt: skip
+                                  max_bytes, now, erase)  # fmt: skip
 
     def compact(self) -> CompactReport:
         """Rewrite the live memories into new files and swap them in atomically (a crash

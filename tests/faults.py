@@ -1,6 +1,6 @@
 """Fault injection for fastmem's file operations: make the n-th call fail with an errno.
 
-One seam: the modules that do file I/O (``_engine``, ``_io``, ``_files``, ``_index``,
+One seam: the modules that do file I/O (``_engine``, ``_io``, ``_files``, ``_index``, ``_erase``,
 ``_maintenance``) reach the OS through their module globals ``os`` and ``mmap``; while a
 :class:`Faults` is installed those names are proxies that count every call of
 ``os.write``/``pwrite``, ``os.fdatasync``, ``os.fsync`` (a directory's counts as
@@ -27,7 +27,7 @@ from typing import Any
 import importlib
 
 # Every fastmem module that calls a file operation (tests/test_faults.py checks the list).
-NAMES = ("_engine", "_io", "_files", "_index", "_maintenance")
+NAMES = ("_engine", "_io", "_files", "_index", "_maintenance", "_erase")
 MODULES = tuple(importlib.import_module(f"fastmem.{name}") for name in NAMES)
 ERRNOS = (_errno.ENOSPC, _errno.EIO, _errno.EDQUOT)
 

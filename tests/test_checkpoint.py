@@ -3,7 +3,9 @@ committed by one of its two slots, instead of the whole index written again.
 
 Deltas are written only over a full checkpoint of ``DELTA_MIN_BASE`` rows or more; these
 tests lower it so that small stores take the delta path. Each compares what a delta
-gives with the same store read from its data file alone (the index deleted: rebuilt)."""
+gives with the same store read from its data file alone (the index deleted: rebuilt).
+Their forgets are tombstones (``erase=False``): an erase of a checkpointed memory writes a
+full checkpoint (tests/test_erase.py)."""
 
 from __future__ import annotations
 
@@ -98,7 +100,7 @@ def test_a_delta_holds_new_changed_and_forgotten_memories(store_path, tmp_path):
         store.add_many(_items(40, 5))
         store.update(ids[3], importance=0.05, metadata={"edited": True})
         store.pin(ids[4])
-        store.forget(ids[5])
+        store.forget(ids[5], erase=False)
         store.add("a custom type", type="journal", embedding=np.ones(DIM))
     # The same file, its full checkpoint untouched, a delta named by a slot.
     assert os.stat(store_path + ".idx").st_ino == inode
@@ -117,7 +119,7 @@ def test_the_postings_are_made_at_their_first_use_and_equal_a_rebuild(store_path
     with fastmem.open(store_path, dim=DIM) as store:
         store.add_many(_items(80, 5))
         store.update(ids[3], importance=0.05)
-        store.forget(ids[5])
+        store.forget(ids[5], erase=False)
     assert _slot(store_path) is not None
     copy = tmp_path / "rebuilt"
     copy.mkdir()
@@ -134,7 +136,7 @@ def test_the_postings_are_made_at_their_first_use_and_equal_a_rebuild(store_path
             if first == "add":
                 store.add("hotel budget once more", embedding=np.ones(DIM))
             elif first == "forget":
-                store.forget(ids[6])
+                store.forget(ids[6], erase=False)
             elif first == "rows":
                 list(store)
             elif first == "pin":
@@ -150,7 +152,7 @@ def test_deltas_alternate_slots_and_each_supersedes_the_last(store_path, tmp_pat
     for r in range(4):
         with fastmem.open(store_path, dim=DIM) as store:
             store.add_many(_items(100 + 10 * r, 2))
-            store.forget(ids[r])
+            store.forget(ids[r], erase=False)
         slot = _slot(store_path)
         assert slot is not None
         generations.append(slot.generation)
@@ -231,7 +233,7 @@ def test_a_delta_from_another_handle_is_superseded_whole(store_path, tmp_path):
     try:
         a.add_many(_items(600, 2))
         b.add_many(_items(610, 2))
-        b.forget("m1")
+        b.forget("m1", erase=False)
         b.close()
         assert _slot(store_path) is not None
         a.add("last", embedding=np.ones(DIM))
@@ -263,7 +265,7 @@ def test_a_delta_then_a_full_checkpoint_equals_a_rebuild(store_path, tmp_path, m
     with fastmem.open(store_path, dim=DIM) as store:
         store.add_many(_items(700, 6))
         store.update(ids[2], importance=0.9)
-        store.forget(ids[7])
+        store.forget(ids[7], erase=False)
     monkeypatch.setattr(_index, "DELTA_MIN_BASE", 10**9)
     with fastmem.open(store_path, dim=DIM) as store:
         store.checkpoint()
@@ -311,7 +313,7 @@ def test_a_version_1_index_is_read_then_replaced_by_version_2(tmp_path, fixture,
 def test_damaged_changed_rows_rebuild_the_index(store_path, tmp_path):
     ids = _build(store_path)
     with fastmem.open(store_path, dim=DIM) as store:
-        store.forget(ids[3])
+        store.forget(ids[3], erase=False)
     slot = _slot(store_path)
     assert slot is not None
     raw = bytearray(Path(store_path + ".idx").read_bytes())

@@ -129,7 +129,9 @@ def _build_history(path: str) -> tuple[list[int], list[list[fastmem.Memory]], by
         lambda s: s.update("m0", importance=0.25, metadata={"new": ["meta", 1.5]}),
         lambda s: s.add("a custom type", type="observation", timestamp=3.0, embedding=_vec(4)),
         lambda s: s.pin("m1"),
-        lambda s: s.forget("m2"),
+        # A tombstone: each size's snapshot is what the file's first bytes say (an erase
+        # would change bytes before the cut; tests/test_erase.py cuts an erase short).
+        lambda s: s.forget("m2", erase=False),
         lambda s: s.add("short", timestamp=3.0),
         lambda s: s.add(
             "The last memory: ünïcødé ✓ 日本語 \U0001f9e0 and a tail of text " + "xyz" * 20,

@@ -1,0 +1,278 @@
+"""``forget`` erases: after the call the memory's text, summary, metadata and vector are in
+no file of the store (the records are overwritten in place, the index rewritten when it
+held them), nor in a backup taken after it; a process killed in the middle of an erase
+leaves a store whose next writer finishes it. ``erase=False`` keeps the cheap tombstone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fastmem
+from fastmem._index import F_LENGTH, F_OFFSET
+
+DIM = 32
+SECRET = "Ada lives at 12 Quillfeather Lane"
+SUMMARY = "quillfeather summary"
+META = "quillfeather-meta-value"
+OLD_META = "quillfeather-older-meta"
+
+
+def _vector(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def _traces(v: np.ndarray) -> list[bytes]:
+    """Byte patterns the memory leaves: its strings, its float16 and int8 vectors."""
+    f16 = v.astype("<f2")
+    scale = np.float32(np.abs(f16.astype(np.float32)).max()) / np.float32(127)
+    q8 = np.rint(f16.astype(np.float32) / scale).astype(np.int8)
+    return [SECRET.encode(), b"Quillfeather", SUMMARY.encode(), META.encode(),
+            OLD_META.encode(), f16.tobytes()[:24], q8.tobytes()[:24]]  # fmt: skip
+
+
+def _found(folder: Path, patterns: list[bytes]) -> list[tuple[str, bytes]]:
+    """Every (file, pattern) of ``patterns`` in any file under ``folder``."""
+    hits = []
+    for f in sorted(folder.rglob("*")):
+        if f.is_file():
+            data = f.read_bytes()
+            hits += [(f.name, p) for p in patterns if p in data]
+    return hits
+
+
+def _fill(store: fastmem.MemoryStore, n: int = 40, seed: int = 100) -> list[str]:
+    return store.add_many(
+        [{"text": f"other memory {i}", "embedding": _vector(seed + i)} for i in range(n)]
+    )
+
+
+def _add_secret(store: fastmem.MemoryStore) -> str:
+    mid = store.add(SECRET, summary=SUMMARY, metadata={"where": OLD_META}, embedding=_vector(1),
+                    session="s1", type="fact")  # fmt: skip
+    store.update(mid, importance=0.8)
+    store.update(mid, metadata={"where": META})  # an update record holds metadata too
+    return mid
+
+
+def _open(path: Path, **kw) -> fastmem.MemoryStore:
+    return fastmem.open(path / "agent", embedder=None, summarizer=None, **kw)
+
+
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_forget_leaves_no_trace_in_the_files(tmp_path: Path, checkpointed: bool) -> None:
+    with _open(tmp_path) as store:
+        others = _fill(store)
+        mid = _add_secret(store)
+        _fill(store, 5, seed=300)
+        if checkpointed:  # the index's rows, vectors and hot section hold it too
+            store.checkpoint()
+            assert _found(tmp_path, _traces(_vector(1)))
+        store.forget(mid)
+        assert _found(tmp_path, _traces(_vector(1))) == []
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.get(mid)
+        assert store.verify().ok, store.verify().problems
+        assert [h.memory.text for h in store.search(_vector(100), k=1)] == ["other memory 0"]
+        assert len(store) == 45
+    assert _found(tmp_path, _traces(_vector(1))) == []
+    with _open(tmp_path) as store:
+        assert store.verify().ok
+        assert len(store) == 45 and store.get(others[3]).text == "other memory 3"
+        new = store.add("after", embedding=_vector(7))
+        assert int(new[1:]) > int(mid[1:])  # the erased id is never given again
+        store.compact()
+        assert store.verify().ok and len(store) == 46
+
+
+def test_forget_erase_false_keeps_the_tombstone_only(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        _fill(store)
+        mid = _add_secret(store)
+        store.forget(mid, erase=False)
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.get(mid)
+        assert _found(tmp_path, [SECRET.encode()])
+        assert store.verify().ok
+
+
+def test_evict_erases(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        _fill(store)
+        mid = _add_secret(store)
+        store.checkpoint()
+        assert store.evict(ttl={"fact": 0.0}, now=2e9) == [mid]
+        assert _found(tmp_path, _traces(_vector(1))) == []
+        assert store.verify().ok
+
+
+def test_a_backup_after_forget_holds_no_trace(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        _fill(store)
+        mid = _add_secret(store)
+        store.checkpoint()
+        store.forget(mid)
+        report = store.backup(tmp_path / "copy" / "agent")
+        assert report.memories == 40
+    assert _found(tmp_path / "copy", _traces(_vector(1))) == []
+    with fastmem.open(tmp_path / "copy" / "agent", embedder=None) as copy:
+        assert copy.verify().ok and len(copy) == 40
+
+
+def test_another_handle_forgets_nothing_back(tmp_path: Path) -> None:
+    """A second handle (as another process) had the memory's vector in its index: after it
+    applies the forget, its checkpoints write none of it back."""
+    with _open(tmp_path) as a, _open(tmp_path) as b:
+        _fill(a)
+        mid = _add_secret(a)
+        a.checkpoint()
+        assert b.get(mid).text == SECRET  # b maps the index that holds it
+        a.forget(mid)
+        with pytest.raises(fastmem.UnknownMemoryError):
+            b.get(mid)
+        b.add("from b", embedding=_vector(9))
+        assert b.verify().ok, b.verify().problems
+        b.checkpoint()
+        assert _found(tmp_path, _traces(_vector(1))) == []
+        a.add("from a", embedding=_vector(10))
+        a.checkpoint()
+        assert _found(tmp_path, _traces(_vector(1))) == []
+        assert a.verify().ok and b.verify().ok
+
+
+def test_a_reader_that_meets_an_erased_record_finds_the_memory_forgotten(tmp_path: Path) -> None:
+    """A handle that looked at the row just before another process erased the record reads
+    the erased record: the memory is forgotten, not damaged and not empty."""
+    with _open(tmp_path) as a, _open(tmp_path) as b:
+        _fill(a)
+        mid = _add_secret(a)
+        engine = b._engine
+        assert b.get(mid).text == SECRET
+        row = engine.live_row(mid)[1]
+        a.forget(mid)
+        with pytest.raises(fastmem.UnknownMemoryError):
+            engine.decode(row, engine.data(), row[F_OFFSET], engine.dat_end)
+
+
+# A process that stops in the middle of an erase: ``os.pwrite`` (the erase's in-place write)
+# writes part of its bytes, or none, then the process waits to be killed.
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, time
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    import fastmem, test_erase as t
+    with t._open(__import__("pathlib").Path({folder!r}), durability="always") as store:
+        t._fill(store)
+        mid = t._add_secret(store)
+        if {later}:
+            t._fill(store, 5, seed=300)
+        store.checkpoint()
+        real, calls = os.pwrite, []
+        def torn(fd, data, offset):
+            calls.append(offset)
+            if len(calls) < {call}:
+                return real(fd, data, offset)
+            part = {part}
+            if part:
+                real(fd, bytes(data)[:part], offset)
+            print("ERASING", flush=True)
+            time.sleep(60)
+        os.pwrite = torn
+        store.forget(mid)
+    """
+)
+
+
+@pytest.mark.parametrize(("call", "part", "later"), [
+    (1, 0, True), (1, 12, True), (1, 40, True), (1, 150, True), (2, 30, True), (3, 50, True),
+    (1, 40, False), (3, 0, False),
+])  # fmt: skip
+def test_sigkill_in_the_middle_of_an_erase(
+    tmp_path: Path, call: int, part: int, later: bool
+) -> None:
+    """Killed before its first overwrite, inside one (of the memory record, of an update
+    record holding metadata), between two, or while the index is rewritten (the 3rd
+    pwrite); ``later``: memories were added after it (else its update record is the last
+    one the index file covers: erased, its checksum changes)."""
+    folder = tmp_path / "s"
+    code = _CHILD.format(tests=str(Path(__file__).parent), folder=str(folder), part=part, call=call,
+                         later=later)  # fmt: skip
+    env = dict(os.environ, FASTMEM_EMBEDDER="none")
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ERASING", "the child never reached the erase"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        child.stdout.close()  # type: ignore[union-attr]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        store = _open(folder)
+    with store:
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.get("m40")
+        assert len(store) == (45 if later else 40)
+        assert store.verify().ok, store.verify().problems
+        assert _found(folder, _traces(_vector(1))) == []
+        store.backup(tmp_path / "copy" / "agent")
+    assert _found(tmp_path / "copy", _traces(_vector(1))) == []
+
+
+def test_forget_during_a_compaction_is_erased_from_the_new_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compaction copies the records while the forget runs: the erase follows it."""
+    from fastmem import _maintenance
+
+    real = _maintenance._new_store
+    with _open(tmp_path) as store:
+        _fill(store)
+        mid = _add_secret(store)
+        store.checkpoint()
+
+        def forget_meanwhile(engine, *args):  # type: ignore[no-untyped-def]
+            store.forget(mid)  # the snapshot is taken, the records not copied yet
+            return real(engine, *args)
+
+        monkeypatch.setattr(_maintenance, "_new_store", forget_meanwhile)
+        store.compact()
+        assert _found(tmp_path, _traces(_vector(1))) == []
+        assert store.verify().ok and len(store) == 40
+    with _open(tmp_path) as store:
+        assert store.verify().ok and len(store) == 40
+
+
+def test_a_backup_finishes_an_erase_its_copy_missed(tmp_path: Path) -> None:
+    """The backup copies without the writer lock: it may copy a record before an erase
+    overwrites it, and the forget record after. The copy is erased all the same."""
+    with _open(tmp_path) as store:
+        _fill(store)
+        mid = _add_secret(store)
+        store.flush()
+        row = store._engine.live_row(mid)[1]
+        offset, length = row[F_OFFSET], row[F_LENGTH]
+        with open(tmp_path / "agent.dat", "rb") as f:
+            f.seek(offset)
+            original = f.read(length)
+        store.forget(mid)
+        with open(tmp_path / "agent.dat", "r+b") as f:  # what a copy made just before sees
+            f.seek(offset)
+            f.write(original)
+        store.backup(tmp_path / "copy" / "agent")
+    assert _found(tmp_path / "copy", [SECRET.encode()]) == []
+    with fastmem.open(tmp_path / "copy" / "agent", embedder=None) as copy:
+        assert copy.verify().ok and len(copy) == 40
