@@ -441,3 +441,36 @@ def test_a_ray_client_refused_while_its_server_starts_is_tried_again(monkeypatch
         with pytest.raises(fastmem.ray.ClusterUnreachableError):
             _router._join(ray, address, {})
         assert ray.calls == 1
+
+
+def _ray_status(address: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cmd = [sys.executable, "-m", "fastmem", "ray", "status", "--address", address, "--root", str(tmp_path)]
+    # The timeout guards against a hang (Ray's own join waits a minute or more); it bounds
+    # nothing: the command is expected to give up after a few seconds.
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, check=False)
+
+
+def test_ray_status_on_an_unused_port_says_nothing_answers(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = _ray_status(f"127.0.0.1:{port}", tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert f"nothing answers at 127.0.0.1:{port}" in out.stderr
+
+
+def test_ray_status_on_a_port_that_accepts_but_never_answers_gives_up(tmp_path):
+    """Something listens (a stuck process, another service) but no Ray cluster answers:
+    ``ray.init`` would wait for its GCS for minutes; the probe asks for a gRPC reply."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)  # the kernel completes connections; nobody reads or writes them
+        port = s.getsockname()[1]
+        out = _ray_status(f"127.0.0.1:{port}", tmp_path)
+    assert out.returncode == 1, out.stderr
+    assert f"no Ray cluster answers at 127.0.0.1:{port}" in out.stderr

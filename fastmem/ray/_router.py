@@ -9,6 +9,7 @@ receives an attempt after the router gave up on it refuses it instead of applyin
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import socket
 import time
@@ -292,12 +293,47 @@ def probe(address: str | None, timeout: float = PROBE_TIMEOUT) -> None:
     if not host or port is None:
         raise InvalidInputError(f"a cluster address is HOST:PORT or ray://HOST:PORT, not {address!r}")
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
+        conn = socket.create_connection((host, port), timeout=timeout)
     except OSError as exc:
         raise ClusterUnreachableError(
             f"nothing answers at {address} ({exc or type(exc).__name__}): is the Ray head node up, and is "
             f"this its GCS address (`ray start --head --port=...`; for Ray Client, ray://HOST:10001)?"
         ) from None
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("0", "", "false"):
+            _ask_grpc(conn, address, timeout)
+
+
+# An HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (Ray's
+# GCS, Ray Client's proxy) answers with a SETTINGS frame of its own at once.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_SETTINGS = 4  # the frame type, the 4th byte of a frame's 9-byte header
+
+
+def _ask_grpc(conn: socket.socket, address: str, timeout: float) -> None:
+    """Raise unless what listens at ``address`` answers as a gRPC server within ``timeout``:
+    a port that accepts connections and says nothing (a stuck process, another service)
+    would make ``ray.init`` wait for a GCS for minutes."""
+    reply = b""
+    deadline = time.monotonic() + timeout
+    try:
+        conn.sendall(_HTTP2_PREFACE)
+        while len(reply) < 9 and (left := deadline - time.monotonic()) > 0:
+            conn.settimeout(left)
+            chunk = conn.recv(64)
+            if not chunk:
+                break
+            reply += chunk
+    except OSError:
+        pass
+    if len(reply) < 9 or reply[3] != _SETTINGS:
+        said = "nothing" if not reply else f"{len(reply)} bytes that are not gRPC"
+        raise ClusterUnreachableError(
+            f"no Ray cluster answers at {address}: something accepts connections there but said "
+            f"{said} within {timeout:g} s (a Ray head's GCS or a Ray Client server answers at "
+            f"once): is this the cluster's address (`ray start --head --port=...`; for Ray Client, "
+            f"ray://HOST:10001)?"
+        )
 
 
 CLIENT_TRIES = 3  # Ray Client's proxy may fail to start a client's server in time under load
