@@ -504,6 +504,9 @@ def test_an_older_copy_of_a_key_left_by_a_crash_loses_to_the_newer(path):
         meta = json.loads(json.dumps(old.metadata))
         meta["langgraph"]["value"] = {"text": "new value"}
         raw.add("new value", type=old.type, metadata=meta)
+    with open_store(path) as store:  # a new process's first search: no catalog yet
+        found = store.search(("c",), query="old value")  # the older copy ranks first
+        assert [i.value for i in found] == [{"text": "new value"}]
     with open_store(path) as store:
         assert store.get(("c",), "k").value == {"text": "new value"}
         assert len(store.store) == 1  # the older copy was forgotten

@@ -680,6 +680,9 @@ class FastmemStore(BaseStore):
             hits = self.store.search(op.query, k, types=types)
             kept: list[tuple[float, _Entry]] = []
             seen: set[tuple[tuple[str, ...], str]] = set()
+            # Without the catalog, of two copies of a key among the hits (a crash between a
+            # put's add and forget) the newer is the item.
+            newest = {} if self._catalog is not None else _newest_copies(hits)
             for hit in hits:
                 item = _item_of(hit.memory)
                 if item is None:
@@ -687,6 +690,8 @@ class FastmemStore(BaseStore):
                 entry = _Entry(hit.id, hit.memory, item)
                 ident = (entry.namespace, entry.key)
                 if not _under(entry.namespace, op.namespace_prefix) or ident in seen:
+                    continue
+                if newest.get(ident, entry.number) != entry.number:
                     continue
                 if self._catalog is not None:  # an older copy a crash or a race left
                     current = self._catalog.get(ident)
@@ -898,6 +903,17 @@ class FastmemStore(BaseStore):
                 entry.expires = item["expires_at"]
             out.append(entry)
         return out
+
+
+def _newest_copies(hits: list[fastmem.Hit]) -> dict[tuple[tuple[str, ...], str], int]:
+    """The newest memory's number of each item among search hits."""
+    newest: dict[tuple[tuple[str, ...], str], int] = {}
+    for hit in hits:
+        item = _item_of(hit.memory)
+        if item is not None:
+            ident = (tuple(item["namespace"]), item["key"])
+            newest[ident] = max(newest.get(ident, -1), int(hit.id[1:]))
+    return newest
 
 
 def _leaf_texts(value: Any) -> list[str]:
