@@ -447,7 +447,7 @@ def build(
         if hit.row not in levels and hit.row not in exclude:
             levels[hit.row] = (Level.FOUND, hit.relevance)
     focus = named_speakers(engine, ranked[:SPEAKER_ROWS], query) if policy.other_speaker < 1 else None
-    theirs = their_sessions(engine, ranked, focus) if focus and policy.other_conversation < 1 else None
+    theirs = their_sessions(index, focus) if focus and policy.other_conversation < 1 else None
     candidates = _candidates(engine, policy, levels, scores, counter, stored_counts, budget,
                              query_stems(query), focus, sole_match(ranked), exclude, parts,
                              theirs)  # fmt: skip
@@ -496,17 +496,27 @@ def named_speakers(engine: Engine, ranked: list[Ranked], query: str) -> frozense
     return frozenset(named) or None
 
 
-def their_sessions(engine: Engine, ranked: list[Ranked], focus: frozenset[str]) -> frozenset[int]:
-    """The sessions (as the index hashes their names) of the ranked memories that are turns
-    of a speaker in ``focus`` (:func:`named_speakers`): the conversations the question's
-    speakers take part in. A store holding many conversations (an agent's, after months)
-    ranks other conversations' turns among the candidates too; a question about Melanie is
-    answered in the conversations Melanie is part of (``ContextPolicy.other_conversation``)."""
-    index = engine.index
-    return frozenset(
-        int(index.row(hit.row)[F_SESSION]) for hit in ranked
-        if (m := speaker_of(engine.cached_memory(hit.row))) and m.group(0) in focus
-    )  # fmt: skip
+# A name held by more memories than this is too common to tell conversations apart (and
+# looking up every session it is in would cost more than the rule is worth).
+THEIR_ROWS_MAX = 20_000
+
+
+def their_sessions(index: MemoryIndex, focus: frozenset[str]) -> frozenset[int] | None:
+    """The sessions (as the index hashes their names) of the memories holding the name of a
+    speaker in ``focus`` (:func:`named_speakers`): the conversations the question's speakers
+    take part in (or are talked about in). A store holding many conversations (an agent's,
+    after months) ranks other conversations' turns among the candidates too; a question
+    about Melanie is answered in the conversations Melanie is in
+    (``ContextPolicy.other_conversation``). Found on the keyword side, no record read;
+    ``None`` for the user's own messages (the user is in every conversation of their store)
+    or a name more than ``THEIR_ROWS_MAX`` memories hold."""
+    names = [s[:-2] for s in focus if s.lower() != USER_PREFIX]
+    if not names:
+        return None
+    rows, _ = index.keyword.search(index, " ".join(names), THEIR_ROWS_MAX + 1, *retrieval.NO_FILTERS)
+    if not len(rows) or len(rows) > THEIR_ROWS_MAX:
+        return None
+    return frozenset(np.unique(index.gather(np.sort(rows), ("session",))["session"]).tolist())
 
 
 def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | None:
