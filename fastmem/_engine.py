@@ -939,6 +939,7 @@ class Engine:
         """Write the index file (atomically) and continue from it; ``full``: the whole
         index, even when a delta would do (an erase: no copy of what it erased is left)."""
         self.finish_checkpoint()
+        self._merge_statistics()
         sync = self.durability != "none"
         if sync:
             self.sync(self._fd)  # the index must never cover data that is not on disk
@@ -955,6 +956,27 @@ class Engine:
             self.sync_dir(self.idx_path)  # the rename itself must survive a power loss
         # Continue from the file just written: the tail's memory is released.
         self.index = MemoryIndex.load(self.idx_path, self.uuid, self.index.dim, self.data(), self.dat_end)
+
+    def _merge_statistics(self) -> None:
+        """Before a checkpoint (the writer lock held): when another process has written the
+        index file since this handle loaded it, its access statistics and this process's
+        are added up (``MemoryIndex.merge_statistics``): neither overwrites the other."""
+        loaded = self.index.file
+        try:
+            st = os.stat(self.idx_path)
+        except FileNotFoundError:
+            return
+        if loaded is not None and (st.st_dev, st.st_ino, st.st_size) == (loaded.dev, loaded.ino, loaded.size):
+            return  # the file it loaded: its statistics are in this index already
+        try:
+            disk = MemoryIndex.load(self.idx_path, self.uuid, self.index.dim, self.data(), self.dat_end)
+        except (CorruptionError, FormatVersionError, OSError):
+            return  # nothing to take from a file a rebuild replaces
+        try:
+            self.index.merge_statistics(disk)
+        finally:
+            if disk.file_closer is not None:
+                disk.file_closer()
 
     def needs_checkpoint(self) -> bool:
         """Whether closing should write the index: records it does not cover (this

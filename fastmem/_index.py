@@ -155,6 +155,9 @@ class MemoryIndex:
         # sure those records are erased (fastmem._erase.redo).
         self.erase_pending: list[Any] = []
         self.erased_base: set[int] = set()  # base rows whose vectors ``erase`` zeroed
+        # This process's accesses since the index was loaded, by memory id: (count, last
+        # time), added to other processes' at a checkpoint (``merge_statistics``).
+        self.touches: dict[int, tuple[int, float]] = {}
         self.file_closer: weakref.finalize | None = None  # closes the mapped file's descriptor
         # Incremental checkpoints: the file this index was loaded from (None: a full
         # checkpoint is due), the base rows changed since it was written (the loaded
@@ -633,14 +636,52 @@ class MemoryIndex:
         """Count an access to each row: statistics kept in the index only (a crash before
         the next checkpoint loses them, never a memory)."""
         nb = self.n_base
+        touches = self.touches
         for g in rows:
             seg, i = (self.base_rows, g) if g < nb else (self.tail.rows, g - nb)
             seg["access_count"][i] = min(int(seg["access_count"][i]) + 1, 0xFFFFFFFF)
             seg["last_access"][i] = now
             if g < nb:
                 self.dirty.add(g)
+            mid = int(seg["id"][i])
+            count, _ = touches.get(mid, (0, 0.0))
+            touches[mid] = (count + 1, now)
         if rows:
             self.stats_changed = True
+
+    def merge_statistics(self, disk: MemoryIndex) -> None:
+        """Take the access statistics of ``disk`` (the index file as other processes'
+        checkpoints left it since this index was loaded) and add this process's accesses
+        since (``touches``): counts add up, the last access is the later one. Rows that
+        ``disk`` does not hold keep their own."""
+        if not len(self) or not len(disk):
+            return
+        ids, theirs = self.column("id"), disk.column("id")
+        at = np.minimum(np.searchsorted(theirs, ids), len(theirs) - 1)
+        found = theirs[at] == ids
+        count = disk.column("access_count")[at].astype(np.int64)
+        last = disk.column("last_access")[at]
+        if self.touches:
+            mine = np.fromiter(self.touches, dtype=np.uint64, count=len(self.touches))
+            values = list(self.touches.values())
+            where = np.minimum(np.searchsorted(ids, mine), len(ids) - 1)
+            ok = ids[where] == mine
+            count[where[ok]] += np.array([v[0] for v in values], dtype=np.int64)[ok]
+            last[where[ok]] = np.maximum(last[where[ok]], np.array([v[1] for v in values])[ok])
+        count = np.minimum(count, 0xFFFFFFFF)
+        nb = self.n_base
+        for seg, lo in ((self.base_rows, 0), (self.tail.rows[: self.tail.n], nb)):
+            part = slice(lo, lo + len(seg))
+            take = found[part]
+            new_count = np.where(take, count[part], seg["access_count"]).astype(np.uint32)
+            new_last = np.where(take, last[part], seg["last_access"])
+            changed = np.nonzero((new_count != seg["access_count"]) | (new_last != seg["last_access"]))[0]
+            if len(changed):
+                seg["access_count"][changed] = new_count[changed]
+                seg["last_access"][changed] = new_last[changed]
+                if lo == 0:
+                    self.dirty.update(changed.tolist())
+                self.stats_changed = True
 
     def forget(self, g: int, flags: int) -> None:
         """Mark row ``g`` (whose flags are ``flags``) forgotten."""
