@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _erase, _kernels
+from . import _erase, _forkexit, _kernels  # noqa: F401 - _forkexit: its at-fork hook
 from . import _format as fmt
 from ._checkpoint import Background, frozen
 from ._files import Retired, fsync_dir, map_same, pending_index, recover, releaser, remove_quietly
