@@ -39,7 +39,8 @@ import fastmem
 from fastmem.embed import MiniLM, default_embedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from locomo import arguments, plain_rankings, policy_of, publish, save_per_question, store_for, table
+from locomo import (arguments, plain_rankings, policy_of, publish, save_per_question, store_for,
+                    table)  # fmt: skip
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parent.parent / "shared" / "data" / "beam-dev"
