@@ -52,6 +52,11 @@ def provider(built_store: tuple[str, list[str]], scratch_dir: Path):
     p = FastmemProvider()
     p.initialize("bench-session", hermes_home=str(home), platform="cli", agent_context="primary")
     p.system_prompt_block()  # opens the store, as the first system prompt does
+    # The model loaded first: a context made before it is keyword-only (empty for a query
+    # whose words are not in a small store), which made the rounds differ with the load.
+    wait = getattr(getattr(p._shared._reader, "_embedder", None), "wait", None)
+    if wait is not None:
+        wait()
     yield p
     p.shutdown()
 

@@ -48,7 +48,9 @@ def _keyword(benchmark: Any, record: Any, size: int, path: str, kind: str) -> No
             lambda: store.search(next(cycle), K, mode="keyword"),
             rounds=5 * len(queries), iterations=1,
         )  # fmt: skip
-    assert len(hits) == K
+    # Two words ranked 2,000th or lower may be in fewer than ten memories of a small store
+    # (at 5,000 memories, the smoke run's size).
+    assert len(hits) == K or (kind == "rare" and 0 < len(hits) < K), len(hits)
     data = benchmark.stats.stats.data
     record(size, kind=kind, p50_ms=1e3 * statistics.median(data),
            p95_ms=1e3 * float(np.percentile(data, 95)))  # fmt: skip

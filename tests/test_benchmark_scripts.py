@@ -43,3 +43,23 @@ def test_a_benchmark_script_that_wraps_private_code_still_runs(
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip()
+
+
+@pytest.mark.slow
+def test_the_pytest_benchmark_suites_run_as_a_quick_smoke(backend: str, tmp_path: Path) -> None:
+    """Every ``benchmarks/bench_*.py`` benchmark runs at 5,000 memories with
+    ``--benchmark-disable``: each runs its rounds once, untimed by the plugin, and checks
+    what it checks (recall, result counts). 20 s to 2 minutes on a loaded 2-core machine;
+    the timeout guards against a hang, it is not a speed bound."""
+    if backend != "cython":
+        pytest.skip("the suites run with the default kernels: once is enough")
+    env = {**os.environ, "PYTHONPATH": SOURCE, "FASTMEM_BENCH_DIR": str(tmp_path),
+           "FASTMEM_BENCH_SIZES": "5000"}  # fmt: skip
+    env.pop("FASTMEM_EMBEDDER", None)  # the suites use the default model, as users run them
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", str(BENCHMARKS), "--benchmark-disable", "-q",
+         "-p", "no:randomly"],
+        check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout[-4000:], done.stderr[-2000:])
+    assert " passed" in done.stdout and "failed" not in done.stdout
