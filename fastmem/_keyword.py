@@ -274,7 +274,7 @@ class KeywordIndex:
                 base.doc_len[in_base] = np.uint32(fmt.DOC_DEAD)
                 keep = ~np.isin(base.rows, in_base)
                 if not keep.all():
-                    counts = np.diff(base.offsets.astype(np.int64))
+                    counts = np.diff(base.offsets).astype(np.intp)
                     term_of = np.repeat(np.arange(len(base.terms)), counts)
                     kept = np.bincount(term_of[keep], minlength=len(base.terms))
                     offsets = np.zeros(int(np.count_nonzero(kept)) + 1, dtype=base.offsets.dtype)

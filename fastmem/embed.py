@@ -107,7 +107,7 @@ def _onnx_model_dir() -> Path:
     global _packaged_path
     replaced = globals().get("ONNX_MODEL_DIR")
     if replaced is not None:
-        return replaced  # type: ignore[no-any-return]
+        return replaced
     if _packaged_path is None:
         from pathlib import Path
 

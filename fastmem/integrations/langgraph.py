@@ -373,8 +373,9 @@ class FastmemStore(BaseStore):
         ttl: TTLConfig | None = None,
         **options: Any,
     ) -> None:
-        self.index_config = None if index is None else dict(index)
-        self.ttl_config = None if ttl is None else dict(ttl)  # type: ignore[assignment]
+        # Plain dicts (LangGraph's TypedDicts, read by key): what BaseStore's attributes hold.
+        self.index_config: dict[str, Any] | None = None if index is None else dict(index)
+        self.ttl_config: dict[str, Any] | None = None if ttl is None else dict(ttl)  # type: ignore[assignment]
         self._fields = self._check_config()
         self._embedder: Any = None  # waited for before a query search, when known
         if isinstance(path, fastmem.MemoryStore):
@@ -630,7 +631,7 @@ class FastmemStore(BaseStore):
             found = self._ranked(op, now)
         else:
             self._sync()
-            found = [(None, e) for e in self._newest(op, now)]
+            found = [(None, e) for e in self._newest(op, now)]  # type: ignore[misc]
         entries = self._refresh([e for _, e in found], now) if op.refresh_ttl else [e for _, e in found]
         return [e.item(SearchItem, score) for (score, _), e in zip(found, entries)]
 
@@ -737,7 +738,8 @@ class FastmemStore(BaseStore):
         self._sync()
         catalog = self._catalog
         assert catalog is not None
-        adds, deletes = [], []
+        adds: list[dict[str, Any]] = []
+        deletes: list[_Entry] = []
         for op in ops:
             old = catalog.get((op.namespace, op.key))
             if op.value is None:
@@ -892,7 +894,8 @@ class FastmemStore(BaseStore):
         out = []
         for entry in entries:
             if entry.ttl is not None:
-                item = {"namespace": list(entry.namespace), "key": entry.key, "value": entry.value,
+                item: dict[str, Any] = {
+                        "namespace": list(entry.namespace), "key": entry.key, "value": entry.value,
                         "created_at": entry.created, "ttl": entry.ttl,
                         "expires_at": now + 60.0 * entry.ttl}  # fmt: skip
                 try:
