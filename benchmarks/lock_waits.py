@@ -1,0 +1,116 @@
+"""How long writers wait for the writer lock: four processes adding batches of 100 memories
+while a fifth adds batches of 5,000 (an import beside a gateway and its CLIs).
+
+Each writer is a process of its own with its own handle. The lock wait is the time a write
+spends taking the writer lock (``Engine._flock``, timed in each writer); the latency is the
+whole ``add_many`` call. Memories have no vectors and no summaries: what is measured is the
+lock, not the embedder.
+
+    python benchmarks/lock_waits.py [--seconds 10] [--small 4] [--big 1] [--poll-max 0.0002]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+
+def worker(path: str, kind: str, seconds: float, out: str, poll_max: float) -> None:
+    import fastmem
+    from fastmem import _engine
+
+    if poll_max > 0:  # an alternative measured: a shorter longest pause between tries
+        _engine._LOCK_POLL_MAX = poll_max
+
+    size = 100 if kind == "small" else 5000
+    waits: list[float] = []
+    calls: list[float] = []
+    with fastmem.open(path, embedder=None, summarizer=None, timeout=120) as store:
+        engine = store._engine
+        real = engine._flock
+
+        def timed() -> object:
+            started = time.perf_counter()
+            try:
+                return real()
+            finally:
+                waits.append(time.perf_counter() - started)
+
+        engine._flock = timed
+        end = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < end:
+            items = [{"text": f"{kind} {os.getpid()} {n + i} words words"} for i in range(size)]
+            started = time.perf_counter()
+            store.add_many(items)
+            calls.append(time.perf_counter() - started)
+            n += size
+    with open(out, "w") as f:
+        json.dump({"kind": kind, "waits": waits, "calls": calls, "memories": n}, f)
+
+
+def _row(name: str, values: list[float]) -> str:
+    ms = 1e3 * np.array(values)
+    return (f"| {name} | {len(ms):,} | {np.percentile(ms, 50):.2f} | {np.percentile(ms, 95):.2f} | "
+            f"{np.percentile(ms, 99):.2f} | {ms.max():.1f} |")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--small", type=int, default=4)
+    parser.add_argument("--big", type=int, default=1)
+    parser.add_argument(
+        "--poll-max",
+        type=float,
+        default=0.0,
+        help="seconds: the longest pause between tries for the lock (default: fastmem's)",
+    )
+    parser.add_argument("--worker", nargs=4, metavar=("PATH", "KIND", "SECONDS", "OUT"))
+    args = parser.parse_args()
+    if args.worker:
+        path, kind, seconds, out = args.worker
+        worker(path, kind, float(seconds), out, args.poll_max)
+        return
+    import fastmem
+
+    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"fastmem {fastmem.__version__}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "store")
+        fastmem.open(path, embedder=None).close()
+        kinds = ["big"] * args.big + ["small"] * args.small
+        outs = [os.path.join(folder, f"w{i}.json") for i in range(len(kinds))]
+        env = dict(os.environ, FASTMEM_EMBEDDER="none")
+        procs = [subprocess.Popen([sys.executable, __file__, "--poll-max", str(args.poll_max), "--worker",
+                                   path, kind, str(args.seconds), out], env=env)
+                 for kind, out in zip(kinds, outs)]  # fmt: skip
+        for p in procs:
+            p.wait(timeout=args.seconds * 20 + 120)
+        results = [json.load(open(out)) for out in outs]
+    poll = f", longest poll pause {args.poll_max * 1e3:g} ms" if args.poll_max else ""
+    print(
+        f"{args.small} writers of 100-memory batches, {args.big} of 5,000, {args.seconds:g} s{poll}"
+    )
+    print("| what | count | p50 ms | p95 ms | p99 ms | max ms |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for kind in ("small", "big"):
+        mine = [r for r in results if r["kind"] == kind]
+        if mine:
+            label = "100-batch" if kind == "small" else "5,000-batch"
+            print(_row(f"lock wait, {label} writers", sum((r["waits"] for r in mine), [])))
+            print(_row(f"add_many, {label} writers", sum((r["calls"] for r in mine), [])))
+    total = sum(r["memories"] for r in results)
+    print(f"memories written: {total:,} ({total / args.seconds:,.0f}/s)")
+
+
+if __name__ == "__main__":
+    main()
