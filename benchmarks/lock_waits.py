@@ -95,7 +95,10 @@ def main() -> None:
                  for kind, out in zip(kinds, outs)]  # fmt: skip
         for p in procs:
             p.wait(timeout=args.seconds * 20 + 120)
-        results = [json.load(open(out)) for out in outs]
+        results = []
+        for out in outs:
+            with open(out) as f:
+                results.append(json.load(f))
     poll = f", longest poll pause {args.poll_max * 1e3:g} ms" if args.poll_max else ""
     print(
         f"{args.small} writers of 100-memory batches, {args.big} of 5,000, {args.seconds:g} s{poll}"
@@ -106,8 +109,8 @@ def main() -> None:
         mine = [r for r in results if r["kind"] == kind]
         if mine:
             label = "100-batch" if kind == "small" else "5,000-batch"
-            print(_row(f"lock wait, {label} writers", sum((r["waits"] for r in mine), [])))
-            print(_row(f"add_many, {label} writers", sum((r["calls"] for r in mine), [])))
+            print(_row(f"lock wait, {label} writers", [w for r in mine for w in r["waits"]]))
+            print(_row(f"add_many, {label} writers", [c for r in mine for c in r["calls"]]))
     total = sum(r["memories"] for r in results)
     print(f"memories written: {total:,} ({total / args.seconds:,.0f}/s)")
 
