@@ -276,3 +276,42 @@ def test_a_backup_finishes_an_erase_its_copy_missed(tmp_path: Path) -> None:
     assert _found(tmp_path / "copy", [SECRET.encode()]) == []
     with fastmem.open(tmp_path / "copy" / "agent", embedder=None) as copy:
         assert copy.verify().ok and len(copy) == 40
+
+
+def test_the_mcp_servers_forget_tool_erases(tmp_path: Path) -> None:
+    """Through a real MCP server process: its ``forget`` tool is ``forget``."""
+    pytest.importorskip("mcp")
+    import test_mcp
+
+    async def work(session):  # type: ignore[no-untyped-def]
+        made = test_mcp._payload(await session.call_tool("remember", {"text": SECRET}))
+        await session.call_tool("remember", {"text": "another memory"})
+        assert _found(tmp_path, [SECRET.encode()])
+        done = await session.call_tool("forget", {"id": made["id"]})
+        assert not test_mcp._is_error(done), done
+        return _found(tmp_path, [SECRET.encode()])
+
+    assert test_mcp.run(str(tmp_path / "mem"), work) == []
+
+
+def test_the_hermes_providers_forget_tool_erases(tmp_path: Path) -> None:
+    """Through the Hermes provider (its writer thread writes): nothing of the memory is
+    left in the store's files, nor in the provider's own files under the Hermes home."""
+    import json
+
+    from fastmem.integrations.hermes import FastmemProvider
+
+    home = tmp_path / "hermes"
+    provider = FastmemProvider()
+    provider.initialize("s1", hermes_home=str(home), platform="cli")
+    try:
+        made = json.loads(provider.handle_tool_call("fastmem_remember", {"text": SECRET}))
+        provider.handle_tool_call("fastmem_remember", {"text": "another memory"})
+        assert provider.flush(60)
+        assert _found(home, [SECRET.encode()])  # written: the check below can fail
+        reply = json.loads(provider.handle_tool_call("fastmem_forget", {"id": made["id"]}))
+        assert reply.get("ok") or "forgotten" in json.dumps(reply), reply
+        assert _found(home, [SECRET.encode()]) == []
+    finally:
+        provider.shutdown()
+    assert _found(home, [SECRET.encode()]) == []
