@@ -357,6 +357,9 @@ class MemoryStore:
         Raises:
             UnknownMemoryError: no live memory has this id.
             InvalidTypeError: ``erase`` is not a bool.
+            DurabilityError: the write failed. When the message says "forgotten, but
+                erasing ... failed", the memory is forgotten and its bytes are erased by
+                the next write to the store (in any process).
         """
         if not isinstance(erase, bool):
             raise InvalidTypeError("erase must be True or False")
