@@ -516,7 +516,7 @@ def their_sessions(index: MemoryIndex, focus: frozenset[str]) -> frozenset[int] 
     rows, _ = index.keyword.search(index, " ".join(names), THEIR_ROWS_MAX + 1, *retrieval.NO_FILTERS)
     if not len(rows) or len(rows) > THEIR_ROWS_MAX:
         return None
-    return frozenset(np.unique(index.gather(np.sort(rows), ("session",))["session"]).tolist())
+    return frozenset(index.gather(rows, ("session",))["session"].tolist())  # np.unique imports numpy.ma
 
 
 def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | None:
