@@ -36,11 +36,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _erase, _forkexit, _kernels  # noqa: F401 - _forkexit: its at-fork hook
+from . import _erase, _forkexit, _kernels, _stats  # noqa: F401 - _forkexit: its at-fork hook
 from . import _format as fmt
 from ._checkpoint import Background, frozen
-from ._files import Retired, fsync_dir, map_same, pending_index, recover, releaser, remove_quietly
-from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, F_TS, F_TYPE, MemoryIndex, update_changes
+from ._files import (Retired, create_data_file, fsync_dir, map_same, pending_index, recover, releaser,
+                     remove_quietly)  # fmt: skip
+from ._index import F_FLAGS, F_META, F_OFFSET, MemoryIndex, update_changes
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
 from ._items import Batch, decode_memory, f32, frame_batch, frame_changes, parse_id
@@ -57,9 +58,8 @@ __all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (commit_memories)
-# A write waiting for the lock polls it (flock has no timeout), first often, since writes
-# hold it for micro- to milliseconds, then less: a 1 ms poll from the start left the lock
-# idle for up to a millisecond at every handoff between processes.
+# A write waiting for the lock polls it (flock has no timeout), first often (writes hold it
+# for micro- to milliseconds), then less: a 1 ms poll left the lock idle at every handoff.
 _LOCK_POLL_FIRST = 0.00005
 _LOCK_POLL_MAX = 0.002
 
@@ -107,7 +107,6 @@ class Engine:
         self.cache = ContentCache(cache_bytes)
         self.closed = True
         self._changes: list[tuple[int, int, int]] | None = None  # see note_change
-        self.erase_after: list[str] = []  # ids forgotten during a compaction (erase_rows)
         self._generation = forks()  # a handle is its process's: StoreForkedError in a child
         self._commit: GroupCommit | None = None
         self._dat: mmap.mmap | None = None
@@ -167,7 +166,7 @@ class Engine:
             self._fd = -1  # adopted below, with the rest of the state
             self._adopt(state)
             self._cut_torn_tail()
-            self._finish_erases()
+            _erase.finish(self)
             # An index loaded from its file (under the lock) exists: no stat for it.
             if self._rebuilt or (self.index.file is None and not os.path.exists(self.idx_path)):
                 self.checkpoint()
@@ -191,7 +190,7 @@ class Engine:
         if created:
             if not locked:
                 raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
-            self._create_data_file(fd, size, dim or 0)
+            create_data_file(fd, size, dim or 0, self.identity, self.dat_path)
             size = fmt.DAT_HEADER_SIZE
         mapped = map_same(self.dat_path, fd, size, st)
         if mapped is None:  # replaced again since fd was opened: follow
@@ -290,24 +289,6 @@ class Engine:
             os.close(fd)
         return self._adopt(state)
 
-    def _create_data_file(self, fd: int, size: int, dim: int) -> None:
-        head = os.pread(fd, size, 0)
-        if head[:8] != fmt.DAT_MAGIC[: len(head[:8])]:
-            raise CorruptionError(
-                f"{self.dat_path} is not a fastmem data file", path=self.dat_path, offset=0
-            )
-        os.ftruncate(fd, 0)  # a creation that was interrupted: start it again
-        fingerprint = bytes(4)
-        if self.identity is not None:
-            dim = dim or self.identity[1]
-            if dim != self.identity[1]:
-                raise DimensionMismatchError(f"dim={dim}, but the embedder makes {self.identity[1]}")
-            fingerprint = fmt.embedder_fingerprint(*self.identity)
-        header = fmt.pack_dat_header(os.urandom(16), dim, time.time(), embedder=fingerprint)
-        os.write(fd, header)
-        os.fsync(fd)
-        fsync_dir(self.dat_path)
-
     def _check_embedder(self, header: fmt.DatHeader) -> None:
         """Refuse an embedder whose vectors would not compare with the stored ones."""
         if self.identity is None:
@@ -389,16 +370,15 @@ class Engine:
 
     @contextmanager
     def writing(self, appending: bool = False) -> Iterator[None]:
-        """One write: the writer lock taken, the view brought up to the end of the data
-        file (what other processes appended is applied first, so ids stay unique and
-        increasing), the engine's thread lock held (``appending``: see ``check``)."""
+        """One write: the writer lock taken, the view brought up to the end of the data file
+        (others' records applied first: ids stay unique), the thread lock held (see ``check``)."""
         with self.failures():
             with self.lock:
                 self.check_writable(appending)  # fail fast, before waiting for the lock
             with self.write_lock(), self.lock:
                 self.check_writable(appending)  # brings the view up to the end of the file
                 self._cut_torn_tail()
-                self._finish_erases()
+                _erase.finish(self)
                 yield
 
     def failures(self, path: str | None = None) -> Any:
@@ -515,8 +495,8 @@ class Engine:
             return
         self._dat, self.dat_end = dat, size
         self.valid_end = self.index.replay(dat, self.valid_end, size, self.dat_path, self._map_fd)[1]
-        if self.readonly and self.index.erase_pending:
-            self.index.erase_pending.clear()  # a writer finishes erases (_finish_erases)
+        if self.readonly:  # only a writer finishes erases (_erase.finish)
+            self.index.erase_pending.clear()
 
     def check_writable(self, appending: bool = False) -> None:
         self.check(appending)
@@ -662,7 +642,7 @@ class Engine:
             self.abandon()
             raise
 
-    def _append(self, data: bytes) -> int:
+    def _append(self, data: bytes, durable: bool = False) -> int:
         """Append whole records; on failure (of the write, or of the sync that makes it
         durable) the file is cut back and nothing is applied: nothing was acknowledged."""
         start = self.dat_end
@@ -670,7 +650,7 @@ class Engine:
         try:
             while view:
                 view = view[os.write(self._fd, view) :]
-            if self.durability == "always":
+            if self.durability == "always" or (durable and self.durability == "batch"):
                 self.sync(self._fd)
         except BaseException:
             self._cut_back(start)
@@ -690,129 +670,26 @@ class Engine:
         self.valid_end = self.dat_end
         return offset
 
-    def append_tombstones(self, rows: list[int], now: float) -> list[str]:
-        """Forget ``rows`` with one write (a tombstone each); returns their ids."""
+    def append_tombstones(self, rows: list[int], now: float, payloads: list[Any] | None = None) -> list[str]:
+        """Forget ``rows`` with one write (a tombstone each, or the forget records ``payloads``:
+        an erase's, durable before they are applied, else cut off); returns their ids."""
         index = self.index
         ids = index.column("id")[rows].tolist()
         flags = index.column("flags")
-        data, lengths, crcs = frame_changes(fmt.KIND_FORGET, [{"i": mid, "t": now} for mid in ids])
-        start = self._append(data)
+        data, lengths, crcs = frame_changes(fmt.KIND_FORGET, payloads or [{"i": mid, "t": now} for mid in ids])
+        start = self._append(data, durable=payloads is not None)
         last = start + int(lengths[:-1].sum())
         for g in rows:
             self.note_change(g, index.row(g))
-            index.forget(g, int(flags[g]))
+            if not flags[g] & fmt.FLAG_FORGOTTEN:  # (an erase of a memory forgotten before)
+                index.forget(g, int(flags[g]))
         index.note_applied(last, int(lengths[-1]), int(crcs[-1]))
         self.valid_end = self.dat_end
         return [f"m{mid}" for mid in ids]
 
-    def erase_rows(self, rows: list[int], now: float) -> list[str]:
-        """Forget ``rows`` and erase them from the files (fastmem._erase): their forget
-        records appended with one write and synced, their records overwritten in place and
-        synced, the index file rewritten whole if it held any of them. Returns their ids."""
-        if self._changes is not None:
-            # A compaction of this process is copying the records meanwhile: its new file
-            # would hold them again, and the forget records' offsets are the old file's.
-            # Tombstones now; the erase once it is done (erase_deferred).
-            ids = self.append_tombstones(rows, now)
-            self.erase_after += ids
-            return ids
-        index = self.index
-        pending = []
-        for g in rows:
-            row = index.row(g)
-            code = row[F_TYPE]
-            type_name = None if code == 0 else index.type_name(code)
-            pending.append((row[F_ID], row[F_TS], type_name, _erase.records_of(self, row), 0))
-        for mid, ts, type_name, spans, _ in pending:  # fails here, before anything is written
-            _erase.erased_record(fmt.KIND_MEMORY, 0, mid, spans[1], ts, type_name)
-        payloads = [_erase.forget_payload(*p[:4], now) for p in pending]
-        covered = self._index_file_holds(rows)
-        data, lengths, crcs = frame_changes(fmt.KIND_FORGET, payloads)
-        start = self._append(data)
-        if self.durability == "batch":  # ("always": _append synced them)
-            try:
-                self.sync(self._fd)  # the forget records first: a kill mid-erase is redone
-            except BaseException:
-                self._cut_back(start)  # not acknowledged: as a failed append
-                self.dat_end = start
-                raise
-        # The forget is done (durable). What follows finishes the erase; a failure there
-        # leaves it for the next write (erase_pending), and is raised.
-        at = start + np.concatenate(([0], np.cumsum(lengths[:-1]))).astype(np.int64)
-        pending = [(*p[:4], int(a)) for p, a in zip(pending, at)]
-        try:
-            for g in rows:
-                self.note_change(g, index.row(g))
-            index.erase(rows)
-            index.note_applied(start + int(lengths[:-1].sum()), int(lengths[-1]), int(crcs[-1]))
-        except BaseException:
-            self._undo_append(start)
-            raise
-        self.valid_end = self.dat_end
-        index.erase_pending.extend(pending)
-        try:
-            if _erase.redo(self._fd, pending) and self.durability != "none":
-                self.sync(self._fd)
-            if covered:
-                self.checkpoint(full=True)
-        except OSError as exc:
-            code = exc.errno or errno.EIO
-            raise DurabilityError(
-                code, f"forgotten, but erasing the memories' bytes failed ({os.strerror(code)}): "
-                f"the next write to the store tries again", self.dat_path,
-            ) from exc  # fmt: skip
-        done = {id(p) for p in pending}
-        self.index.erase_pending = [p for p in self.index.erase_pending if id(p) not in done]
-        return [f"m{p[0]}" for p in pending]
-
-    def _index_file_holds(self, rows: list[int]) -> bool:
-        """Whether the index file under the store's name may hold any of ``rows``: this
-        handle's index covers their records, or the file is not the one it loaded (another
-        process checkpointed since; one stat tells)."""
-        loaded = self.index.file
-        try:
-            st = os.stat(self.idx_path)
-        except FileNotFoundError:
-            return False
-        if loaded is None or (st.st_dev, st.st_ino, st.st_size) != (loaded.dev, loaded.ino, loaded.size):
-            return True
-        return any(self.index.row(g)[F_OFFSET] < self.index.covered for g in rows)
-
-    def erase_deferred(self) -> None:
-        """Erase the memories forgotten while a compaction ran (see ``erase_rows``)."""
-        if not self.erase_after or self.closed:
-            return
-        with self.writing():
-            ids, self.erase_after = self.erase_after, []
-            rows = [g for g in (self.index.find(parse_id(mid)) for mid in ids) if g >= 0]
-            if rows:  # (the compaction may have dropped them: then nothing is left)
-                self.erase_rows(rows, time.time())
-
-    def _finish_erases(self) -> None:
-        """Holding the writer lock: overwrite the records erasing forgets named that are not
-        erased yet (a process was killed while erasing them, fastmem._erase). Then the
-        rows are read again from the files and the index file is rewritten whole."""
-        pending = self.index.erase_pending
-        if not pending:
-            return
-        self.index.erase_pending = []
-        try:
-            wrote = _erase.redo(self._fd, pending)
-        except BaseException:
-            self.index.erase_pending = pending + self.index.erase_pending
-            raise
-        if wrote:
-            if self.durability != "none":
-                self.sync(self._fd)
-            self._adopt(self._build(self._fd, None, locked=True)).release(drop_cache=False)
-            self.index.erase_pending = []  # the replay just now noted them again: all erased
-        # The eraser rewrites the index file last: killed before, it left one that may hold
-        # what was erased (the memory was in it when the record lies before what it covers).
-        first = min(p[4] for p in pending)
-        if any(p[3][0] < self.index.covered for p in pending) and not _erase.index_file_after(
-            self.idx_path, self.uuid, first
-        ):
-            self.checkpoint(full=True)
+    def reload(self) -> None:
+        """Holding the writer lock: read the rows again from the files (an erase finished)."""
+        self._adopt(self._build(self._fd, None, locked=True)).release(drop_cache=False)
 
     # --- the change log a compaction reads ------------------------------------------------
 
@@ -850,9 +727,7 @@ class Engine:
             row = self.live_row(mid)[1]
             try:
                 memory = self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
-            except CorruptionError:
-                # Another process may be erasing it this moment (fastmem._erase): its
-                # forget record is then there to apply, and the memory is forgotten.
+            except CorruptionError:  # being erased by another process: then forgotten
                 self.check()
                 self.live_row(mid)
                 raise
@@ -936,10 +811,9 @@ class Engine:
                 self.sync(self._fd)
 
     def checkpoint(self, full: bool = False) -> None:
-        """Write the index file (atomically) and continue from it; ``full``: the whole
-        index, even when a delta would do (an erase: no copy of what it erased is left)."""
+        """Write the index file (atomically) and continue from it; ``full``: never a delta."""
         self.finish_checkpoint()
-        self._merge_statistics()
+        _stats.merge_from_file(self.index, self.idx_path, self.uuid, self.data(), self.dat_end)
         sync = self.durability != "none"
         if sync:
             self.sync(self._fd)  # the index must never cover data that is not on disk
@@ -956,27 +830,6 @@ class Engine:
             self.sync_dir(self.idx_path)  # the rename itself must survive a power loss
         # Continue from the file just written: the tail's memory is released.
         self.index = MemoryIndex.load(self.idx_path, self.uuid, self.index.dim, self.data(), self.dat_end)
-
-    def _merge_statistics(self) -> None:
-        """Before a checkpoint (the writer lock held): when another process has written the
-        index file since this handle loaded it, its access statistics and this process's
-        are added up (``MemoryIndex.merge_statistics``): neither overwrites the other."""
-        loaded = self.index.file
-        try:
-            st = os.stat(self.idx_path)
-        except FileNotFoundError:
-            return
-        if loaded is not None and (st.st_dev, st.st_ino, st.st_size) == (loaded.dev, loaded.ino, loaded.size):
-            return  # the file it loaded: its statistics are in this index already
-        try:
-            disk = MemoryIndex.load(self.idx_path, self.uuid, self.index.dim, self.data(), self.dat_end)
-        except (CorruptionError, FormatVersionError, OSError):
-            return  # nothing to take from a file a rebuild replaces
-        try:
-            self.index.merge_statistics(disk)
-        finally:
-            if disk.file_closer is not None:
-                disk.file_closer()
 
     def needs_checkpoint(self) -> bool:
         """Whether closing should write the index: records it does not cover (this

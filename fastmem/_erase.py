@@ -19,24 +19,31 @@ them (``MemoryIndex.erase_pending``), and whoever holds the writer lock next ove
 that is not an erased record yet (:func:`redo`) before it writes: the erase finishes, and
 the damage it left is gone. A replay reads an erased memory record as a forgotten row
 without text, vector or metadata (``fastmem._replay``): the same row the erasing process
-gives the memory (``MemoryIndex.erase``), so ``verify()`` compares them equal.
+gives the memory (``_replay.erase_rows``), so ``verify()`` compares them equal.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import struct
+import time
+import weakref
 import zlib
 from typing import Any
 
 import msgpack
+import numpy as np
 
 from . import _format as fmt
-from ._replay import F_ID, F_LENGTH, F_META, F_OFFSET
-from .errors import CorruptionError, FormatVersionError
+from . import _kernels
+from ._items import frame_changes, parse_id
+from ._replay import F_FLAGS, F_ID, F_LENGTH, F_META, F_OFFSET, F_TS, F_TYPE, Pending, erase_rows
+from .errors import CorruptionError, DurabilityError, FormatVersionError, InvalidTypeError
 
-__all__ = ["erased_record", "forget_payload", "is_erased", "pending_of", "records_of", "redo"]
+__all__ = ["deferred", "erase", "erased_record", "finish", "forget", "forget_payload", "is_erased",
+           "records_of", "redo"]
 
 _FLOAT = struct.Struct(">d")
 # (msgpack bin code, length field, header bytes, most bytes): any of them may carry a given
@@ -103,23 +110,13 @@ def records_of(engine: Any, row: tuple[Any, ...]) -> list[int]:
         dat = engine.data()
         start = row[F_OFFSET] + row[F_LENGTH]  # (a compacted prefix holds no update record)
         end = fmt.parse_record_header(dat, meta, engine.dat_end).length + meta
-        offsets, lengths, kinds, _, _, _ = _scan(dat, start, end)
+        offsets, lengths, kinds, _, _, _ = _kernels.scan_records(dat, start, end)
         for off, length, kind in zip(offsets.tolist(), lengths.tolist(), kinds.tolist()):
             if kind == fmt.KIND_UPDATE:
                 payload = fmt.read_record(dat, off, off + length)[1]
                 if payload.get("i") == row[F_ID] and "m" in payload:
                     spans += [off, length]
     return spans
-
-
-def _scan(dat: Any, start: int, end: int) -> tuple[Any, ...]:
-    from . import _kernels
-
-    return _kernels.scan_records(dat, start, end)
-
-
-# id, time, type name, the records ``[offset, length, ...]``, the forget record's offset
-Pending = tuple[int, "float | None", "str | None", list[int], int]
 
 
 def forget_payload(
@@ -130,31 +127,6 @@ def forget_payload(
     if type_name is not None:
         payload["y"] = type_name
     return payload
-
-
-def pending_of(p: dict[str, Any], before: int) -> Pending:
-    """What an erasing forget's payload asks to erase, checked (raises ``ValueError``):
-    pairs of ints, each record inside the data file before the forget record at ``before``."""
-    spans, ts, type_name = p["e"], p.get("w"), p.get("y")
-    if (
-        type(spans) is not list
-        or not spans
-        or len(spans) % 2
-        or not all(type(v) is int for v in spans)
-    ):
-        raise ValueError("the erased records are not pairs of offsets and lengths")
-    for off, length in zip(spans[::2], spans[1::2]):
-        if not (
-            fmt.DAT_HEADER_SIZE <= off
-            and fmt.RECORD_HEADER_SIZE < length
-            and off + length <= before
-        ):
-            raise ValueError("an erased record lies outside the data file")
-    if ts is not None and not (type(ts) is float and 0.0 <= ts <= fmt.MAX_TIMESTAMP):
-        raise ValueError("the erased memory's timestamp is out of range")
-    if type_name is not None and type(type_name) is not str:
-        raise ValueError("the erased memory's type is not a name")
-    return p["i"], ts, type_name, spans, before
 
 
 def index_file_after(path: str, uuid: bytes, offset: int) -> bool:
@@ -222,3 +194,133 @@ def write_at(fd: int, data: bytes, offset: int) -> bool:
             return False
         view, offset = view[n:], offset + n
     return True
+
+
+# --- on an engine (its write path, from inside: under its writer lock and thread lock) ------
+
+# Ids forgotten while a compaction of the engine's process ran: erased once it is done.
+_after_compaction: weakref.WeakKeyDictionary[Any, list[str]] = weakref.WeakKeyDictionary()
+
+
+def forget(engine: Any, mid: str, erase_it: bool, now: float) -> None:
+    """``MemoryStore.forget`` (in ``engine.writing()``): erased, or a tombstone only."""
+    if not isinstance(erase_it, bool):
+        raise InvalidTypeError("erase must be True or False")
+    g, row = engine.live_row(mid)
+    if erase_it:
+        erase(engine, [g], now)
+        return
+    engine.append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": now})
+    engine.note_change(g, row)
+    engine.index.forget(g, row[F_FLAGS])
+
+
+def erase(engine: Any, rows: list[int], now: float) -> list[str]:
+    """Forget ``rows`` and erase them from the files (see the module): their forget records
+    appended with one write and synced, their records overwritten in place and synced, the
+    index file rewritten whole if it held any of them. Returns their ids.
+
+    Raises:
+        DurabilityError: a failure before the forget records were durable (nothing
+            happened), or after (the memories are forgotten; the next write erases them).
+    """
+    if engine.maintenance_lock.locked():
+        # A compaction of this process may be copying the records meanwhile: its new file
+        # would hold them again, and the forget records' offsets are the old file's.
+        # Tombstones now; the erase once it is done (deferred).
+        ids = engine.append_tombstones(rows, now)
+        _after_compaction.setdefault(engine, []).extend(ids)
+        return ids
+    index = engine.index
+    pending = []
+    for g in rows:
+        row = index.row(g)
+        type_name = None if row[F_TYPE] == 0 else index.type_name(row[F_TYPE])
+        pending.append((row[F_ID], row[F_TS], type_name, records_of(engine, row), 0))
+    for mid, ts, type_name, spans, _ in pending:  # fails here, before anything is written
+        erased_record(fmt.KIND_MEMORY, 0, mid, spans[1], ts, type_name)
+    covered = _index_file_holds(engine, rows)
+    payloads = [forget_payload(*p[:4], now) for p in pending]
+    _, lengths, _ = frame_changes(fmt.KIND_FORGET, payloads)  # (the offsets they will have)
+    at = engine.dat_end + np.concatenate(([0], np.cumsum(lengths[:-1]))).astype(np.int64)
+    engine.append_tombstones(rows, now, payloads)  # durable, or nothing happened
+    # The forget is done. What follows finishes the erase; a failure there leaves it for
+    # the next write (erase_pending), and is raised.
+    pending = [(*p[:4], int(a)) for p, a in zip(pending, at)]
+    erase_rows(index, rows)
+    index.erase_pending.extend(pending)
+    try:
+        if _redo_on(engine, pending) and engine.durability != "none":
+            engine.flush()
+        if covered:
+            engine.checkpoint(full=True)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise DurabilityError(
+            code, f"forgotten, but erasing the memories' bytes failed ({os.strerror(code)}): "
+            f"the next write to the store tries again", engine.dat_path,
+        ) from exc  # fmt: skip
+    done = {id(p) for p in pending}
+    engine.index.erase_pending = [p for p in engine.index.erase_pending if id(p) not in done]
+    return [f"m{p[0]}" for p in pending]
+
+
+def _redo_on(engine: Any, pending: list[Pending]) -> bool:
+    """:func:`redo` through a descriptor of the engine's data file of its own."""
+    fd = engine.copy_descriptor()
+    try:
+        return redo(fd, pending)
+    finally:
+        os.close(fd)
+
+
+def _index_file_holds(engine: Any, rows: list[int]) -> bool:
+    """Whether the index file under the store's name may hold any of ``rows``: the engine's
+    index covers their records, or the file is not the one it loaded (another process
+    checkpointed since; one stat tells)."""
+    loaded = engine.index.file
+    try:
+        st = os.stat(engine.idx_path)
+    except FileNotFoundError:
+        return False
+    if loaded is None or (st.st_dev, st.st_ino, st.st_size) != (loaded.dev, loaded.ino, loaded.size):
+        return True
+    return any(engine.index.row(g)[F_OFFSET] < engine.index.covered for g in rows)
+
+
+def deferred(engine: Any) -> None:
+    """Erase the memories forgotten while a compaction ran (see :func:`erase`)."""
+    if not _after_compaction.get(engine) or engine.closed:
+        return
+    with engine.writing():
+        ids = _after_compaction.pop(engine, [])
+        rows = [g for g in (engine.index.find(parse_id(mid)) for mid in ids) if g >= 0]
+        if rows:  # (the compaction may have dropped them: then nothing is left)
+            erase(engine, rows, time.time())
+
+
+def finish(engine: Any) -> None:
+    """Holding the writer lock: overwrite the records erasing forgets named that are not
+    erased yet (a process was killed while erasing them); the rows are then read again from
+    the files, and the index file is rewritten whole if it may still hold them."""
+    pending = engine.index.erase_pending
+    if not pending:
+        return
+    engine.index.erase_pending = []
+    try:
+        wrote = _redo_on(engine, pending)
+    except BaseException:
+        engine.index.erase_pending = pending + engine.index.erase_pending
+        raise
+    if wrote:
+        if engine.durability != "none":
+            engine.flush()
+        engine.reload()
+        engine.index.erase_pending = []  # the replay just now noted them again: all erased
+    # The eraser rewrites the index file last: killed before, it left one that may hold what
+    # was erased (the memory was in it when the record lies before what it covers).
+    first = min(p[4] for p in pending)
+    if any(p[3][0] < engine.index.covered for p in pending) and not index_file_after(
+        engine.idx_path, engine.uuid, first
+    ):
+        engine.checkpoint(full=True)

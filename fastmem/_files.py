@@ -11,6 +11,7 @@ import mmap
 import os
 import queue
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from . import _format as fmt
 from ._index import MemoryIndex
 from ._io import map_data
 from ._threads import Background, at_fork
-from .errors import CorruptionError
+from .errors import CorruptionError, DimensionMismatchError
 from .types import Problem
 
 COMPACT_SUFFIX = ".compact"  # <name>.dat.compact, <name>.idx.compact: a compaction's new files
@@ -216,3 +217,28 @@ def _unmap_pages(mm: mmap.mmap) -> None:
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
     _libc.madvise(ctypes.c_void_p(addr), ctypes.c_size_t(size), mmap.MADV_DONTNEED)
+
+
+def create_data_file(fd: int, size: int, dim: int, identity: tuple[str, int] | None, path: str) -> None:
+    """Write a new data file's header to ``fd`` (``size`` bytes long: empty, or what an
+    interrupted creation left), for vectors of ``dim`` (0: fixed later) and the embedder
+    ``identity`` (name, dimension), and make it durable.
+
+    Raises:
+        CorruptionError: the file holds something that is not a fastmem data file.
+        DimensionMismatchError: ``dim`` is not the embedder's.
+    """
+    head = os.pread(fd, size, 0)
+    if head[:8] != fmt.DAT_MAGIC[: len(head[:8])]:
+        raise CorruptionError(f"{path} is not a fastmem data file", path=path, offset=0)
+    os.ftruncate(fd, 0)  # a creation that was interrupted: start it again
+    fingerprint = bytes(4)
+    if identity is not None:
+        dim = dim or identity[1]
+        if dim != identity[1]:
+            raise DimensionMismatchError(f"dim={dim}, but the embedder makes {identity[1]}")
+        fingerprint = fmt.embedder_fingerprint(*identity)
+    header = fmt.pack_dat_header(os.urandom(16), dim, time.time(), embedder=fingerprint)
+    os.write(fd, header)
+    os.fsync(fd)
+    fsync_dir(path)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from . import _format as fmt
-from .errors import CorruptIndexError, CorruptRecordError
+from .errors import CorruptIndexError, CorruptionError, CorruptRecordError, FormatVersionError
 
 
 class Opened(NamedTuple):
@@ -108,9 +108,11 @@ def _erased(dat: Any, offset: int, length: int) -> bool:
     """Whether the record at ``offset`` was erased in place since the index was written (its
     CRC changed with it): the forget record after it, which the index does not cover, is
     replayed onto the index's row (fastmem._erase)."""
-    from ._erase import is_erased
-
-    return is_erased(dat, offset, length, None)
+    try:
+        header, payload = fmt.read_record(dat, offset, offset + length)
+    except (CorruptionError, FormatVersionError):
+        return False
+    return header.length == length and "e" in payload
 
 
 # The named tuples the compiled twin makes, in its order (heads.idx_open's ``types``).

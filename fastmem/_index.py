@@ -649,64 +649,11 @@ class MemoryIndex:
         if rows:
             self.stats_changed = True
 
-    def merge_statistics(self, disk: MemoryIndex) -> None:
-        """Take the access statistics of ``disk`` (the index file as other processes'
-        checkpoints left it since this index was loaded) and add this process's accesses
-        since (``touches``): counts add up, the last access is the later one. Rows that
-        ``disk`` does not hold keep their own."""
-        if not len(self) or not len(disk):
-            return
-        ids, theirs = self.column("id"), disk.column("id")
-        at = np.minimum(np.searchsorted(theirs, ids), len(theirs) - 1)
-        found = theirs[at] == ids
-        count = disk.column("access_count")[at].astype(np.int64)
-        last = disk.column("last_access")[at]
-        if self.touches:
-            mine = np.fromiter(self.touches, dtype=np.uint64, count=len(self.touches))
-            values = list(self.touches.values())
-            where = np.minimum(np.searchsorted(ids, mine), len(ids) - 1)
-            ok = ids[where] == mine
-            count[where[ok]] += np.array([v[0] for v in values], dtype=np.int64)[ok]
-            last[where[ok]] = np.maximum(last[where[ok]], np.array([v[1] for v in values])[ok])
-        count = np.minimum(count, 0xFFFFFFFF)
-        nb = self.n_base
-        for seg, lo in ((self.base_rows, 0), (self.tail.rows[: self.tail.n], nb)):
-            part = slice(lo, lo + len(seg))
-            take = found[part]
-            new_count = np.where(take, count[part], seg["access_count"]).astype(np.uint32)
-            new_last = np.where(take, last[part], seg["last_access"])
-            changed = np.nonzero((new_count != seg["access_count"]) | (new_last != seg["last_access"]))[0]
-            if len(changed):
-                seg["access_count"][changed] = new_count[changed]
-                seg["last_access"][changed] = new_last[changed]
-                if lo == 0:
-                    self.dirty.update(changed.tolist())
-                self.stats_changed = True
-
     def forget(self, g: int, flags: int) -> None:
         """Mark row ``g`` (whose flags are ``flags``) forgotten."""
         self.set_field(g, "flags", flags | fmt.FLAG_FORGOTTEN)
         self.keyword.forget(g)  # after the flags: a background keyword build reads them
         self.live -= 1
-
-    def erase(self, rows: list[int]) -> None:
-        """Rows ``rows`` as their erased records read back (fastmem._erase): forgotten, with
-        no session, metadata, statistics, tokens, keyword postings or vector (their int8
-        vectors zeroed here, so that no checkpoint of this index writes them again)."""
-        nb = self.n_base
-        for g in rows:
-            row = self.row(g)
-            if not row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
-                self.forget(g, row[F_FLAGS])
-            self.change(g, ERASED_FIELDS)
-            vectors, i = (self.base_vectors, g) if g < nb else (self.tail.vectors, g - nb)
-            if i < len(vectors):
-                vectors[i] = 0
-            if g < nb:
-                self.erased_base.add(g)
-                if self.base_scales is not None:
-                    self.base_scales[g] = 0.0
-        self.keyword.erase(np.array(rows, dtype=np.int64))
 
     def find(self, mid: int) -> int:
         """Global row of the memory with id ``mid``, or -1."""

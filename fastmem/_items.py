@@ -7,6 +7,7 @@ and the field; nothing here touches a file.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections.abc import Callable, Iterable, Mapping
@@ -424,6 +425,24 @@ _new_memory = tuple.__new__  # Memory's fields in order, without keyword parsing
 class MemoryErased(UnknownMemoryError):
     """The record of a row read a moment before was erased since (another process forgot
     the memory): the call that read the row sees the forget if it looks again."""
+
+
+def retried_if_erased(call: Any) -> Any:
+    """A read of many memories, made again when one of them was erased by another process
+    between the look at the rows and the read of its record (its next look applies the
+    forget; the erase, fastmem._erase, cannot wait for readers, which take no lock)."""
+
+    @functools.wraps(call)
+    def retried(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(8):
+            try:
+                return call(*args, **kwargs)
+            except MemoryErased:
+                continue
+        return call(*args, **kwargs)
+
+    return retried
+
 
 
 def decode_memory(

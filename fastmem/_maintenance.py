@@ -105,15 +105,17 @@ def evict(
     ``policy`` weighs the importance scores the floor and the maxima go by.
 
     The forgets are one write: one tombstone per memory, appended together; ``erase``: the
-    memories' records are then erased (``Engine.erase_rows``)."""
+    memories' records are then erased (``fastmem._erase.erase``)."""
     ttls, floor, max_count, max_bytes = _checked(ttl, min_importance, max_count, max_bytes)
+    if not isinstance(erase, bool):
+        raise InvalidTypeError("erase must be True or False")
     now = time.time() if now is None else float(now)
     with engine.writing():
         rows = _chosen(engine.index, importance_scores(engine.index, policy, now), ttls, floor,
                        max_count, max_bytes, now)  # fmt: skip
         if not rows:
             return []
-        return engine.erase_rows(rows, now) if erase else engine.append_tombstones(rows, now)
+        return _erase.erase(engine, rows, now) if erase else engine.append_tombstones(rows, now)
 
 
 def _chosen(
@@ -394,7 +396,7 @@ def compact(engine: Engine) -> CompactReport:
         try:
             return _compact(engine)
         finally:
-            engine.erase_deferred()  # what was forgotten meanwhile, erased from the new files
+            _erase.deferred(engine)  # what was forgotten meanwhile, erased from the new files
 
 
 def _compact(engine: Engine) -> CompactReport:

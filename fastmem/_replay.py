@@ -35,6 +35,11 @@ ERASED_FIELDS = {F_SESSION: 0, F_META: 0, F_LAST_ACCESS: 0.0, F_IMPORTANCE: 0.0,
                  F_RESERVED: 0}  # fmt: skip
 
 
+# An erasing forget's (fastmem._erase): id, timestamp, type name, the records erased
+# ``[offset, length, ...]`` and the forget record's offset.
+Pending = tuple[int, "float | None", "str | None", list[int], int]
+
+
 def session_hash(session: str | None) -> int:
     """64-bit hash of a session name (0 = no session); collisions are checked on read."""
     if session is None:
@@ -187,7 +192,7 @@ class Replayer:
         self.texts: list[str] = []  # of the rows in self.rows
         self.sessions: dict[str | None, int] = {None: 0}  # names repeat: hash each once
         # Ids read from erased memory records: a plain forget of one of them may follow (it
-        # was forgotten while a compaction copied it, and erased after: Engine.erase_rows).
+        # was forgotten while a compaction copied it, and erased after: fastmem._erase.erase).
         self.erased: set[int] = erased if erased is not None else set()
         self.erase_rows: list[int] = []  # rows applied before, erased by a forget here
 
@@ -215,7 +220,7 @@ class Replayer:
                 self._flush()
         self._flush()
         if self.erase_rows:
-            self.index.erase(self.erase_rows)
+            erase_rows(self.index, self.erase_rows)
             self.erase_rows = []
 
     def _flush(self) -> None:
@@ -376,7 +381,46 @@ class Replayer:
             self.index.next_id = max(self.index.next_id, mid + 1)
 
 
-def _erase_pending(p: dict[str, Any], before: int) -> Any:
-    from ._erase import pending_of  # (it imports the row fields from here)
+def _erase_pending(p: dict[str, Any], before: int) -> Pending:
+    """What an erasing forget's payload asks to erase, checked (raises ``ValueError``):
+    pairs of ints, each record inside the data file before the forget record at ``before``."""
+    spans, ts, type_name = p["e"], p.get("w"), p.get("y")
+    if (
+        type(spans) is not list
+        or not spans
+        or len(spans) % 2
+        or not all(type(v) is int for v in spans)
+    ):
+        raise ValueError("the erased records are not pairs of offsets and lengths")
+    for off, length in zip(spans[::2], spans[1::2]):
+        if not (
+            fmt.DAT_HEADER_SIZE <= off
+            and fmt.RECORD_HEADER_SIZE < length
+            and off + length <= before
+        ):
+            raise ValueError("an erased record lies outside the data file")
+    if ts is not None and not (type(ts) is float and 0.0 <= ts <= fmt.MAX_TIMESTAMP):
+        raise ValueError("the erased memory's timestamp is out of range")
+    if type_name is not None and type(type_name) is not str:
+        raise ValueError("the erased memory's type is not a name")
+    return p["i"], ts, type_name, spans, before
 
-    return pending_of(p, before)
+
+def erase_rows(index: Any, rows: list[int]) -> None:
+    """Set ``index``'s rows ``rows`` as their erased records read back (fastmem._erase):
+    forgotten, with no session, metadata, statistics, tokens, keyword postings or vector
+    (their int8 vectors zeroed here, so that no checkpoint of the index writes them again)."""
+    nb = index.n_base
+    for g in rows:
+        row = index.row(g)
+        if not row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+            index.forget(g, row[F_FLAGS])
+        index.change(g, ERASED_FIELDS)
+        vectors, i = (index.base_vectors, g) if g < nb else (index.tail.vectors, g - nb)
+        if i < len(vectors):
+            vectors[i] = 0
+        if g < nb:
+            index.erased_base.add(g)
+            if index.base_scales is not None:
+                index.base_scales[g] = 0.0
+    index.keyword.erase(np.array(rows, dtype=np.int64))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import functools
 import os
 import time
 import weakref
@@ -31,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from . import _format as fmt
-from . import _figures, _items, _maintenance, _supersede, context as _context, retrieval
+from . import _erase, _figures, _items, _maintenance, _supersede, context as _context, retrieval
 from ._engine import Engine, no_cyclic_gc
 from ._index import F_FLAGS, F_ID
 from ._items import (
@@ -66,23 +65,6 @@ _QUIET = ContextPolicy(preload=0, recent=0)  # no background loading: for a one-
 # The default, made once (frozen): made per open, its checks cost ~0.02 ms of a fresh
 # process's restart (issue 21).
 _POLICY = ContextPolicy()
-
-
-def _erase_retried(call: Any) -> Any:
-    """A read of many memories, made again when one of them was erased by another process
-    between the look at the rows and the read of its record (its next look applies the
-    forget; the erase, fastmem._erase, cannot wait for readers, which take no lock)."""
-
-    @functools.wraps(call)
-    def retried(*args: Any, **kwargs: Any) -> Any:
-        for _ in range(8):
-            try:
-                return call(*args, **kwargs)
-            except _items.MemoryErased:
-                continue
-        return call(*args, **kwargs)
-
-    return retried
 
 
 def open(  # noqa: A001 - the name users expect: fastmem.open(path)
@@ -344,34 +326,18 @@ class MemoryStore:
         self.update(mid, pinned=pinned)
 
     def forget(self, mid: str, *, erase: bool = True) -> None:
-        """Forget a memory: it is gone from every read and, by default, from the disk.
-
-        Args:
-            mid: the memory's id.
-            erase: overwrite its text, summary, metadata and vector in the store's files
-                before returning (its records in the data file are overwritten in place,
-                and the index file is rewritten when it held a copy; a crash in between is
-                finished by the next write). ``False``: only append a tombstone (cheaper;
-                the bytes stay in the data file until ``compact()``, and in backups).
+        """Forget a memory: gone from every read and, unless ``erase=False``, from the disk
+        (its text, summary, metadata and vector overwritten in the store's files before
+        this returns; ``False``: a tombstone only, the bytes stay until ``compact()``).
 
         Raises:
             UnknownMemoryError: no live memory has this id.
             InvalidTypeError: ``erase`` is not a bool.
-            DurabilityError: the write failed. When the message says "forgotten, but
-                erasing ... failed", the memory is forgotten and its bytes are erased by
-                the next write to the store (in any process).
+            DurabilityError: the write failed; if it says "forgotten, but erasing ...
+                failed", the memory is forgotten and the next write erases its bytes.
         """
-        if not isinstance(erase, bool):
-            raise InvalidTypeError("erase must be True or False")
-        engine = self._engine
-        with engine.writing():
-            g, row = engine.live_row(mid)
-            if erase:
-                engine.erase_rows([g], time.time())
-                return
-            engine.append_change(fmt.KIND_FORGET, {"i": row[F_ID], "t": time.time()})
-            engine.note_change(g, row)
-            engine.index.forget(g, row[F_FLAGS])
+        with self._engine.writing():
+            _erase.forget(self._engine, mid, erase, time.time())
 
     def record_access(self, ids: Iterable[str], now: float | None = None) -> None:
         """Count one access for each memory of ``ids`` (unknown or forgotten ids are
@@ -416,7 +382,7 @@ class MemoryStore:
             self._engine.check()
             return self._engine.vector(self._engine.live_row(mid)[1])
 
-    @_erase_retried
+    @_items.retried_if_erased
     def recent(self, n: int = 20, *, before: str | None = None,
                session: str | None = None) -> list[Memory]:
         """The ``n`` newest live memories, newest first; those after memory ``before`` (a page);
@@ -430,7 +396,7 @@ class MemoryStore:
                 return hot
             return _newest(engine, n, before, session)
 
-    @_erase_retried
+    @_items.retried_if_erased
     def pinned(self) -> list[Memory]:
         """The pinned memories, most important first (ties: the older id first)."""
         with self._engine.lock:
@@ -482,7 +448,7 @@ class MemoryStore:
                 return False
             return True
 
-    @_erase_retried
+    @_items.retried_if_erased
     def search(
         self,
         query: str | Sequence[float] | np.ndarray,
@@ -572,7 +538,7 @@ class MemoryStore:
 
     # --- context: the three levels ------------------------------------------------------
 
-    @_erase_retried
+    @_items.retried_if_erased
     def context(
         self,
         query: str = "",
@@ -723,11 +689,8 @@ class MemoryStore:
         are never evicted. The policies (each optional, all applied) are those of
         :class:`EvictionPolicy`: ``ttl`` seconds by type name, an importance-score floor,
         a maximum count, a maximum of live record bytes (lowest scores go first).
-        ``erase``: as ``forget``'s (by default the memories are erased from the files, in
-        one write; ``False``: tombstones only, and ``compact()`` reclaims the space).
+        ``erase``: as ``forget``'s (``False``: tombstones, ``compact()`` reclaims the space).
         """
-        if not isinstance(erase, bool):
-            raise InvalidTypeError("erase must be True or False")
         return _maintenance.evict(self._engine, self.policy, ttl, min_importance, max_count,
                                   max_bytes, now, erase)  # fmt: skip
 
