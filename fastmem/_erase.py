@@ -42,8 +42,17 @@ from ._items import frame_changes, parse_id
 from ._replay import F_FLAGS, F_ID, F_LENGTH, F_META, F_OFFSET, F_TS, F_TYPE, Pending, erase_rows
 from .errors import CorruptionError, DurabilityError, FormatVersionError, InvalidTypeError
 
-__all__ = ["deferred", "erase", "erased_record", "finish", "forget", "forget_payload", "is_erased",
-           "records_of", "redo"]
+__all__ = [
+    "deferred",
+    "erase",
+    "erased_record",
+    "finish",
+    "forget",
+    "forget_payload",
+    "is_erased",
+    "records_of",
+    "redo",
+]
 
 _FLOAT = struct.Struct(">d")
 # (msgpack bin code, length field, header bytes, most bytes): any of them may carry a given
@@ -283,7 +292,8 @@ def _index_file_holds(engine: Any, rows: list[int]) -> bool:
         st = os.stat(engine.idx_path)
     except FileNotFoundError:
         return False
-    if loaded is None or (st.st_dev, st.st_ino, st.st_size) != (loaded.dev, loaded.ino, loaded.size):
+    here = (st.st_dev, st.st_ino, st.st_size)
+    if loaded is None or here != (loaded.dev, loaded.ino, loaded.size):
         return True
     return any(engine.index.row(g)[F_OFFSET] < engine.index.covered for g in rows)
 

@@ -28,7 +28,8 @@ def merge_from_file(index: MemoryIndex, path: str, uuid: bytes, dat: Any, dat_en
         st = os.stat(path)
     except FileNotFoundError:
         return
-    if loaded is not None and (st.st_dev, st.st_ino, st.st_size) == (loaded.dev, loaded.ino, loaded.size):
+    here = (st.st_dev, st.st_ino, st.st_size)
+    if loaded is not None and here == (loaded.dev, loaded.ino, loaded.size):
         return  # the file it loaded: its statistics are in this index already
     try:
         disk = MemoryIndex.load(path, uuid, index.dim, dat, dat_end)
@@ -67,7 +68,8 @@ def merge(index: MemoryIndex, disk: MemoryIndex) -> None:
         take = found[part]
         new_count = np.where(take, count[part], seg["access_count"]).astype(np.uint32)
         new_last = np.where(take, last[part], seg["last_access"])
-        changed = np.nonzero((new_count != seg["access_count"]) | (new_last != seg["last_access"]))[0]
+        differs = (new_count != seg["access_count"]) | (new_last != seg["last_access"])
+        changed = np.nonzero(differs)[0]
         if len(changed):
             seg["access_count"][changed] = new_count[changed]
             seg["last_access"][changed] = new_last[changed]
