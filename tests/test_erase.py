@@ -32,13 +32,22 @@ def _vector(seed: int) -> np.ndarray:
     return v / np.linalg.norm(v)
 
 
+def _term(word: str) -> bytes:
+    """The keyword index's hash of ``word``, as the index stores it (u64, little-endian)."""
+    from fastmem._keyword import tokenize
+
+    return tokenize([word])[0].astype("<u8").tobytes()
+
+
 def _traces(v: np.ndarray) -> list[bytes]:
-    """Byte patterns the memory leaves: its strings, its float16 and int8 vectors."""
+    """Byte patterns the memory leaves: its strings, its float16 and int8 vectors, and the
+    keyword index's hash of its rarest word."""
     f16 = v.astype("<f2")
     scale = np.float32(np.abs(f16.astype(np.float32)).max()) / np.float32(127)
     q8 = np.rint(f16.astype(np.float32) / scale).astype(np.int8)
     return [SECRET.encode(), b"Quillfeather", SUMMARY.encode(), META.encode(),
-            OLD_META.encode(), f16.tobytes()[:24], q8.tobytes()[:24]]  # fmt: skip
+            OLD_META.encode(), f16.tobytes()[:24], q8.tobytes()[:24],
+            _term("quillfeather")]  # fmt: skip
 
 
 def _found(folder: Path, patterns: list[bytes]) -> list[tuple[str, bytes]]:
