@@ -321,7 +321,7 @@ def test_a_cancelled_token_cancels_before_anything_is_written(root):
 def test_every_store_call_runs_off_the_event_loop(root):
     store = fastmem.open(root, namespace="alice")
     threads: dict[str, set[int]] = {}
-    for name in ("add", "search", "recent", "context", "forget"):
+    for name in ("add", "search", "recent", "context", "forget_many"):
         method = getattr(store, name)
 
         def spy(*args, _method=method, _name=name, **kwargs):
@@ -345,7 +345,7 @@ def test_every_store_call_runs_off_the_event_loop(root):
         loop_thread = run(main())
     finally:
         store.close()
-    assert set(threads) == {"add", "search", "recent", "context", "forget"}
+    assert set(threads) == {"add", "search", "recent", "context", "forget_many"}
     assert all(loop_thread not in ids for ids in threads.values())
 
 

@@ -125,6 +125,39 @@ def test_evict_erases(tmp_path: Path) -> None:
         assert store.verify().ok
 
 
+@pytest.mark.parametrize("checkpointed", [False, True])
+def test_forget_many_erases_them_all_in_one_pass(tmp_path: Path, checkpointed: bool) -> None:
+    with _open(tmp_path) as store:
+        others = _fill(store)
+        mid = _add_secret(store)
+        twins = [store.add(f"{SECRET} twin {i}", embedding=_vector(50 + i)) for i in range(3)]
+        if checkpointed:
+            store.checkpoint()
+        store.forget_many([mid, *twins, mid])  # a repeated id is forgotten once
+        assert _found(tmp_path, _traces(_vector(1)) + [b"twin"]) == []
+        assert len(store) == 40 and store.verify().ok
+        for gone in (mid, *twins):
+            with pytest.raises(fastmem.UnknownMemoryError):
+                store.get(gone)
+        store.forget_many([])  # nothing to do
+        assert store.get(others[0]).text == "other memory 0"
+
+
+def test_forget_many_checks_every_id_before_it_writes(tmp_path: Path) -> None:
+    with _open(tmp_path) as store:
+        ids = _fill(store, 5)
+        size = os.path.getsize(tmp_path / "agent.dat")
+        with pytest.raises(fastmem.UnknownMemoryError):
+            store.forget_many([ids[0], "m999"])
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.forget_many(ids[0])  # one id as a string: its letters are not ids
+        with pytest.raises(fastmem.InvalidTypeError):
+            store.forget_many(ids, erase="yes")  # type: ignore[arg-type]
+        assert os.path.getsize(tmp_path / "agent.dat") == size and len(store) == 5
+        store.forget_many(ids[:2], erase=False)  # tombstones only: the bytes stay
+        assert len(store) == 3 and _found(tmp_path, [b"other memory 1"])
+
+
 def test_a_backup_after_forget_holds_no_trace(tmp_path: Path) -> None:
     with _open(tmp_path) as store:
         _fill(store)

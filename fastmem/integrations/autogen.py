@@ -428,11 +428,15 @@ def _context(
 
 
 def _forget_all(store: fastmem.MemoryStore) -> None:
-    for memory in list(store):
-        try:
-            store.forget(memory.id)
-        except fastmem.UnknownMemoryError:  # forgotten meanwhile by another handle
-            pass
+    ids = [memory.id for memory in store]
+    try:
+        store.forget_many(ids)  # one write and one erase pass for the whole namespace
+    except fastmem.UnknownMemoryError:  # another handle forgot one meanwhile: one by one then
+        for mid in ids:
+            try:
+                store.forget(mid)
+            except fastmem.UnknownMemoryError:
+                pass
 
 
 def _latest_user_message(messages: list[Any]) -> tuple[str, str]:

@@ -320,9 +320,12 @@ class FastmemSession(SessionABC):
             # popped it, or damaged) is dropped, as SQLiteSession drops rows it cannot decode
 
     def _clear(self) -> None:
-        for memory in self._store.recent(1 << 62, session=self._name):
-            if _meta(memory) is not None:
-                _forget_quietly(self._store, memory.id)
+        ids = [m.id for m in self._store.recent(1 << 62, session=self._name) if _meta(m) is not None]
+        try:
+            self._store.forget_many(ids)  # one write and one erase pass for the whole session
+        except UnknownMemoryError:  # another process forgot one meanwhile: one by one then
+            for mid in ids:
+                _forget_quietly(self._store, mid)
 
 
 def _settings(value: Any) -> SessionSettings:
