@@ -50,7 +50,7 @@ from .tokens import TokenCounter
 from .types import Context, ContextItem, ContextPolicy, Level
 
 __all__ = ["Preload", "answer", "build", "excerpt", "level1_rows", "pack", "pinned_rows", "render",
-           "session_rows"]
+           "session_ids"]
 
 # What a memory whose tokens were never counted (a store written before token counts) is
 # taken to cost when the pinned and recent shares are filled: a summary's bound.
@@ -374,22 +374,18 @@ def level1_rows(index: MemoryIndex, policy: ContextPolicy) -> list[int]:
     return list(islice(newest, policy.recent))
 
 
-def session_rows(index: MemoryIndex, session: str, below: int) -> list[int]:
-    """The live rows of ``session`` whose ids are below ``below``, newest id first (by the
+def session_ids(index: MemoryIndex, session: str, below: int) -> list[int]:
+    """The ids of the live memories of ``session`` below ``below``, newest first (by the
     64-bit hash the index keeps of the name: the caller checks each memory's own). By id,
     not timestamp: ids grow with every commit in every process (they are given under the
     writer lock), while a timestamp is its writer's clock when the write began, so two
     processes writing one session (or a clock step) put timestamps out of the order of the
     writes, and a conversation's log (an agent framework's session) must come back in it."""
-    wanted, ids, rows = session_hash(session), [], []
-    for first, seg, _ in index.segments():  # two columns scanned: no record is read
-        hit = np.flatnonzero((seg["session"] == wanted) & (seg["flags"] & fmt.FLAG_FORGOTTEN == 0)
-                             & (seg["id"] < below))  # fmt: skip
-        ids.append(seg["id"][hit])
-        rows.append(hit + first)
-    if not rows:
-        return []
-    return np.concatenate(rows)[np.argsort(np.concatenate(ids), kind="stable")[::-1]].tolist()
+    wanted, ids = session_hash(session), []
+    for _, seg, _ in index.segments():  # three columns scanned: no record is read
+        keep = (seg["session"] == wanted) & (seg["flags"] & fmt.FLAG_FORGOTTEN == 0)
+        ids.append(seg["id"][keep & (seg["id"] < below)])
+    return np.sort(np.concatenate(ids))[::-1].tolist() if ids else []
 
 
 def _level_priority(level: Level, position: int) -> float:
