@@ -43,7 +43,7 @@ from .types import (
 )  # fmt: skip
 from .store import DURABILITY, LOCK_TIMEOUT, MemoryStore, open, repair
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "__version__",

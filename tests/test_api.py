@@ -13,7 +13,7 @@ from fastmem import _kernels
 
 
 def test_public_names():
-    assert fastmem.__version__ == "0.1.0"
+    assert fastmem.__version__ == "0.2.0"
     for name in fastmem.__all__:
         assert getattr(fastmem, name) is not None, name
     assert issubclass(fastmem.CorruptRecordError, fastmem.FastmemError)
