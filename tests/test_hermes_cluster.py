@@ -247,6 +247,8 @@ def test_joining_something_that_is_not_a_ray_head_raises_a_fastmem_error(monkeyp
 
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", refuse)
+    # The probe's gRPC question needs a real head to answer: this test is about what follows.
+    monkeypatch.setattr(fastmem.ray._router, "_ask_grpc", lambda *args: None)
     with socket.create_server(("127.0.0.1", 0)) as server:  # the port is open: the probe passes
         address = f"127.0.0.1:{server.getsockname()[1]}"
         with pytest.raises(fastmem.ray.ClusterUnreachableError, match=f"could not join a Ray cluster at {address}"):
