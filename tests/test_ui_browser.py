@@ -143,36 +143,43 @@ def backend():
     return "default"
 
 
+SERVER_LOG: list[Path] = []  # the running server's output, for a failing test's message
+
+
+def served_log() -> str:
+    return SERVER_LOG[0].read_text()[-3000:] if SERVER_LOG else "(no server)"
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A store and `fastmem ui` serving it in its own process; yields (path, url, ids)."""
     path = str(tmp_path_factory.mktemp("ui") / "agent")
     ids = _fill(path)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fastmem", "ui", path, "--port", "0", "--no-browser"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-    )
+    # The server's output goes to a file, read for its address: a pipe nobody reads past the
+    # first line would block the server once whatever it writes later fills the pipe.
+    log = tmp_path_factory.mktemp("ui-log") / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fastmem", "ui", path, "--port", "0", "--no-browser"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=ENV,
+        )  # fmt: skip
     try:
         url = None
         deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            found = re.search(r"http://\S+\?token=\S+", line)
-            url = found.group(0) if found else None
+        while url is None and time.monotonic() < deadline and proc.poll() is None:
+            found = re.search(r"http://\S+\?token=\S+", log.read_text())
+            if found:
+                url = found.group(0)
+            else:
+                time.sleep(0.05)
         if url is None:
             proc.kill()
-            pytest.fail(f"fastmem ui printed no address: {proc.stderr.read()}")
+            pytest.fail(f"fastmem ui printed no address: {log.read_text()}")
+        SERVER_LOG[:] = [log]
         yield path, url, ids
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-        proc.stdout.close()
-        proc.stderr.close()
 
 
 @pytest.fixture(scope="module")
@@ -305,7 +312,10 @@ def test_pin_and_forget(served, page):
 def test_another_process_write_appears(served, page):
     path, url, _ = served
     page.goto(_base(url) + "/timeline")
-    page.wait_for_selector("#live-count:has-text('memories')")
+    try:  # the first poll's answer: the page's own load may wait on a busy machine
+        page.wait_for_selector("#live-count:has-text('memories')", timeout=60_000)
+    except Exception:
+        pytest.fail(f"no live count on the page; the server said: {served_log()}")
     text = "assistant: A memory written by another process while the inspector was open."
     code = (
         "import fastmem, sys\n"
