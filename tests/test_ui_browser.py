@@ -191,6 +191,9 @@ def page(served):
         )
         page = context.new_page()
         page.set_default_timeout(30_000)
+        # The printed address sets the session's cookie: every test starts with it, whichever
+        # tests of this module ran before it on this worker (pytest-xdist spreads them).
+        page.goto(served[1])
         yield page
         browser.close()
 
@@ -206,6 +209,8 @@ def _shot(page, name: str) -> None:
 
 def test_opening_the_printed_address_sets_the_cookie_and_drops_the_token(served, page):
     path, url, _ = served
+    page.context.clear_cookies()  # as a browser that never opened the inspector
+    assert page.goto(_base(url) + "/").status == 403  # no token, no cookie: refused
     page.goto(url)
     assert "token=" not in page.url  # redirected without it
     with fastmem.open(path, readonly=True, embedder=None) as store:
