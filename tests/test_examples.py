@@ -25,6 +25,11 @@ TIMEOUT = 180  # seconds: a few are enough on a quiet machine; the test machines
 REQUIRES = re.compile(r"^#\s*requires:\s*(.+?)\s*$")
 HEAD_LINES = 10  # where a `# requires:` line is looked for
 
+pytestmark = pytest.mark.skipif(
+    not (ROOT / "examples").is_dir(),
+    reason="examples/ is not beside the tests (a wheel's test run copies tests/ only)",
+)
+
 
 @pytest.fixture(autouse=True)
 def backend():
