@@ -368,6 +368,14 @@ def test_the_packaged_model_gives_the_vectors_of_the_one_file_build(model):
     before, split (tools/build_model.py, externalize): the vectors it made then, kept in
     tests/data, are what it makes now."""
     stored = np.load(INT8_REFERENCE)
+    import onnxruntime
+
+    made_by = str(stored["about"])
+    if f"onnxruntime {onnxruntime.__version__}," not in made_by:
+        # Another release's int8 kernels round differently (1.23, the last with a CPython 3.10
+        # wheel: min cosine 0.993): only the same runtime can show the split changed nothing.
+        pytest.skip(f"the stored vectors come from another runtime ({made_by}); "
+                    f"this is onnxruntime {onnxruntime.__version__}")
     vectors = model.encode([str(t) for t in stored["texts"]])
     cosine = (vectors * stored["vectors"]).sum(axis=1)
     assert cosine.min() >= 0.99999, cosine.min()
