@@ -64,10 +64,10 @@ def reference() -> tuple[list[str], np.ndarray]:
     """sentence-transformers' vectors on the upstream weights, what both runtimes are held to:
     texts (real sentences, then the edge cases) and their vectors, computed once by
     ``tools/make_reference_vectors.py`` (which needs torch) and checked in."""
-    stored = np.load(REFERENCE)
-    texts = [str(t) for t in stored["texts"]]
+    with np.load(REFERENCE) as stored:
+        texts, vectors = [str(t) for t in stored["texts"]], stored["vectors"]
     assert texts[-len(EDGE_TEXTS) :] == EDGE_TEXTS
-    return texts, stored["vectors"]
+    return texts, vectors
 
 
 # Empty, one character, longer than the model's 256 tokens, non-ASCII.
@@ -367,17 +367,17 @@ def test_the_packaged_model_gives_the_vectors_of_the_one_file_build(model):
     """The packaged graph and its weights file are the one-file graph the model shipped as
     before, split (tools/build_model.py, externalize): the vectors it made then, kept in
     tests/data, are what it makes now."""
-    stored = np.load(INT8_REFERENCE)
     import onnxruntime
 
-    made_by = str(stored["about"])
+    with np.load(INT8_REFERENCE) as stored:
+        made_by, texts, theirs = str(stored["about"]), list(stored["texts"]), stored["vectors"]
     if f"onnxruntime {onnxruntime.__version__}," not in made_by:
         # Another release's int8 kernels round differently (1.23, the last with a CPython 3.10
         # wheel: min cosine 0.993): only the same runtime can show the split changed nothing.
         pytest.skip(f"the stored vectors come from another runtime ({made_by}); "
                     f"this is onnxruntime {onnxruntime.__version__}")
-    vectors = model.encode([str(t) for t in stored["texts"]])
-    cosine = (vectors * stored["vectors"]).sum(axis=1)
+    vectors = model.encode([str(t) for t in texts])
+    cosine = (vectors * theirs).sum(axis=1)
     assert cosine.min() >= 0.99999, cosine.min()
 
 
