@@ -232,10 +232,13 @@ def forget_many(engine: Any, mids: Any, erase_it: bool, now: float) -> None:
     if isinstance(mids, (str, bytes)):
         raise InvalidTypeError("forget_many takes a list of ids, not one id: use forget(id)")
     rows = sorted({engine.live_row(mid)[0] for mid in mids})
-    if rows and erase_it:
-        erase(engine, rows, now)
-    elif rows:
-        engine.append_tombstones(rows, now)
+    if rows:
+        forget_rows(engine, rows, erase_it, now)
+
+
+def forget_rows(engine: Any, rows: list[int], erase_it: bool, now: float) -> list[str]:
+    """Forget ``rows`` with one write: erased (``erase``), or a tombstone each; their ids."""
+    return erase(engine, rows, now) if erase_it else engine.append_tombstones(rows, now)
 
 
 def erase(engine: Any, rows: list[int], now: float) -> list[str]:

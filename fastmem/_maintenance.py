@@ -115,7 +115,7 @@ def evict(
                        max_count, max_bytes, now)  # fmt: skip
         if not rows:
             return []
-        return _erase.erase(engine, rows, now) if erase else engine.append_tombstones(rows, now)
+        return _erase.forget_rows(engine, rows, erase, now)
 
 
 def _chosen(
