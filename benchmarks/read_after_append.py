@@ -1,0 +1,138 @@
+"""What a read costs right after another process appended one memory.
+
+    python benchmarks/read_after_append.py [--memories 10000] [--rounds 300]
+
+Two processes on one store of ``--memories`` memories (keyword-only, no model: given
+384-d vectors, so ``search`` runs the vector and keyword paths without an embedder):
+
+* a writer process keeps the store open (as a gateway does) and, each round, adds one
+  memory with ``add`` and says so on its stdout;
+* this process keeps its own handle and, once the writer answers, times one call that must
+  see the new memory — ``get`` of its id, ``recent(1)``, a keyword ``search`` for its words
+  or a vector ``search`` for its vector; then it asks the writer again, which this time
+  appends nothing and just answers, and times the same call again.
+
+Both calls come right after a wait on the pipe (the same cold caches); the extra of a round
+is the first call's time minus the second's: the catch-up on what the other process
+appended. Reported as p50 and p95 of the rounds' extras (``--rounds`` per call), with each
+call's own p50 and p95.
+
+Unfair, or at least noisy: both processes share the machine's cores with whatever else
+runs, and a p95 of differences carries the noise of both calls; the second ``get`` answers
+from the decoded-memory cache the first one filled (a few µs of the extra is that decode,
+which any first read of a memory pays).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import numpy as np
+
+import fastmem
+
+WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import fastmem
+    path = sys.argv[1]
+    rng = np.random.default_rng(1)
+    store = fastmem.open(path, embedder=None, summarizer=None, durability="batch",
+                         policy=fastmem.ContextPolicy(preload=0, recent=0))
+    print("ready", flush=True)
+    for line in sys.stdin:
+        words = line.strip()
+        if words == "-":  # a round with nothing appended: answer all the same
+            print("-", flush=True)
+            continue
+        mid = store.add(f"{words} appended by the other process",
+                        embedding=rng.standard_normal(384).astype(np.float32))
+        print(mid, flush=True)
+    store.close()
+""")
+
+
+def build(path: str, n: int) -> None:
+    rng = np.random.default_rng(0)
+    with fastmem.open(path, embedder=None, summarizer=None, durability="none") as store:
+        for lo in range(0, n, 5000):
+            k = min(5000, n - lo)
+            vectors = rng.standard_normal((k, 384)).astype(np.float32)
+            store.add_many([{"text": f"memory {lo + i} about topic {(lo + i) % 97} and more words",
+                             "embedding": vectors[i]} for i in range(k)])  # fmt: skip
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    s = sorted(values)
+    return {"p50_us": 1e6 * s[len(s) // 2], "p95_us": 1e6 * s[min(len(s) - 1, int(len(s) * 0.95))]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memories", type=int, default=10000)
+    parser.add_argument("--rounds", type=int, default=300)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        path = os.path.join(work, "store")
+        build(path, args.memories)
+        reader = fastmem.open(path, embedder=None, summarizer=None,
+                              policy=fastmem.ContextPolicy(preload=0, recent=0))  # fmt: skip
+        same_vectors = np.random.default_rng(1)  # the writer's vectors, in its order
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, path], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert writer.stdin is not None and writer.stdout is not None
+        assert writer.stdout.readline().strip() == "ready"
+        calls = {
+            "get": lambda mid, word: reader.get(mid),
+            "recent": lambda mid, word: reader.recent(1),
+            "search": lambda mid, word: reader.search(word, k=5, mode="keyword"),
+            "search_vector": lambda mid, word: reader.search(vector, k=5),
+        }
+        after: dict[str, list[float]] = {name: [] for name in calls}
+        alone: dict[str, list[float]] = {name: [] for name in calls}
+        for r in range(args.rounds):
+            for name, call in calls.items():
+                word = f"zq{name}{r}x"
+                for appended in (True, False):
+                    # Either way this process waits on the pipe for the writer's answer: the
+                    # call after the wait finds the same cold caches, appended or not.
+                    writer.stdin.write((word if appended else "-") + "\n")
+                    writer.stdin.flush()
+                    answer = writer.stdout.readline().strip()
+                    if appended:
+                        mid = answer
+                        vector = same_vectors.standard_normal(384).astype(np.float32)
+                    t = time.perf_counter()
+                    got = call(mid, word)
+                    took = time.perf_counter() - t
+                    if name == "get":
+                        assert got.id == mid
+                    elif name == "recent":
+                        assert got[0].id == mid
+                    else:
+                        assert any(hit.id == mid for hit in got), (mid, got)
+                    (after if appended else alone)[name].append(took)
+        writer.stdin.close()
+        writer.wait()
+        reader.close()
+    report = {}
+    for name in calls:
+        extra = [a - b for a, b in zip(after[name], alone[name])]
+        report[name] = {"extra": percentiles(extra), "after_append": percentiles(after[name]),
+                        "nothing_appended": percentiles(alone[name])}  # fmt: skip
+    print(json.dumps({"memories": args.memories, "rounds": args.rounds, **report}, indent=1))
+    for name, r in report.items():
+        print(f"{name:7s} extra after another process's add: p50 {r['extra']['p50_us']:7.1f} µs, "
+              f"p95 {r['extra']['p95_us']:7.1f} µs (with nothing appended: p50 {r['nothing_appended']['p50_us']:.1f}, "
+              f"p95 {r['nothing_appended']['p95_us']:.1f} µs)")
+
+
+if __name__ == "__main__":
+    main()
