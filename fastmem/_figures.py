@@ -15,6 +15,7 @@ from ._engine import Engine
 from ._index import (
     F_ACCESS, F_FLAGS, F_LAST_ACCESS, F_LENGTH, F_OFFSET, F_SUMMARY_TOKENS, F_TEXT_TOKENS, MemoryIndex,
 )  # fmt: skip
+from .errors import UnknownMemoryError
 from .types import RecordInfo, RecordSize, StoreStats
 
 
@@ -46,7 +47,36 @@ def stats(engine: Engine) -> StoreStats:
         dat_bytes=os.path.getsize(engine.dat_path),
         idx_bytes=os.path.getsize(engine.idx_path) if os.path.exists(engine.idx_path) else 0,
         backend=_kernels.BACKEND,
+        format_version=fmt.FORMAT_VERSION,  # the version open() checked the data file has
     )
+
+
+def sessions(engine: Engine, n: int | None) -> dict[str, int]:
+    """See ``MemoryStore.sessions``; the caller holds the engine's lock. The index keeps a
+    64-bit hash of each session's name: the hashes are counted from its columns, and each
+    session's name is read from its newest memory (one record for each session returned)."""
+    index = engine.index
+    cols = _live_columns(index, ("session", "id"))
+    named = cols["session"] != 0  # 0: no session
+    hashes, ids = cols["session"][named], cols["id"][named]
+    if not len(hashes):
+        return {}
+    # A stable sort by hash keeps each session's rows in id order (the id column is sorted):
+    # the last row of each run is the session's newest memory. No np.unique (numpy.ma).
+    order = np.argsort(hashes, kind="stable")
+    runs = hashes[order]
+    ends = np.flatnonzero(np.append(runs[1:] != runs[:-1], True))
+    counts = np.diff(np.append(-1, ends))
+    newest = ids[order[ends]]
+    out: dict[str, int] = {}
+    for i in np.argsort(newest, kind="stable")[::-1][:n].tolist():
+        try:
+            name = engine.get(f"m{int(newest[i])}").session
+        except UnknownMemoryError:  # erased by another process's forget just now
+            continue
+        if name is not None:
+            out[name] = out.get(name, 0) + int(counts[i])  # two names, one hash: summed
+    return out
 
 
 def largest(index: MemoryIndex, n: int) -> list[RecordSize]:

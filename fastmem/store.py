@@ -444,6 +444,16 @@ class MemoryStore:
             self._engine.check()
             return _live_types(self._engine.index)
 
+    def sessions(self, n: int | None = None) -> dict[str, int]:
+        """Live memories by session name, the session of the newest memory first; at most
+        ``n`` sessions. From the index's columns and one record per session (its name).
+        Memories without a session are not counted. Raises ``InvalidInputError`` for a bad ``n``."""
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise InvalidInputError(f"n must be an int >= 0 or None, got {n!r}")
+        with self._engine.lock:
+            self._engine.check()
+            return _figures.sessions(self._engine, n)
+
     def ids(self, after: str | None = None) -> list[str]:
         """Live memories' ids, oldest first; with ``after``, those added after it (ids grow
         with every add, in any process). Raises ``UnknownMemoryError`` for a bad ``after``."""

@@ -375,6 +375,7 @@ class StoreStats:
     dat_bytes: int
     idx_bytes: int
     backend: str  # "cython" or "python": the kernels in use
+    format_version: int  # of the data file and its records (docs/format.md)
 
 
 class RecordSize(NamedTuple):
