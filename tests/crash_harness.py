@@ -14,7 +14,16 @@ it with SIGKILL after a random delay, then checks the store in its own process:
 - nothing garbled: every memory returned carries its own checksum and is one that was
   acknowledged or in flight.
 
-Used by ``tests/test_crash.py`` (200+ kills) and ``benchmarks/crash_soak.py`` (5,000+).
+With several writers (:func:`run_rounds`): each round forks ``writers`` writer processes
+and a compaction loop on one store, all at once; they are killed one by one, in a random
+order, each at a random moment of its own progress (the others go on writing meanwhile:
+a kill lands while others wait for the writer lock, or follow a compaction). After each
+round the same checks hold, across all the writers' acknowledgements, and no memory is
+there twice. Each writer touches only its own memories (``metadata["w"]``), and keeps the
+store small with forgets instead of evictions (an eviction picks anyone's memories).
+
+Used by ``tests/test_crash.py`` (200+ kills; several writers: 60) and
+``benchmarks/crash_soak.py`` (5,000+).
 """
 
 from __future__ import annotations
@@ -53,8 +62,10 @@ def digest(text: str) -> str:
 # --- the writer (runs in a forked child) --------------------------------------------------
 
 
-def writer(path: str, seed: int, ack_path: str) -> None:
-    """Write until killed. Each line of ``ack_path`` is a JSON list: [event, ...]."""
+def writer(path: str, seed: int, ack_path: str, slot: int | None = None) -> None:
+    """Write until killed. Each line of ``ack_path`` is a JSON list: [event, ...].
+    ``slot``: one of several writers of the store, touching only its own memories (those
+    whose metadata says ``"w": slot``), no evictions."""
     import fastmem
 
     ack_fd = os.open(ack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -70,15 +81,18 @@ def writer(path: str, seed: int, ack_path: str) -> None:
     ack("phase", "open")
     warnings.simplefilter("ignore")
     store = fastmem.open(path, durability="always", dim=4, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
-    live = [m.id for m in store]
+    live = [m.id for m in store if slot is None or (m.metadata or {}).get("w") == slot]
+    own = {} if slot is None else {"w": slot}  # in every metadata this writer writes
     ack("ready")
     i = 0
     while True:
         i += 1
         r = rng.random()
+        if slot is not None and 0.77 <= r < 0.83:
+            r = rng.random() * 0.77  # no evictions among several writers: another's memories would go
         if r < 0.45 or not live:
             text = _text(seed, i, rng)
-            meta = {"seed": seed, "i": i}
+            meta = {"seed": seed, "i": i, **own}
             session = f"s{rng.randint(0, 4)}"
             ack("adding", digest(text))
             mid = store.add(text, metadata=meta, session=session, timestamp=1e9 + (seed % 10**6) * 1e3 + i,
@@ -90,7 +104,7 @@ def writer(path: str, seed: int, ack_path: str) -> None:
             items = []
             for j in range(rng.randint(2, 5)):
                 text = _text(seed, i * 100 + j, rng)
-                items.append({"text": text, "metadata": {"j": j}, "session": "batch"})
+                items.append({"text": text, "metadata": {"j": j, **own}, "session": "batch"})
                 ack("adding", digest(text), "batch")
             ids = store.add_many(items)
             for mid, item in zip(ids, items):
@@ -98,7 +112,7 @@ def writer(path: str, seed: int, ack_path: str) -> None:
                 ack("add", mid, digest(item["text"]), item["metadata"], "batch")
         elif r < 0.65:
             mid = rng.choice(live)
-            meta = {"updated": i}
+            meta = {"updated": i, **own}
             ack("updating", mid, meta)
             store.update(mid, metadata=meta, importance=rng.random())
             ack("updated", mid, meta)
@@ -122,7 +136,13 @@ def writer(path: str, seed: int, ack_path: str) -> None:
             ack("phase", "compact")
             store.compact()
             ack("phase", "done")
-        if len(live) > 150:  # keep the store small: checking it after each kill stays quick
+        if slot is not None and len(live) > 40:  # small, by forgets of its own
+            for mid in live[:8]:
+                ack("forgetting", mid)
+                store.forget(mid)
+                ack("forgot", mid)
+            live = live[8:]
+        elif len(live) > 150:  # keep the store small: checking it after each kill stays quick
             ack("phase", "evict")
             ack("evicting")
             gone = store.evict(max_count=60)
@@ -130,12 +150,35 @@ def writer(path: str, seed: int, ack_path: str) -> None:
             live = [m for m in live if m not in set(gone)]
 
 
+def compactor(path: str, seed: int, ack_path: str) -> None:
+    """Compact the store (now and then checkpoint it) in a loop until killed, beside the
+    writers: their appends go on into the file a compaction swaps."""
+    import fastmem
+
+    ack_fd = os.open(ack_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def ack(*msg: Any) -> None:
+        os.write(ack_fd, (json.dumps(msg) + "\n").encode())
+
+    rng = random.Random(seed)
+    ack("phase", "open")
+    warnings.simplefilter("ignore")
+    store = fastmem.open(path, durability="always", dim=4, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
+    while True:
+        step = "checkpoint" if rng.random() < 0.3 else "compact"
+        ack("phase", step)
+        store.checkpoint() if step == "checkpoint" else store.compact()
+        ack("phase", "done")
+        time.sleep(rng.uniform(0.0, 0.02))
+
+
 # --- the fork server -------------------------------------------------------------------------
 
 
 def serve() -> None:
-    """Read commands on stdin: ``run <path> <seed> <ack file>`` forks a writer and answers its
-    pid; ``wait <pid>`` reaps it and answers its wait status."""
+    """Read commands on stdin: ``run <path> <seed> <ack file> <role>`` forks a writer (role
+    ``solo``, or ``w<slot>`` for one of several) or the compaction loop (``compactor``) and
+    answers its pid; ``wait <pid>`` reaps it and answers its wait status."""
     import numpy  # noqa: F401  - imported once here, not once per writer
 
     import fastmem  # noqa: F401
@@ -146,12 +189,15 @@ def serve() -> None:
     for line in sys.stdin:
         cmd, *args = line.split()
         if cmd == "run":
-            path, seed, ack_path = args
+            path, seed, ack_path, role = args
             pid = os.fork()
             if pid == 0:
                 code = 0
                 try:
-                    writer(path, int(seed), ack_path)
+                    if role == "compactor":
+                        compactor(path, int(seed), ack_path)
+                    else:
+                        writer(path, int(seed), ack_path, None if role == "solo" else int(role[1:]))
                 except BaseException as exc:  # a bug: let the harness see it
                     with open(ack_path, "a") as f:
                         f.write(json.dumps(["error", repr(exc)]) + "\n")
@@ -180,8 +226,8 @@ class ForkServer:
         self._in.flush()
         return self._out.readline().strip()
 
-    def run(self, path: str, seed: int, ack_path: str) -> int:
-        return int(self._ask(f"run {path} {seed} {ack_path}"))
+    def run(self, path: str, seed: int, ack_path: str, role: str = "solo") -> int:
+        return int(self._ask(f"run {path} {seed} {ack_path} {role}"))
 
     def wait(self, pid: int) -> int:
         return int(self._ask(f"wait {pid}"))
@@ -215,6 +261,7 @@ class Model:
     lost: int = 0
     garbled: int = 0
     unclean: int = 0
+    duplicates: int = 0  # memories there twice (the same text under two ids)
     phases: dict[str, int] = field(default_factory=lambda: dict.fromkeys(PHASES, 0))
     errors: list[str] = field(default_factory=list)
 
@@ -280,7 +327,12 @@ class Model:
                 self.unclean += 1
                 self.errors.append(f"verify after kill {self.kills}: {report.problems[:3]}")
             present = {}
+            texts: set[str] = set()
             for m in store:
+                if m.text in texts:
+                    self.duplicates += 1
+                    self.errors.append(f"kill {self.kills}: {m.id} is there twice: {m.text[:60]!r}")
+                texts.add(m.text)
                 if not self_checked(m.text):
                     self.garbled += 1
                     self.errors.append(f"garbled {m.id}: {m.text[:60]!r}")
@@ -343,6 +395,43 @@ def run_kills(path: str, kills: int, seed: int = 0, max_delay: float = 0.06,
             if log is not None and (k + 1) % 500 == 0:
                 log(f"{k + 1} kills: acked {model.acked}, lost {model.lost}, garbled "
                     f"{model.garbled}, unclean {model.unclean}, phases {model.phases}")  # fmt: skip
+    return model
+
+
+def run_rounds(path: str, rounds: int, writers: int = 4, seed: int = 0, max_delay: float = 0.06,
+               log: Any = None, hang: float = 300.0) -> Model:  # fmt: skip
+    """``rounds`` rounds of: fork ``writers`` writers and a compaction loop on one store,
+    SIGKILL each of them in a random order at a random moment of its progress (as
+    :func:`run_kills` chooses it; the others write on meanwhile), check the store.
+    ``writers + 1`` kills a round."""
+    rng = random.Random(seed)
+    model = Model()
+    roles = [f"w{slot}" for slot in range(writers)] + ["compactor"]
+    with ForkServer() as server:
+        for k in range(rounds):
+            procs = []
+            for n, role in enumerate(roles):
+                ack_path = f"{path}.{role}.acks"
+                Path(ack_path).write_text("")
+                procs.append((server.run(path, (seed * 1_000_003 + k) * 8 + n, ack_path, role), ack_path))
+            rng.shuffle(procs)
+            for pid, ack_path in procs:
+                lines = 0 if rng.random() < 0.25 else rng.randint(1, 24)
+                if not _wait_for_lines(ack_path, lines, hang):
+                    model.errors.append(f"round {k}: {ack_path} had no line for {hang:g} s")
+                time.sleep(rng.uniform(0.0, max_delay))
+                os.kill(pid, signal.SIGKILL)
+            for pid, ack_path in procs:
+                status = server.wait(pid)
+                if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
+                    model.errors.append(f"round {k}: {ack_path}'s process ended by itself ({status})")
+                model.kills += 1
+                model.phases[model.read_acks(ack_path)] += 1
+            model.check(path)
+            if log is not None and (k + 1) % 100 == 0:
+                log(f"{model.kills} kills ({k + 1} rounds): acked {model.acked}, lost {model.lost}, "
+                    f"duplicates {model.duplicates}, garbled {model.garbled}, unclean {model.unclean}, "
+                    f"phases {model.phases}")  # fmt: skip
     return model
 
 
