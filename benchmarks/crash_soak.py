@@ -19,6 +19,7 @@ of its progress (the others write on meanwhile); the store is checked after each
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=1, help="writer processes (2+: and a compaction loop)")
     args = parser.parse_args()
     totals = {"kills": 0, "acked": 0, "lost": 0, "duplicates": 0, "garbled": 0, "unclean_verify": 0}
-    log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    log = functools.partial(print, file=sys.stderr, flush=True)
     phases = dict.fromkeys(crash_harness.PHASES, 0)
     errors: list[str] = []
     started = time.perf_counter()
