@@ -430,6 +430,121 @@ def test_pulse_sees_another_handles_write(client, path):
     assert mid in client.get("/timeline").text
 
 
+def test_pulse_sees_pins_edits_and_forgets_of_another_process(client, path):
+    """Not only adds: a write that keeps the count and the newest memory (a pin, an update, a
+    forget followed by an add) changes the fingerprint the pages poll."""
+    code = (
+        "import fastmem, sys\n"
+        "with fastmem.open(sys.argv[1], embedder=None) as s:\n"
+        "    getattr(s, sys.argv[2])(*sys.argv[3:], **({'importance': 0.9} if sys.argv[2] == 'update' else {}))\n"
+    )
+    seen = [client.get("/api/pulse").json()]
+    for args in (["pin", "m5"], ["update", "m6"], ["forget", "m7"]):
+        subprocess.run([sys.executable, "-c", code, path, *args], check=True, timeout=60)
+        now = client.get("/api/pulse").json()
+        assert now != seen[-1], args
+        seen.append(now)
+    assert [p["newest"] for p in seen] == [seen[0]["newest"]] * 4  # no add among them
+    assert seen[1]["memories"] == seen[2]["memories"] == seen[0]["memories"]
+    assert seen[3]["memories"] == seen[0]["memories"] - 1
+    assert client.get("/api/pulse").json() == seen[-1]  # no write, no change
+
+
+def test_a_memory_page_refreshes_to_the_stores_state(client, path):
+    """What the page's live refresh fetches: the section as the page shows it, or a 404."""
+    section = client.get("/memory/m5?partial=page").text
+    assert section.lstrip().startswith("<section") and "<html" not in section
+    assert 'data-testid="pinned"' not in section and "<h2>m5</h2>" in section
+    with fastmem.open(path, embedder=None) as store:
+        store.pin("m5")
+    assert 'data-testid="pinned"' in client.get("/memory/m5?partial=page").text
+    with fastmem.open(path, embedder=None) as store:
+        store.forget("m5")
+    assert client.get("/memory/m5?partial=page").status_code == 404
+
+
+def test_overview_shows_the_format_version_and_counts_by_session(client, path):
+    figures = client.get("/overview/figures").text
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        version, sessions = store.stats().format_version, store.sessions()
+    assert f'data-testid="format-version">version {version} ' in figures
+    shown = re.findall(r'<tr data-session="([^"]*)"><td class="tname"><a href="([^"]*)">[^<]*</a>'
+                       r'</td><td class="num">([\d,]+)</td>', figures)  # fmt: skip
+    assert [(name, int(n)) for name, _, n in shown] == list(sessions.items())[:12]
+    assert sessions == {"s3": 10, "s2": 40, "s1": 40, "s0": 40}  # newest activity first
+    assert shown[0][1] == "/timeline?session=s3"
+
+
+def test_overview_shows_twelve_sessions_and_says_how_many_more(tmp_path):
+    path = str(tmp_path / "many")
+    with fastmem.open(path, embedder=None) as store:
+        store.add_many([{"text": f"t{i}", "session": f"<s{i}>"} for i in range(15)])
+    with _client(path) as c:
+        figures = c.get("/overview/figures").text
+    assert re.findall(r'<tr data-session="([^"]*)"', figures) == [
+        f"&lt;s{i}&gt;" for i in range(14, 2, -1)
+    ]
+    assert "and 3 more sessions" in figures
+
+
+def test_timeline_of_one_session_pages_within_it(client, path):
+    first = client.get("/timeline", params={"session": "s1"}).text
+    ids = re.findall(r'class="row" data-id="(m\d+)"', first)
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        order = [m.id for m in store.recent(100, session="s1")]
+    assert ids == order[:50] and len(order) == 40  # one page: no "more" button
+    assert 'id="more"' not in first and "session s1" in first
+    big = client.get("/timeline", params={"session": "s1"}).text
+    assert 'data-refresh="/timeline?partial=1&amp;session=s1"' in big
+    with fastmem.open(path, embedder=None) as store:
+        store.add_many([{"text": f"more {i}", "session": "s1"} for i in range(30)])
+        order = [m.id for m in store.recent(100, session="s1")]
+    first = client.get("/timeline", params={"session": "s1"}).text
+    more = html.unescape(re.search(r'data-url="([^"]+)"', first).group(1))
+    assert more == f"/timeline?partial=1&session=s1&before={order[49]}"
+    second = client.get(more).text
+    assert re.findall(r'class="row" data-id="(m\d+)"', second) == order[50:]
+    assert client.get("/timeline", params={"session": "x" * 300}).status_code == 400
+
+
+def test_search_marks_superseded_hits(client, path):
+    with fastmem.open(path, embedder=None) as store:
+        old = store.add("the deploy window is Friday night", type="fact")
+        new = store.add("the deploy window moved to Saturday morning", type="fact", supersedes=old)
+    r = client.get("/search", params={"q": "deploy window", "mode": "keyword"})
+    rows = {mid: bool(flag) for flag, mid in re.findall(r'<tr class="hit( superseded)?" data-id="(m\d+)"', r.text)}
+    assert rows[old] is True and rows[new] is False
+    assert f'data-superseded-by="{new}"' in r.text and "outdated · superseded by " + new in r.text
+
+
+def test_a_memory_shows_its_supersedes_chain_both_ways(client, path):
+    with fastmem.open(path, embedder=None) as store:
+        a = store.add("Lisbon trip budget: 1,200 EUR in total.", type="fact")
+        b = store.add("Lisbon trip budget: 1,500 EUR in total.", type="fact", supersedes=a)
+        c = store.add("Lisbon trip budget: 1,800 EUR in total.", type="fact", supersedes=b)
+    newer = {mid: re.findall(r'<li><a href="/memory/(m\d+)">', client.get(f"/memory/{mid}").text)
+             for mid in (a, b, c)}  # fmt: skip
+    assert newer == {a: [b, c], b: [c], c: []}
+    for mid in (a, b, c):
+        assert f'data-load="/memory/{mid}/older"' in client.get(f"/memory/{mid}").text
+    older = {mid: re.findall(r'<li><a href="/memory/(m\d+)">', client.get(f"/memory/{mid}/older").text)
+             for mid in (a, b, c)}  # fmt: skip
+    assert older == {a: [], b: [a], c: [b, a]}
+    assert "this memory supersedes" in client.get(f"/memory/{c}/older").text
+    assert client.get("/memory/m99999/older").status_code == 404
+
+
+def test_older_versions_end_at_a_forgotten_one(client, path):
+    with fastmem.open(path, embedder=None) as store:
+        a = store.add("the office wifi password is alpha", type="fact")
+        b = store.add("the office wifi password is bravo", type="fact", supersedes=a)
+        c = store.add("the office wifi password is charlie", type="fact", supersedes=b)
+        store.forget(b)
+    assert re.findall(r'href="/memory/(m\d+)"', client.get(f"/memory/{c}/older").text) == []
+    newer = re.findall(r'<li><a href="/memory/(m\d+)">', client.get(f"/memory/{a}").text)
+    assert newer == []  # the forward chain ends at the forgotten link too
+
+
 # --- changes -----------------------------------------------------------------------------
 
 

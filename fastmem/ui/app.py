@@ -251,15 +251,22 @@ def create_app(
 
     async def timeline(request: Request) -> Response:
         before = request.query_params.get("before") or None
-        memories = await call(reader.recent, PAGE + 1, before=before)
+        session = request.query_params.get("session") or None
+        memories = await call(reader.recent, PAGE + 1, before=before, session=session)
         previous = await call(_maybe_get, reader, before)
         more = len(memories) > PAGE
         memories = memories[:PAGE]
         rows = views.group_timeline(memories, previous)
+        here = {"session": session} if session else {}
         values: dict[str, Any] = {
             "rows": rows,
             "next": memories[-1].id if more else None,
+            "more_url": "/timeline?" + urlencode({"partial": 1, **here, "before": memories[-1].id})
+            if more
+            else None,
+            "refresh_url": "/timeline?" + urlencode({"partial": 1, **here}),
             "before": before,
+            "session": session,
             "done": DONE.get(request.query_params.get("done", "")),
         }
         if request.query_params.get("partial"):
@@ -270,8 +277,9 @@ def create_app(
         mid = request.path_params["mid"]
         data = await call(views.memory_detail, reader, mid)
         done = DONE.get(request.query_params.get("done", ""))
-        if request.query_params.get("partial"):
-            return page("_memory.html", partial=True, done=None, **data)
+        partial = request.query_params.get("partial")
+        if partial:  # "page": the section as the memory's own page shows it (live refresh)
+            return page("_memory.html", partial=partial != "page", done=None, **data)
         return page("memory.html", nav="timeline", partial=False, done=done, **data)
 
     async def search(request: Request) -> Response:
@@ -376,8 +384,13 @@ def create_app(
         where = "/timeline" if action == "forget" else f"/memory/{done}"
         return RedirectResponse(f"{where}?{urlencode({'done': action})}", status_code=303)
 
+    async def older(request: Request) -> Response:
+        await call(inspector.ready)
+        versions = await call(views.older_versions, reader, request.path_params["mid"])
+        return page("_older.html", older=versions)
+
     async def pulse(request: Request) -> Response:
-        return JSONResponse(await call(views.pulse, reader))
+        return JSONResponse(await call(views.pulse, reader, reader.dat_path))
 
     async def failed(request: Request, exc: Exception) -> Response:
         status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
@@ -394,6 +407,7 @@ def create_app(
         Route("/verify", verify),
         Route("/timeline", timeline),
         Route("/memory/{mid}", memory),
+        Route("/memory/{mid}/older", older),
         Route("/search", search),
         Route("/context", context),
         Route("/add", add_form),

@@ -9,6 +9,7 @@ overview reads ``stats()`` (the index alone) and the newest few memories.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ __all__ = [
     "figures",
     "group_timeline",
     "memory_detail",
+    "older_versions",
     "overview",
     "preview",
     "pulse",
@@ -46,6 +48,10 @@ LEVELS = {
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 METADATA_SHOWN = 200_000  # characters of a memory's metadata JSON shown in full
 SUPERSEDES_HOPS = 20  # the most newer versions a memory's page follows
+OLDER_SEARCHES = 5  # the most searches a memory's page makes for its older versions
+OLDER_CANDIDATES = 50  # the hits each of those searches looks through
+QUERY_CHARS = 2000  # of a newer version's text, searched for its older versions
+SESSIONS_SHOWN = 12  # sessions on the overview, newest activity first
 
 
 def visible(text: str) -> str:
@@ -85,24 +91,32 @@ def overview(store: MemoryStore) -> dict[str, Any]:
 
 
 def figures(store: MemoryStore, embedder: str) -> dict[str, Any]:
-    """The overview's figures: ``stats()`` (the index alone), the embedder and version."""
+    """The overview's figures: ``stats()`` and ``sessions()`` (the index, and one record
+    per session shown), the embedder and version."""
     stats = store.stats()
     return {
         "stats": stats,
         "embedder": embedder,
         "version": fastmem.__version__,
         "top_types": list(stats.types.items())[:12],
+        "top_sessions": list(store.sessions(SESSIONS_SHOWN).items()),
     }
 
 
-def pulse(store: MemoryStore) -> dict[str, Any]:
-    """A cheap fingerprint of the store (count, newest memory, pins): what the pages poll
-    to show other processes' writes."""
+def pulse(store: MemoryStore, data_path: str) -> dict[str, Any]:
+    """A cheap fingerprint of the store: the count, the newest memory, and the data file's
+    size, which every write (an add, pin, update, forget, supersede; a compaction) changes,
+    since each appends a record. What the pages poll to show other processes' writes."""
     newest = store.recent(1)
+    try:
+        size = os.path.getsize(data_path)
+    except OSError:  # replaced at this instant (a compaction's rename): the next poll sees it
+        size = None
     return {
         "memories": len(store),
         "newest": newest[0].id if newest else None,
         "newest_ts": newest[0].timestamp if newest else None,
+        "data_bytes": size,
     }
 
 
@@ -157,6 +171,36 @@ def memory_detail(store: MemoryStore, mid: str) -> dict[str, Any]:
         ),
         "chain": chain,
     }
+
+
+def older_versions(store: MemoryStore, mid: str) -> list[Memory]:
+    """The older versions memory ``mid`` replaces, newest first (each was superseded by the
+    one before it in the list; ``mid`` replaced the first).
+
+    The link is kept in the old memory's metadata only (``superseded_by``), so no index
+    answers "which memory links here"; each step searches the store with the newer
+    version's text (an older version of a fact is worded much like its replacement) and
+    keeps the hit whose link names it. A version that is not among the nearest hits of its
+    replacement's text is not found: the list ends there.
+    """
+    out: list[Memory] = []
+    link, newer_text = mid, store.get(mid).text
+    seen = {mid}
+    for _ in range(OLDER_SEARCHES):
+        hits = store.search(newer_text[:QUERY_CHARS], OLDER_CANDIDATES)
+        by_link = {
+            h.memory.metadata.get(SUPERSEDED_BY): h.memory
+            for h in hits
+            if isinstance(h.memory.metadata, dict)
+        }
+        found = False
+        while (older := by_link.get(link)) is not None and older.id not in seen:
+            seen.add(older.id)  # the hits may hold several steps of the chain
+            out.append(older)
+            link, newer_text, found = older.id, older.text, True
+        if not found or len(out) >= SUPERSEDES_HOPS:
+            break
+    return out
 
 
 # --- search ----------------------------------------------------------------------------

@@ -24,7 +24,7 @@
     if (!detail.dataset.loaded) {
       detail.textContent = "Loading…";
       get("/memory/" + encodeURIComponent(row.dataset.id) + "?partial=1").then(function (html) {
-        detail.innerHTML = html; detail.dataset.loaded = "1"; widths(detail);
+        detail.innerHTML = html; detail.dataset.loaded = "1"; widths(detail); loadParts(detail);
       }).catch(function (e) { detail.textContent = "Could not load it: " + e.message; });
     }
   }
@@ -33,7 +33,7 @@
   function more(button) {
     button.disabled = true;
     button.textContent = "Loading…";
-    get("/timeline?partial=1&before=" + encodeURIComponent(button.dataset.next)).then(function (html) {
+    get(button.dataset.url || "/timeline?partial=1&before=" + encodeURIComponent(button.dataset.next)).then(function (html) {
       const holder = document.createElement("div");
       holder.innerHTML = html;
       button.replaceWith.apply(button, Array.from(holder.childNodes));
@@ -83,33 +83,85 @@
     }
   });
 
-  // Live: poll a cheap fingerprint of the store; on a change, the timeline's first page
-  // refreshes itself, other pages say so.
+  // Live: poll a cheap fingerprint of the store (the count, the newest memory, the data
+  // file's size, which every write changes: adds, pins, edits, forgets). On a change the
+  // timeline's first page and a memory's page refresh themselves; other pages say so.
+  function describe(before, now) {
+    if (now.newest !== before.newest && now.memories > before.memories) {
+      return "new memories: " + now.memories.toLocaleString() + ", newest " + now.newest;
+    }
+    if (now.memories < before.memories) { return "a memory was forgotten"; }
+    return "a memory was changed (a pin, an edit, a forget or a supersede)";
+  }
+
+  function showBanner(what) {
+    document.getElementById("live-what").textContent = what;
+    document.getElementById("live-banner").hidden = false;
+  }
+
+  function refreshRows(rows) {
+    const known = new Set(Array.from(rows.querySelectorAll(".row[data-id]")).map(function (r) { return r.dataset.id; }));
+    get(rows.dataset.refresh).then(function (html) {
+      rows.innerHTML = html; widths(rows); watchMore();
+      rows.querySelectorAll(".row[data-id]").forEach(function (r) { if (!known.has(r.dataset.id)) { r.classList.add("fresh"); } });
+    });
+  }
+
+  // A memory's page: its section again (pinned, importance, metadata, newer versions), or
+  // a note that it is gone; left alone while the user types into one of its forms.
+  function refreshMemory(section, what) {
+    const typing = document.activeElement && section.contains(document.activeElement) &&
+      document.activeElement.matches("input, textarea, select");
+    if (typing) { showBanner(what); return; }
+    fetch("/memory/" + encodeURIComponent(section.dataset.memory) + "?partial=page",
+      { credentials: "same-origin", headers: { "Accept": "text/html" } }).then(function (r) {
+      if (r.status === 404) {
+        section.classList.add("gone");
+        if (!section.querySelector(".gone-note")) {
+          const note = document.createElement("p");
+          note.className = "warn gone-note"; note.dataset.testid = "gone";
+          note.textContent = "This memory was forgotten since the page was loaded.";
+          section.prepend(note);
+        }
+        return null;
+      }
+      if (!r.ok) { throw new Error(r.status + " " + r.statusText); }
+      return r.text();
+    }).then(function (html) {
+      if (html === null) { return; }
+      const holder = document.createElement("div");
+      holder.innerHTML = html;
+      const fresh = holder.querySelector("[data-testid=memory]");
+      if (!fresh) { return; }
+      const open = section.querySelector("details.changes");
+      if (open && open.open) { const d = fresh.querySelector("details.changes"); if (d) { d.open = true; } }
+      section.replaceWith(fresh); widths(fresh); loadParts(fresh);
+    }).catch(function () { showBanner(what); });
+  }
+
   function live() {
     const mode = document.body.dataset.live;
     const badge = document.getElementById("live");
     const count = document.getElementById("live-count");
-    let first = null;
+    let last = null;
     function tick() {
       fetch("/api/pulse", { credentials: "same-origin" }).then(function (r) { return r.json(); }).then(function (p) {
         badge.classList.remove("down");
         count.textContent = "live · " + p.memories.toLocaleString() + " memories";
-        const key = p.memories + "/" + p.newest;
-        if (first === null) { first = key; return; }
-        if (key === first) { return; }
-        first = key;
-        loadParts();
+        const before = last;
+        last = p;
+        if (before === null || (before.memories === p.memories && before.newest === p.newest &&
+            before.data_bytes === p.data_bytes)) { return; }
+        const what = describe(before, p);
+        document.querySelectorAll("#figures[data-load]").forEach(function (el) { loadParts(el.parentNode); });
         const rows = document.getElementById("rows");
+        const section = document.querySelector("[data-testid=memory][data-memory]");
         if (mode === "refresh" && rows) {
-          const known = new Set(Array.from(rows.querySelectorAll(".row[data-id]")).map(function (r) { return r.dataset.id; }));
-          get(rows.dataset.refresh).then(function (html) {
-            rows.innerHTML = html; widths(rows); watchMore();
-            rows.querySelectorAll(".row[data-id]").forEach(function (r) { if (!known.has(r.dataset.id)) { r.classList.add("fresh"); } });
-          });
+          refreshRows(rows);
+        } else if (mode === "memory" && section) {
+          refreshMemory(section, what);
         } else {
-          const banner = document.getElementById("live-banner");
-          document.getElementById("live-what").textContent = p.memories.toLocaleString() + " memories, newest " + p.newest;
-          banner.hidden = false;
+          showBanner(what);
         }
       }).catch(function () { badge.classList.add("down"); count.textContent = "offline"; })
         .finally(function () { setTimeout(tick, POLL_MS); });
@@ -117,9 +169,10 @@
     tick();
   }
 
-  // Parts of a page that load after it (the overview's figures: stats() reads the index).
-  function loadParts() {
-    document.querySelectorAll("[data-load]").forEach(function (el) {
+  // Parts of a page that load after it: the overview's figures (stats() reads the index),
+  // a memory's older versions (a search).
+  function loadParts(root) {
+    (root || document).querySelectorAll("[data-load]").forEach(function (el) {
       get(el.dataset.load).then(function (html) { el.innerHTML = html; widths(el); })
         .catch(function (e) { el.textContent = "Could not load: " + e.message; });
     });
