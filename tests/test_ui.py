@@ -512,7 +512,10 @@ def test_search_marks_superseded_hits(client, path):
         old = store.add("the deploy window is Friday night", type="fact")
         new = store.add("the deploy window moved to Saturday morning", type="fact", supersedes=old)
     r = client.get("/search", params={"q": "deploy window", "mode": "keyword"})
-    rows = {mid: bool(flag) for flag, mid in re.findall(r'<tr class="hit( superseded)?" data-id="(m\d+)"', r.text)}
+    rows = {
+        mid: bool(flag)
+        for flag, mid in re.findall(r'<tr class="hit( superseded)?" data-id="(m\d+)"', r.text)
+    }
     assert rows[old] is True and rows[new] is False
     assert f'data-superseded-by="{new}"' in r.text and "outdated · superseded by " + new in r.text
 

@@ -127,6 +127,9 @@ def _fill(path: str) -> dict[str, str]:
             "A scratch note to be forgotten.", type="plan", timestamp=START + 2.5 * DAY
         )
         ids["last"] = mid
+        ids["live_target"] = store.add(
+            "Ada's passport expires in March 2027.", type="fact", timestamp=START + 2.2 * DAY
+        )
         for i in range(60):  # older history, so the timeline has pages
             store.add(
                 f"user: small talk number {i} about the weather and the week.",
@@ -217,6 +220,16 @@ def test_opening_the_printed_address_sets_the_cookie_and_drops_the_token(served,
         assert page.locator("[data-testid=memories]").inner_text().replace(",", "") == str(
             len(store)
         )
+    page.wait_for_selector("[data-testid=sessions] tr[data-session]")
+    with fastmem.open(path, readonly=True, embedder=None) as store:
+        stats, sessions = store.stats(), store.sessions()
+    assert page.inner_text("[data-testid=format-version]").startswith(
+        f"version {stats.format_version}"
+    )
+    shown = page.locator("[data-testid=sessions] tr[data-session]").evaluate_all(
+        "rows => rows.map(r => [r.dataset.session, Number(r.cells[1].innerText.replace(/,/g, ''))])"
+    )
+    assert shown == [list(kv) for kv in sessions.items()]
     page.wait_for_selector("#live-count:has-text('memories')")
     _shot(page, "overview")
 
@@ -258,6 +271,13 @@ def test_search_and_open_a_memory(served, page):
     page.locator(f"[data-testid=hits] tr.hit[data-id={ids['old_budget']}] a.open").click()
     page.wait_for_selector("[data-testid=memory]")
     assert "superseded by " + ids["new_budget"] in page.inner_text("[data-testid=memory]")
+    # The backward link: the new version's page lists the memory it supersedes.
+    page.goto(_base(url) + "/memory/" + ids["new_budget"])
+    page.wait_for_selector("[data-testid=older] a")
+    older = page.locator("[data-testid=older] a").evaluate_all(
+        "links => links.map(a => a.innerText)"
+    )
+    assert older == [ids["old_budget"]]
     page.click("details.changes summary")
     _shot(page, "memory")
 
@@ -330,3 +350,32 @@ def test_another_process_write_appears(served, page):
     subprocess.run([sys.executable, "-c", code, path, text], check=True, timeout=60, env=ENV)
     page.wait_for_selector(f".row:has-text('{text[:40]}')", timeout=15_000)
     page.screenshot(path=str(IMG / "ui-live.png"))
+
+
+def _other_process(path: str, call: str) -> None:
+    code = "import fastmem, sys\nwith fastmem.open(sys.argv[1]) as s:\n    " + call + "\n"
+    subprocess.run([sys.executable, "-c", code, path], check=True, timeout=60, env=ENV)
+
+
+def test_another_process_pin_and_forget_appear(served, page):
+    """A memory's page and the timeline follow other processes' pins and forgets, not only
+    their adds (the data file grows with every write; the pages poll its size)."""
+    path, url, ids = served
+    mid = ids["live_target"]
+    page.goto(_base(url) + "/memory/" + mid)
+    page.wait_for_selector("#live-count:has-text('memories')", timeout=60_000)
+    assert page.locator("[data-testid=pinned]").count() == 0
+    _other_process(path, f"s.pin({mid!r})")
+    page.wait_for_selector("[data-testid=memory] [data-testid=pinned]", timeout=15_000)
+    page.goto(_base(url) + "/timeline")
+    page.wait_for_selector("#live-count:has-text('memories')", timeout=60_000)
+    assert page.locator(f".row[data-id={mid}] .chip.lv-pinned").count() == 1
+    _other_process(path, f"s.pin({mid!r}, False)")
+    page.wait_for_selector(f".row[data-id={mid}] .pin:empty", state="attached", timeout=15_000)
+    page.goto(_base(url) + "/memory/" + mid)
+    page.wait_for_selector("#live-count:has-text('memories')", timeout=60_000)
+    _other_process(path, f"s.forget({mid!r})")
+    page.wait_for_selector("[data-testid=gone]", timeout=15_000)
+    assert page.locator("[data-testid=memory].gone").count() == 1
+    page.goto(_base(url) + "/timeline")
+    assert page.locator(f".row[data-id={mid}]").count() == 0
