@@ -18,6 +18,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -29,10 +30,34 @@ def worker(path: str, kind: str, seconds: float, out: str, poll_max: float) -> N
 
     if poll_max > 0:  # an alternative measured: a shorter longest pause between tries
         _engine._LOCK_POLL_MAX = poll_max
+    if os.environ.get("LOCK_WAITS_TAIL_ROWS"):  # an alternative measured: rarer checkpoints
+        from fastmem import _index
+
+        _index.CHECKPOINT_TAIL_ROWS = int(os.environ["LOCK_WAITS_TAIL_ROWS"])
 
     size = 100 if kind == "small" else 5000
     waits: list[float] = []
     calls: list[float] = []
+    holds: list[tuple[str, float]] = []  # (what held the OS lock, for how long)
+    taken = [0.0]
+    real_fcntl = _engine.fcntl
+
+    class Traced:  # the engine's fcntl, timing each hold of the writer lock
+        LOCK_EX, LOCK_NB, LOCK_UN = real_fcntl.LOCK_EX, real_fcntl.LOCK_NB, real_fcntl.LOCK_UN
+
+        @staticmethod
+        def flock(fd: int, op: int) -> None:
+            real_fcntl.flock(fd, op)
+            now = time.perf_counter()
+            if op & real_fcntl.LOCK_EX:
+                taken[0] = now
+            elif op == real_fcntl.LOCK_UN and taken[0]:
+                thread = threading.current_thread().name
+                what = "checkpoint" if thread.startswith("fastmem-checkpoint") else kind
+                holds.append((what, now - taken[0]))
+                taken[0] = 0.0
+
+    _engine.fcntl = Traced  # type: ignore[assignment]
     with fastmem.open(path, embedder=None, summarizer=None, timeout=120) as store:
         engine = store._engine
         real = engine._flock
@@ -54,7 +79,7 @@ def worker(path: str, kind: str, seconds: float, out: str, poll_max: float) -> N
             calls.append(time.perf_counter() - started)
             n += size
     with open(out, "w") as f:
-        json.dump({"kind": kind, "waits": waits, "calls": calls, "memories": n}, f)
+        json.dump({"kind": kind, "waits": waits, "calls": calls, "memories": n, "holds": holds}, f)
 
 
 def _row(name: str, values: list[float]) -> str:
@@ -111,6 +136,14 @@ def main() -> None:
             label = "100-batch" if kind == "small" else "5,000-batch"
             print(_row(f"lock wait, {label} writers", [w for r in mine for w in r["waits"]]))
             print(_row(f"add_many, {label} writers", [c for r in mine for c in r["calls"]]))
+    holds = [h for r in results for h in r["holds"]]
+    print("\n| the writer lock held by | holds | p50 ms | p95 ms | p99 ms | max ms | total s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for what, label in (("small", "a 100-memory add_many"), ("big", "a 5,000-memory add_many"),
+                        ("checkpoint", "a checkpoint (its thread let go)")):  # fmt: skip
+        mine = [d for w, d in holds if w == what]
+        if mine:
+            print(_row(label, mine) + f" {sum(mine):.2f} |")
     total = sum(r["memories"] for r in results)
     print(f"memories written: {total:,} ({total / args.seconds:,.0f}/s)")
 

@@ -324,6 +324,10 @@ class Engine:
                     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
+                    if self._dat is not None and holder == -1:
+                        # Catch up with what others appended while waiting, not once the
+                        # lock is taken: the holder of the lock replays only the last write.
+                        self.check(appending=True)
                 else:
                     st = os.fstat(self._fd)
                     if st.st_nlink:
