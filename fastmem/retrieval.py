@@ -169,8 +169,9 @@ def rank(
     found = _sorted_unique(np.concatenate(parts).astype(np.int64))
     if not len(found):
         return [], degraded
-    cand, sessions = with_neighbours(index, found, where, 2 if own_turns else 1)
-    prev, nxt = (_neighbour_positions(cand, sessions, step) for step in (-1, 1))
+    neighbours = with_neighbours(index, found, where, 2 if own_turns else 1)
+    cand = neighbours.rows
+    prev, nxt = neighbours.at(-1), neighbours.at(1)
     score = np.zeros(len(cand))
     cosines = None
     if vector is not None:
@@ -184,7 +185,7 @@ def rank(
     smooth = score + policy.neighbour_weight * (_at(score, prev, floor) + _at(score, nxt, floor))
     near = [prev, nxt]
     if own_turns:
-        near += [_neighbour_positions(cand, sessions, step) for step in (-2, 2)]
+        near += [neighbours.at(-2), neighbours.at(2)]
     lifted = np.max([_at(smooth, positions, -np.inf) for positions in near], axis=0)
     fused = np.maximum(smooth, lifted - policy.neighbour_gap)
     fused += bonuses(index, cand, policy, session, now)
@@ -326,33 +327,84 @@ def _sorted_unique(values: np.ndarray) -> np.ndarray:
     return values[np.concatenate(([True], values[1:] != values[:-1]))] if len(values) else values
 
 
+# A memory's neighbours are looked for up to this many rows before and after it: the rows of
+# other sessions written in between (two conversations written at once, interleaved) and of
+# forgotten or filtered-out memories are skipped, as far as this.
+NEIGHBOUR_ROWS = 8
+
+
+class Neighbours(NamedTuple):
+    """:func:`with_neighbours`' candidates and, for each, where its neighbours are among them."""
+
+    rows: np.ndarray  # sorted
+    links: dict[int, np.ndarray]  # step (±1, ±2, ...) -> position in ``rows`` of the memory
+    #                               that many memories after (before) in its session, or -1
+
+    def at(self, step: int) -> np.ndarray:
+        """The positions of each row's neighbour ``step`` memories away in its session."""
+        return self.links[step]
+
+
 def with_neighbours(
     index: MemoryIndex, found: np.ndarray, where: Filters, reach: int = 1
-) -> tuple[np.ndarray, np.ndarray]:
-    """``found`` plus the live memories up to ``reach`` rows before and after each (rows
-    are in the order memories were added) that pass the filters, sorted, and their
-    sessions (for :func:`_neighbour_positions`)."""
-    near = np.concatenate([found + step for step in range(-reach, reach + 1)])
+) -> Neighbours:
+    """``found`` plus, for each, the ``reach`` memories before and after it in its own
+    session (a memory's neighbours are the memories written just before and after it in
+    the same session: those of another session are never its neighbours, even when they
+    sit next to it in the store), among the live memories that pass the filters, looked
+    for up to ``NEIGHBOUR_ROWS`` rows away; and each candidate's neighbours up to ``reach``
+    steps away among the candidates (:class:`Neighbours`). Memories without a session are
+    one session, as they always were: the order they were added in is their conversation.
+    """
+    span = max(NEIGHBOUR_ROWS, reach)
+    near = np.concatenate([found + step for step in range(-span, span + 1)])
     near = _sorted_unique(near[(near >= 0) & (near < len(index))])
+    # Runs of consecutive rows: within one, no memory between two rows is unseen.
+    run = np.concatenate(([0], np.cumsum(np.diff(near) != 1))) if len(near) else near
     fields = index.gather(near, ("flags", "timestamp", "session", "type"))
     kept = where.mask(fields)
-    return near[kept], fields["session"][kept]
+    rows, session, run = near[kept], fields["session"][kept], run[kept]
+    n = len(rows)
+    # Each kept row's next memory in its session: the next row of the same run and session.
+    order = np.lexsort((rows, session, run))
+    by_run, by_session = run[order], session[order]
+    same = np.zeros(n, dtype=bool)  # order[i + 1] is the next memory of order[i]'s session
+    same[:-1] = (by_run[1:] == by_run[:-1]) & (by_session[1:] == by_session[:-1])
+    nxt = np.full(n, -1, dtype=np.int64)
+    prev = np.full(n, -1, dtype=np.int64)
+    nxt[order[:-1][same[:-1]]] = order[1:][same[:-1]]
+    prev[order[1:][same[:-1]]] = order[:-1][same[:-1]]
+    chains = {}  # step -> index in ``rows`` of the memory that many steps away, or -1
+    for sign, link in ((1, nxt), (-1, prev)):
+        at = np.arange(n, dtype=np.int64)
+        for step in range(1, reach + 1):
+            at = np.where(at >= 0, link[np.maximum(at, 0)], -1)
+            chains[sign * step] = at
+    is_found = _member(rows, found)
+    chosen = is_found.copy()
+    for at in chains.values():
+        chosen[at[is_found & (at >= 0)]] = True
+    position = np.cumsum(chosen) - 1  # a chosen row's position among the candidates
+    links = {}
+    for step, at in chains.items():
+        target = np.maximum(at, 0)
+        links[step] = np.where((at >= 0) & chosen[target], position[target], -1)[chosen]
+    return Neighbours(rows[chosen], links)
+
+
+def _member(rows: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Which of the sorted ``rows`` are in ``values`` (without np.isin: see _sorted_unique)."""
+    values = np.sort(values)
+    if not len(values):
+        return np.zeros(len(rows), dtype=bool)
+    at = np.minimum(np.searchsorted(values, rows), len(values) - 1)
+    return values[at] == rows
 
 
 def _at(values: np.ndarray, positions: np.ndarray, missing: float) -> np.ndarray:
-    """``values`` at ``positions`` (those of :func:`_neighbour_positions`), ``missing``
-    where there is none (-1)."""
+    """``values`` at ``positions`` (those of :meth:`Neighbours.at`), ``missing`` where
+    there is none (-1)."""
     return np.where(positions >= 0, values[np.maximum(positions, 0)], missing)
-
-
-def _neighbour_positions(cand: np.ndarray, session: np.ndarray, step: int) -> np.ndarray:
-    """For each of the sorted rows ``cand``, the position in ``cand`` of row ``g + step``
-    when it is there and in the same session, else -1."""
-    if not len(cand):
-        return np.zeros(0, dtype=np.int64)
-    at = np.minimum(np.searchsorted(cand, cand + step), len(cand) - 1)
-    found = (cand[at] == cand + step) & (session[at] == session)
-    return np.where(found, at, -1).astype(np.int64)
 
 
 def _cosines(index: MemoryIndex, rows: np.ndarray, query: Any) -> np.ndarray:

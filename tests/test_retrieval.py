@@ -202,9 +202,10 @@ def test_a_strong_match_lifts_its_neighbour_in_the_same_session(tmp_path):
         "I bought a red bicycle yesterday",  # 1: the match
         "it cost two hundred dollars",  # 2: the next turn of its session, no query word
         "the price of eggs went up",  # 3: a weaker match in a third session
-        "eggs and bread",  # 4: a fourth session, next to row 3
+        "they were cheap last week",  # 4: the next turn of that session, no query word
+        "eggs and bread",  # 5: a fourth session, next to row 4
     ]
-    sessions = ["museum", "bike", "bike", "shop", "market"]
+    sessions = ["museum", "bike", "bike", "shop", "shop", "market"]
     items = [{"text": t, "session": s, "timestamp": NOW, "embedding": np.ones(DIM)}
              for t, s in zip(texts, sessions)]  # fmt: skip
     index, _ = build(tmp_path, items)
@@ -212,13 +213,54 @@ def test_a_strong_match_lifts_its_neighbour_in_the_same_session(tmp_path):
     def relevance(policy):
         ranked, _ = rank(index, "red bicycle price", 5, policy=policy, embedder=None,
                          session=None, now=NOW)  # fmt: skip
-        assert ranked[0].row == 1 and len(ranked) == 5  # every row is a match or next to one
+        assert ranked[0].row == 1
         return {r.row: r.relevance for r in ranked}
 
     lifted = relevance(ContextPolicy())
-    assert lifted[2] > lifted[0] == lifted[4]  # rows 0 and 4: neighbours in other sessions
+    # Rows 0 and 5 sit next to a match in the store but in other sessions: no neighbours.
+    assert set(lifted) == {1, 2, 3, 4}
+    assert lifted[2] > lifted[4]  # next to the stronger match
     flat = relevance(ContextPolicy(neighbour_weight=0.0, neighbour_gap=1e5))
-    assert flat[2] == flat[0] == flat[4] < flat[3]
+    assert flat[2] == flat[4] < flat[3]
+
+
+def _interleaved(tmp_path, forget=()):
+    """Two conversations written at once: their turns alternate in the store."""
+    texts = [
+        "we talked about the weather",  # 0: a, the turn before the match
+        "museum opening hours",  # 1: b
+        "I bought a red bicycle yesterday",  # 2: a, the match
+        "the museum closes at five",  # 3: b
+        "it cost two hundred dollars",  # 4: a, the turn after the match
+        "see you at the museum",  # 5: b
+        "it has a basket too",  # 6: a, two turns after the match
+    ]
+    items = [{"text": t, "session": "ab"[i % 2], "timestamp": NOW + i, "embedding": np.ones(DIM)}
+             for i, t in enumerate(texts)]  # fmt: skip
+    return build(tmp_path, items, forget)[0]
+
+
+def test_neighbours_come_from_the_memorys_own_session_when_sessions_interleave(tmp_path):
+    index = _interleaved(tmp_path)
+    args = {"policy": ContextPolicy(), "embedder": None, "session": None, "now": NOW}
+    ranked, _ = rank(index, "red bicycle", 5, **args)
+    assert ranked[0].row == 2
+    assert {r.row for r in ranked} == {0, 2, 4}  # never 1 or 3: another conversation's turns
+    # A question about one speaker reaches two turns away in the session, not two rows.
+    ranked, _ = rank(index, "red bicycle", 5, own_turns=True, **args)
+    assert {r.row for r in ranked} == {0, 2, 4, 6}
+
+
+def test_a_forgotten_memory_does_not_part_its_neighbours(tmp_path):
+    index = _interleaved(tmp_path, forget=[4])
+    ranked, _ = rank(index, "red bicycle", 5, policy=ContextPolicy(), embedder=None,
+                     session=None, now=NOW)  # fmt: skip
+    assert {r.row for r in ranked} == {0, 2, 6}  # the next live turn of the match's session
+    # The session filter keeps the same neighbours; another session's filter none of them.
+    where = retrieval.filters(index, None, -math.inf, math.inf, "a")
+    ranked, _ = rank(index, "red bicycle", 5, policy=ContextPolicy(), embedder=None,
+                     session=None, now=NOW, where=where)  # fmt: skip
+    assert {r.row for r in ranked} == {0, 2, 6}
 
 
 def test_a_query_word_no_memory_holds_is_looked_up_by_its_inflections(tmp_path):
