@@ -30,14 +30,32 @@ otherwise with an error that says "not saved" (the spill file could not be writt
 the batch's sync failed). The thread survives any error; after a fault it reopens the
 store for the next write (a failed sync is sticky on a handle).
 
+A batch whose sync failed is kept too (its writes may or may not have reached the file:
+a failed ``fdatasync`` does not say), and answered ``PENDING``: it is tried again, once,
+with the next import.
+
 Any writer of the store imports them: when it opens the store (so the next start of any
 process on the profile takes them in), before its next batch after it spilled, and when
 idle (every ``IDLE_TICK`` seconds). Each file is imported once: the importer holds an
 ``flock`` on the file while it applies it and deletes it before letting go; an importer
 that gets the flock afterwards finds the file deleted (``st_nlink == 0``) and skips it;
 a killed importer's flock is released by the OS and the next importer takes the file
-over. A process killed in the middle of an import leaves the file, and the next importer
-applies it again: twice rather than never (the adds of one file go in one commit each run).
+over.
+
+Each kept write reaches the store once, even when an import is cut short (the process
+killed, a fault of the disk) or a batch's sync failed. Before the first write of a file
+is applied, the file is rewritten (atomically, under the importer's flock) with a first
+line ``{"stored_after": "m<N>"}``: memories its writes add get ids above ``m<N>`` (ids
+grow with every add, in any process). An importer that finds that line checks, before
+applying, which of the file's adds a store already holds among the memories above the
+mark (the same text, time, session and type; the writer gives every add a time) and
+skips them. A batch whose sync failed is kept with the mark of its first new id. The
+other writes are idempotent (a pin, a forget: of a forgotten memory it is refused and
+logged, a consolidated fact is added unless stored), and the Hermes provider's mirrored
+writes recognise themselves. A target whose store remembers op ids itself (a cluster's
+shard) needs none of this. One limit: after a failed ``fdatasync`` the kernel may keep
+pages it could not write in its cache, so a write can be seen in the store, and skipped,
+and still be lost with a power cut (Linux's behaviour; no file API can tell).
 """
 
 from __future__ import annotations
@@ -53,6 +71,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import defaultdict
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -82,6 +101,14 @@ MAX_BATCH = 64  # writes per commit: bounds one batch's embedding time (~1 s on 
 SPILL_GLOB = "pending-*.jsonl"
 
 Handler = Callable[["fastmem.MemoryStore", Any], Any]  # applies one kind of write
+MARK = "stored_after"  # a spill file's first line: its adds may be stored above this id (or any: null)
+
+
+class _Unmarked:
+    """A spill file without a mark: none of its writes was applied yet."""
+
+
+_UNMARKED = _Unmarked()
 
 
 class _Pending:
@@ -136,6 +163,13 @@ class LocalTarget:
 
     def flush(self, store: Any) -> None:
         store.flush()  # acknowledged = on disk
+
+    @property
+    def remembers_ops(self) -> bool:
+        """Whether the store applies a write replayed under the same op id once by itself
+        (a target that scopes its writes with op ids: a cluster's shard); when not, a
+        spill file's import recognises what it already applied (see the module docstring)."""
+        return type(self).scoped is not LocalTarget.scoped
 
 
 def new_op_id() -> str:
@@ -289,15 +323,23 @@ class _Writer:
                     results.append((op, None, exc))  # a user error (unknown id...) goes to its caller
                 i += 1
         rest = batch[len(results) :]
+        mark: str | None | _Unmarked = _UNMARKED  # a kept batch: which of its adds may be stored
         if results:
             try:
                 self._target.flush(store)  # acknowledged = on disk
             except Exception as exc:
                 # Not on disk, or not known to be: nothing of this batch is acknowledged.
-                # (Not kept for a retry either: its records may be in the file already.)
-                logger.error("fastmem: the sync of %s failed; %d writes not saved: %s", self.path, len(results), exc)
-                failed = _not_saved(exc, "its sync failed, so it may not be on disk")
-                results = [(op, None, error or failed) for op, _, error in results]
+                # Kept, marked: its import skips what did reach the file (module docstring).
+                logger.warning("fastmem: the sync of %s failed; its %d writes are kept to be tried again: %s",
+                               self.path, len(results), exc)  # fmt: skip
+                made = [op for op, _, error in results if error is None and op.kind not in _NO_OPS]
+                new_ids = [value for op, value, error in results if error is None and op.kind == "add"]
+                mark = _mark_below(new_ids) if new_ids else _UNMARKED  # only adds are checked
+                rest = made + rest
+                # A barrier (or an open) says the sync failed: the store's disk is failing.
+                failed = _not_saved(exc, "the store's sync failed")
+                results = [(op, None, error or failed) for op, _, error in results
+                           if error is not None or op.kind in _NO_OPS]  # fmt: skip
                 stopped = stopped or exc
         if stopped is not None and not isinstance(stopped, StoreLockedError):
             self._drop_store()  # a failed sync is sticky on the handle: the next write reopens
@@ -309,7 +351,7 @@ class _Writer:
         if rest:
             why = (f"met the writer lock held for over {WRITE_WAIT:g} s" if isinstance(stopped, StoreLockedError)
                    else "could not be written")  # fmt: skip
-            self._spill(rest, f"{why} (last try: {stopped})", stopped)
+            self._spill(rest, f"{why} (last try: {stopped})", stopped, mark)
 
     def _add_run(self, store: fastmem.MemoryStore, ops: list[_Op]) -> tuple[list[tuple[_Op, Any, Any]], BaseException | None]:
         """Adds as one commit; one bad item refuses the commit, so then one by one. The
@@ -383,13 +425,18 @@ class _Writer:
 
     # --- spill files: writes that could not be made to the store, as JSON lines ----------
 
-    def _spill(self, ops: list[_Op], why: str, cause: BaseException | None = None) -> None:
+    def _spill(self, ops: list[_Op], why: str, cause: BaseException | None = None,
+               mark: str | None | _Unmarked = _UNMARKED) -> None:  # fmt: skip
         """Keep ``ops`` durably in a spill file (their futures say PENDING); when even that
-        fails, they are not saved, and their futures say so (never PENDING)."""
+        fails, they are not saved, and their futures say so (never PENDING). ``mark``:
+        the first of them may be in the store already, as memories above it."""
         try:
             _give_op_ids(ops)  # writes never tried get theirs now: a replay carries them
             lines = [json.dumps({"kind": op.kind, "args": op.args, "op": op.op_id})
                      for op in ops if op.kind not in _NO_OPS]  # fmt: skip
+            count = len(lines)
+            if lines and not isinstance(mark, _Unmarked) and not self._target.remembers_ops:
+                lines.insert(0, json.dumps({MARK: mark}))
             if lines:
                 directory = os.path.dirname(self.path)
                 # The time first: importers take files oldest first, so the store gets them in order.
@@ -398,7 +445,7 @@ class _Writer:
                 _write_durably(name, lines)
                 self._spilled.add(name)
                 logger.warning("fastmem: %s %s; %d writes kept in %s (imported by the next writer)",
-                               self.path, why, len(lines), name)  # fmt: skip
+                               self.path, why, count, name)  # fmt: skip
         except Exception as exc:
             n = sum(op.kind not in _NO_OPS for op in ops)
             logger.error("fastmem: %d writes to %s not saved: they %s, and could not be kept in a spill file "
@@ -436,17 +483,27 @@ class _Writer:
             if os.fstat(fd).st_nlink == 0:  # imported and deleted while we waited
                 return True
             with os.fdopen(os.dup(fd), encoding="utf-8", errors="replace") as f:
-                entries, damaged = _entries(f, name)
+                entries, damaged, mark = _entries(f, name)
         except OSError as exc:
             os.close(fd)
             logger.warning("fastmem: cannot import %s: %s", name, exc)
             return True
         try:
+            if not self._target.remembers_ops:
+                if isinstance(mark, _Unmarked):
+                    # Before the first write is applied: a later importer (this one killed,
+                    # say) knows where to look for what it applied. The new file is locked
+                    # before it takes the name: no other importer can start on it.
+                    mark = _high_mark(store)
+                    fd = _replace_locked(name, [json.dumps({MARK: mark})] + [json.dumps(e) for e in entries], fd)
+                else:
+                    entries = _not_stored(store, entries, mark, name)
             done, stopped = self._apply_entries(store, entries, name)
             if done < len(entries):
                 # Keep what is left under the same name (old first: the order holds); an
                 # importer waiting on the old file finds it deleted.
-                _write_durably(name, [json.dumps(e) for e in entries[done:]])
+                head = [] if isinstance(mark, _Unmarked) else [json.dumps({MARK: mark})]
+                _write_durably(name, head + [json.dumps(e) for e in entries[done:]])
                 if not isinstance(stopped, StoreLockedError):
                     self._warn("kept writes in %s wait: %s", name, stopped)
                     self._drop_store()
@@ -556,11 +613,14 @@ def _claim(fd: int, wait: float) -> bool:
             time.sleep(0.01)
 
 
-def _entries(f: Any, name: str) -> tuple[list[dict[str, Any]], int]:
-    """The kept writes of a spill file, and how many lines were not one (damage: files
-    are written whole, through a temp file and a rename)."""
+def _entries(f: Any, name: str) -> tuple[list[dict[str, Any]], int, str | None | _Unmarked]:
+    """The kept writes of a spill file, how many lines were not one (damage: files are
+    written whole, through a temp file and a rename), and its mark (``_UNMARKED``: none;
+    a mark that is no id counts as ``None``, every memory checked: more work, never a
+    write twice)."""
     out: list[dict[str, Any]] = []
     damaged = 0
+    mark: str | None | _Unmarked = _UNMARKED
     for number, line in enumerate(f, 1):
         if not line.strip():
             continue
@@ -568,12 +628,94 @@ def _entries(f: Any, name: str) -> tuple[list[dict[str, Any]], int]:
             entry = json.loads(line)
         except ValueError:
             entry = None
-        if isinstance(entry, dict) and isinstance(entry.get("kind"), str) and "args" in entry:
+        if isinstance(entry, dict) and MARK in entry and not out and isinstance(mark, _Unmarked):
+            value = entry[MARK]
+            ok = isinstance(value, str) and len(value) < 22 and value[:1] == "m" and value[1:].isdigit()
+            mark = value if ok and value[1:].isascii() else None
+        elif isinstance(entry, dict) and isinstance(entry.get("kind"), str) and "args" in entry:
             out.append(entry)
         else:
             damaged += 1
             logger.warning("fastmem: %s line %d is not a kept write; skipped", name, number)
-    return out, damaged
+    return out, damaged, mark
+
+
+def _mark_below(ids: list[Any]) -> str | None:
+    """The mark under the first of ``ids`` (memory ids a batch was given)."""
+    first = min(int(mid[1:]) for mid in ids)
+    return f"m{first - 1}" if first > 0 else None
+
+
+def _high_mark(store: fastmem.MemoryStore) -> str | None:
+    """An id at or above every id given out so far, or below none of them; None in an
+    empty store. (Ids are unique and grow from m0: the highest is at least the count of
+    memories less one; the live ones above that say the rest.)"""
+    count = len(store)
+    lower = f"m{count - 1}" if count else None
+    above = store.ids(after=lower)
+    return above[-1] if above else lower
+
+
+def _not_stored(store: fastmem.MemoryStore, entries: list[dict[str, Any]], mark: str | None,
+                name: str) -> list[dict[str, Any]]:  # fmt: skip
+    """``entries`` less the adds the store holds already, among the memories above
+    ``mark`` (an import cut short applied them): the same text, time, session and type."""
+    wanted: dict[str, list[int]] = defaultdict(list)  # text -> the adds' positions
+    for k, entry in enumerate(entries):
+        args = entry.get("args")
+        if entry.get("kind") == "add" and isinstance(args, dict) and isinstance(args.get("text"), str):
+            wanted[args["text"]].append(k)
+    if not wanted:
+        return entries
+    stored: set[int] = set()
+    for mid in store.ids(after=mark):
+        try:
+            memory = store.get(mid)
+        except FastmemError:  # forgotten meanwhile
+            continue
+        for k in wanted.get(memory.text, ()):
+            args = entries[k]["args"]
+            if (k not in stored and args.get("session") == memory.session
+                    and args.get("type", "conversation") == memory.type
+                    and (args.get("timestamp") is None or args["timestamp"] == memory.timestamp)):  # fmt: skip
+                stored.add(k)
+                break
+    if stored:
+        logger.info("fastmem: %d kept writes of %s were stored by an earlier import; not applied again",
+                    len(stored), name)  # fmt: skip
+    return [entry for k, entry in enumerate(entries) if k not in stored]
+
+
+def _replace_locked(name: str, lines: list[str], fd: int) -> int:
+    """Write ``lines`` durably over ``name`` (a spill file whose flock ``fd`` holds), the
+    new file flocked before it takes the name: the descriptor of the new file, which
+    holds its flock (``fd`` is closed)."""
+    directory = os.path.dirname(name)
+    new, tmp = tempfile.mkstemp(dir=directory, prefix=".pending-")
+    try:
+        data = ("\n".join(lines) + "\n").encode("utf-8")
+        view = memoryview(data)
+        while view:
+            view = view[os.write(new, view) :]
+        os.fsync(new)
+        fcntl.flock(new, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else has it yet
+        os.replace(tmp, name)
+        tmp = ""
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)  # the rename itself must survive a power loss
+        finally:
+            os.close(dfd)
+    except BaseException:
+        os.close(new)
+        if tmp:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        raise
+    os.close(fd)
+    return new
 
 
 def _write_durably(name: str, lines: list[str]) -> None:

@@ -16,11 +16,12 @@ fsynced before it is acknowledged (``sync_turn`` only queues). Every process on 
 (the CLI, the gateway, cron jobs) writes to the store itself: the store's writer lock is
 taken per write, and a search in any process sees every turn acknowledged before it, in
 any process. There are no side files in normal operation. ``pending-*.jsonl`` files
-beside the store keep, durably, only what was still queued at the shutdown deadline and a
+beside the store keep, durably, only what was still queued at the shutdown deadline, a
 batch that met the writer lock held by another process for more than
-:data:`~fastmem.integrations._writer.WRITE_WAIT` seconds (a tool call then answers
-``"pending": true``); the next writer of the store imports them, once, in any process
-(see :mod:`fastmem.integrations._writer`). The installer is
+:data:`~fastmem.integrations._writer.WRITE_WAIT` seconds, and a batch that met a fault of
+the disk or whose sync failed (a tool call then answers ``"pending": true``); the next
+writer of the store imports them, in any process, each write once, even when an import
+is cut short (see :mod:`fastmem.integrations._writer`). The installer is
 :mod:`fastmem.integrations._hermes_install` (:func:`install` here).
 
 On a Ray cluster (``fastmem[ray]``): with a location ``ray+gcs://HOST:PORT/ROOT?...`` (or
@@ -157,8 +158,13 @@ def _mirror(store: fastmem.MemoryStore, action: str, target: str, content: str,
         for mid in mirrored(old_text or (content if action == "remove" else "")):
             store.forget(mid)
     if action in ("add", "replace") and content:
+        text = content[:TOOL_TEXT_MAX_CHARS]
+        if timestamp is not None:  # applied before (a kept write imported again): once
+            for mid in mirrored(text):
+                if (memory := store.get(mid)).text == text and memory.timestamp == timestamp:
+                    return mid
         meta = {"source": source, **{k: v for k, v in metadata.items() if isinstance(v, str)}}
-        return store.add(content[:TOOL_TEXT_MAX_CHARS], type="fact", metadata=meta, timestamp=timestamp)
+        return store.add(text, type="fact", metadata=meta, timestamp=timestamp)
     return None
 
 
