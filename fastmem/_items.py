@@ -482,6 +482,47 @@ def decode_memory(
     )  # fmt: skip
 
 
+def read_rows(engine: Any, rows: Iterable[int]) -> list[Memory]:
+    """The memories of live index rows ``rows`` (global row numbers), in that order: in one
+    compiled call (``_kernels.read_hot`` over the rows and the data file) when every one is
+    the plain case, else one by one (``engine.memory``: the same memories, or the precise
+    error). What ``recent`` reads: a call per memory cost more than its decoding.
+
+    Raises:
+        MemoryErased: a record was erased by another process since its row was read.
+    """
+    g = np.fromiter(rows, dtype=np.int64)
+    if not len(g):
+        return []
+    index, nb = engine.index, engine.index.n_base
+    picked = np.empty(len(g), dtype=fmt.INDEX_DTYPE)
+    in_base = g < nb
+    if in_base.any():
+        picked[in_base] = index.base_rows[g[in_base]]
+    if not in_base.all():
+        picked[~in_base] = index.tail.rows[g[~in_base] - nb]
+    with memoryview(engine.data()) as view, view[: engine.dat_end] as records:
+        memories = _kernels.read_hot(picked.tobytes(), picked["offset"].tolist(), records,
+                                     len(g), Memory, f32)  # fmt: skip
+    return memories if memories is not None else [engine.memory(int(r)) for r in g]
+
+
+def live_rows(index: Any, ids: list[int]) -> list[int]:
+    """The global index rows of the memory ids ``ids`` that are live, in their order (the
+    base's ids and the tail's are each in increasing order: two binary searches, no
+    per-id call)."""
+    want = np.asarray(ids, dtype=np.uint64)
+    found = np.full(len(want), -1, dtype=np.int64)
+    offset = 0
+    for seg in (index.base_rows, index.tail.rows[: index.tail.n]):
+        if len(seg) and len(want):
+            at = np.minimum(np.searchsorted(seg["id"], want), len(seg) - 1)
+            hit = (seg["id"][at] == want) & (seg["flags"][at] & fmt.FLAG_FORGOTTEN == 0)
+            found[hit] = offset + at[hit]
+        offset += len(seg)
+    return found[found >= 0].tolist()
+
+
 def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:
     """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere):
     the items without an embedding are embedded in one call. Sets ``batch.quantized``, the

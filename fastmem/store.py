@@ -824,21 +824,17 @@ def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> 
         UnknownMemoryError: ``before`` is no memory's id (never added, or compacted away).
     """
     if session is None:
-        return [engine.memory(g) for g in islice(_newest_first(engine, before), n)]
+        return _items.read_rows(engine, islice(_newest_first(engine, before), n))
     check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=False)
     below = fmt.MAX_ID + 1 if before is None else _items.parse_id(before)
     if before is not None and engine.index.find(below) < 0:
         raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
     out: list[Memory] = []
-    for mid in _context.session_ids(engine.index, session, below):
-        if len(out) == n:
-            break
-        try:
-            memory = engine.get(f"m{mid}")  # one compiled call in the plain case
-        except UnknownMemoryError:  # erased by another process's forget since the scan
-            continue
-        if memory.session == session:  # the index keeps a 64-bit hash of the name
-            out.append(memory)
+    mids = _context.session_ids(engine.index, session, below)
+    while mids and len(out) < n:  # the index keeps a 64-bit hash of the name: check the name
+        chunk, mids = mids[: n - len(out)], mids[n - len(out) :]
+        out += [m for m in _items.read_rows(engine, _items.live_rows(engine.index, chunk))
+                if m.session == session]  # fmt: skip
     return out
 
 

@@ -1,0 +1,100 @@
+"""``recent`` reads its memories in bulk (``_items.read_rows``): the same memories, in the
+same order, as one ``get`` per memory, whether the rows are in the checkpointed base or the
+tail, plain or not (a metadata update, a compressed record), live or forgotten."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import fastmem
+from fastmem import _items
+
+
+@pytest.fixture
+def store(tmp_path):
+    with fastmem.open(os.path.join(tmp_path, "s"), embedder=None) as s:
+        yield s
+
+
+def _fill(store, session, n, start=0):
+    return store.add_many([
+        {"text": f"turn {start + i} of {session}: " + "word " * (i % 7), "session": session,
+         "timestamp": 1_700_000_000.0 + start + i, "metadata": {"n": start + i, "deep": {"l": [i]}}}
+        for i in range(n)
+    ])  # fmt: skip
+
+
+def _one_by_one(store, ids):
+    return [store.get(mid) for mid in ids]
+
+
+def test_a_sessions_memories_match_get_across_base_and_tail(store):
+    first = _fill(store, "a", 50) + _fill(store, "b", 20)
+    store.checkpoint()  # the first rows move to the base
+    later = _fill(store, "a", 30, start=50)
+    ids_a = [m for m in first + later if store.get(m).session == "a"]
+    assert store.recent(1000, session="a") == _one_by_one(store, ids_a[::-1])
+    assert store.recent(7, session="a") == _one_by_one(store, ids_a[::-1][:7])
+    assert store.recent(0, session="a") == []
+    assert store.recent(10, session="nobody") == []
+
+
+def test_forgotten_and_updated_memories(store):
+    ids = _fill(store, "a", 40)
+    store.checkpoint()
+    store.forget(ids[3])
+    store.forget(ids[35], erase=False)
+    store.update(ids[10], metadata={"changed": True})  # an update record: not the plain case
+    store.update(ids[20], importance=0.9)
+    expected = _one_by_one(store, [m for m in ids[::-1] if m not in (ids[3], ids[35])])
+    got = store.recent(100, session="a")
+    assert got == expected
+    assert got[[m.id for m in got].index(ids[10])].metadata == {"changed": True}
+
+
+def test_a_compressed_record_and_unicode(store):
+    long_text = "ünïcode 🌍 " + "the same words again " * 400  # long enough to be compressed
+    ids = store.add_many([{"text": long_text, "session": "z"}, {"text": "short", "session": "z"}])
+    assert store.recent(5, session="z") == _one_by_one(store, ids[::-1])
+
+
+def test_every_memory_newest_first(store):
+    ids = _fill(store, "a", 30) + _fill(store, "b", 30, start=100)
+    store.checkpoint()
+    ids += _fill(store, "c", 10, start=200)
+    store.forget(ids[0])
+    everything = store.recent(1000)
+    assert everything == _one_by_one(store, [m.id for m in everything])
+    assert [m.id for m in everything] == [m for m in ids[::-1] if m != ids[0]]
+    page = store.recent(5, before=everything[9].id)
+    assert page == everything[10:15]
+
+
+def test_read_rows_and_live_rows_directly(store):
+    ids = _fill(store, "a", 12)
+    store.checkpoint()
+    ids += _fill(store, "a", 5, start=12)
+    store.forget(ids[2])
+    engine = store._engine
+    numbers = [int(m[1:]) for m in ids] + [10**9]  # an id never given out
+    rows = _items.live_rows(engine.index, numbers)
+    assert len(rows) == len(ids) - 1  # the forgotten one and the unknown one are left out
+    assert [m.id for m in _items.read_rows(engine, rows)] == [m for m in ids if m != ids[2]]
+    assert _items.read_rows(engine, []) == []
+    assert _items.live_rows(engine.index, []) == []
+
+
+def test_plain_memories_are_read_in_one_call(store, monkeypatch):
+    ids = _fill(store, "a", 20)
+    store.checkpoint()
+    ids += _fill(store, "a", 20, start=20)
+    engine = store._engine
+
+    def one_by_one(g):
+        raise AssertionError("a plain memory was read one by one")
+
+    monkeypatch.setattr(engine, "memory", one_by_one)
+    assert [m.id for m in store.recent(100, session="a")] == ids[::-1]
+    assert [m.id for m in store.recent(100)] == ids[::-1]
