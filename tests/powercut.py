@@ -17,21 +17,35 @@ The model of what survives a cut (what ext4 and most journaling file systems pro
   rename is atomic (old or new name, never neither), and a file whose creation did not
   survive is gone with its bytes.
 
+A sync is logged twice, when it begins and when it returns: it makes durable what was
+written before it began (another thread's write between the two, a group commit's
+beside the caller's, may or may not be).
+
 A workload (``Workload``) runs adds, batches, updates, forgets, flushes, checkpoints,
-compactions and reopenings under ``durability="always"`` or ``"batch"``, recording a
-mark before and after each operation and the store's contents after it. ``check_cut``
+compactions and reopenings under ``durability="always"`` or ``"batch"``, through one
+writer handle or several (``writers``: 2 to 4 handles of the store, each with its own
+descriptors, writer lock turns and group commit thread, taking turns at random), recording
+a mark before and after each operation and the store's contents after it. ``check_cut``
 builds the files for a cut at a given point, opens them and compares: every memory
-acknowledged before the cut (``"always"``: its call returned; ``"batch"``: a ``flush`` or
-``close`` returned after it) is there, field for field; nothing is returned that no
+acknowledged before the cut is there, field for field; nothing is returned that no
 operation wrote (a garbled or resurrected memory), and ``verify()`` is clean.
+
+Acknowledged: under ``"always"``, when its call returned. Under ``"batch"``, when a sync
+of the data file it was written to returned that began after its call returned (the
+group commit's, every few ms, or a ``flush``, ``checkpoint`` or ``close``: the group commit
+is an acknowledgement point), or when an operation that replaced the data file (a
+compaction) returned after it; with one writer, also when a ``flush``, ``checkpoint``,
+``compact`` or reopen returned after it.
 """
 
 from __future__ import annotations
 
+import itertools
 import os as _real_os
 import random
 import stat
 import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +69,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._ids: dict[int, int] = {}  # real inode -> the model's file id (inodes are reused)
         self._next = 0
+        self._tokens = itertools.count()  # pairs a sync's begin and end events
         self.initial: dict[str, tuple[int, bytes]] = {}  # name -> (file id, bytes): all durable
         for name in sorted(_real_os.listdir(self.dir)):
             path = _real_os.path.join(self.dir, name)
@@ -127,20 +142,29 @@ class _RecOs:
         if fid is not None:
             self._r.add("trunc", fid, length)
 
-    def fdatasync(self, fd: int) -> None:
-        _real_os.fdatasync(fd)
+    def _sync(self, fd: int, call: Any) -> None:
+        """A file's sync, logged when it begins and when it returns (a group commit's
+        thread syncs while the caller's thread writes: only what was written before the
+        sync began is sure to be durable when it returns)."""
         fid = self._r._file(fd)
-        if fid is not None:
-            self._r.add("sync", fid)
+        if fid is None:
+            call(fd)
+            return
+        token = next(self._r._tokens)
+        who = "group" if threading.current_thread().name == "fastmem-commit" else "call"
+        self._r.add("syncing", fid, token)
+        call(fd)
+        self._r.add("sync", fid, token, who)
+
+    def fdatasync(self, fd: int) -> None:
+        self._sync(fd, _real_os.fdatasync)
 
     def fsync(self, fd: int) -> None:
-        _real_os.fsync(fd)
         if stat.S_ISDIR(_real_os.fstat(fd).st_mode):
+            _real_os.fsync(fd)
             self._r.add("dirsync")
         else:
-            fid = self._r._file(fd)
-            if fid is not None:
-                self._r.add("sync", fid)
+            self._sync(fd, _real_os.fsync)
 
     def open(self, path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
         name = self._r._name(path)
@@ -212,7 +236,16 @@ class _RecFile:
 class _FileState:
     durable: bytes = b""
     current: bytearray = field(default_factory=bytearray)
-    pending: list[tuple[Any, ...]] = field(default_factory=list)  # writes and cuts since the last sync
+    pending: list[tuple[Any, ...]] = field(default_factory=list)  # writes and cuts not synced
+    done: int = 0  # operations made durable (the number of the first one pending)
+
+    def sync(self, upto: int) -> None:
+        """Make the operations before number ``upto`` durable."""
+        if upto > self.done:
+            buf = bytearray(self.durable)
+            for op in self.pending[: upto - self.done]:
+                _apply(buf, op)
+            self.durable, self.pending, self.done = bytes(buf), self.pending[upto - self.done :], upto
 
 
 def _apply(buf: bytearray, op: tuple[Any, ...]) -> None:
@@ -247,6 +280,7 @@ def files_at_cut(rec: Recorder, cut: int, rng: random.Random) -> tuple[dict[str,
     names = {name: fid for name, (fid, _) in rec.initial.items()}
     durable_names = dict(names)
     name_ops: list[tuple[Any, ...]] = []  # entry operations since the last directory fsync
+    began: dict[int, int] = {}  # a sync begun: token -> the file's operations before it
     for event in rec.log[:cut]:
         kind = event[0]
         if kind == "write":
@@ -259,9 +293,13 @@ def files_at_cut(rec: Recorder, cut: int, rng: random.Random) -> tuple[dict[str,
             op = ("trunc", event[2])
             _apply(state.current, op)
             state.pending.append(op)
+        elif kind == "syncing":
+            state = files[event[1]]
+            began[event[2]] = state.done + len(state.pending)
         elif kind == "sync":
             state = files[event[1]]
-            state.durable, state.pending = bytes(state.current), []
+            # (An event of two fields, a test's: everything written before it.)
+            state.sync(began.pop(event[2]) if len(event) > 2 else state.done + len(state.pending))
         elif kind == "create":
             files[event[2]] = _FileState()
             names[event[1]] = event[2]
@@ -320,15 +358,17 @@ def _contents(store: fastmem.MemoryStore) -> dict[str, tuple[Any, ...]]:
 
 class Workload:
     """Random store operations, recorded: marks before and after each, and the contents
-    after it (``snapshots[k]``; ``snapshots[-1]`` is before the first)."""
+    after it (``snapshots[k]``; ``snapshots[-1]`` is before the first). ``writers``: that
+    many handles of the store, each operation made through one of them at random."""
 
     OPS = ("add", "add", "add", "add_many", "add_many", "update", "forget", "flush",
            "checkpoint", "compact", "reopen")  # fmt: skip
 
-    def __init__(self, directory: str, durability: str, seed: int, n_ops: int = 30) -> None:
+    def __init__(self, directory: str, durability: str, seed: int, n_ops: int = 30, writers: int = 1) -> None:
         self.dir, self.durability, self.rng = directory, durability, random.Random(seed)
         self.base = _real_os.path.join(directory, "s")
-        self.n_ops = n_ops
+        self.n_ops, self.writers = n_ops, writers
+        self.by_group_commit = 0  # operations whose first acknowledgement was a group commit's sync
         with fastmem.open(self.base, embedder=None, policy=QUIET, durability="always") as store:
             store.add("the first memory", timestamp=1.0, metadata={"seed": seed})
             self.snapshots: dict[int, dict[str, tuple[Any, ...]]] = {-1: _contents(store)}
@@ -341,29 +381,41 @@ class Workload:
     def run(self) -> None:
         rng, rec = self.rng, self.rec
         waiting: list[int] = []  # "batch": ops not yet made durable by a flush or close
+        one = self.writers == 1
         with rec:
-            store = self._open()
+            stores = [self._open() for _ in range(self.writers)]
             try:
                 for k in range(self.n_ops):
+                    h = 0 if one else rng.randrange(self.writers)
                     op = rng.choice(self.OPS)
                     live = sorted(self.snapshots[k - 1])
-                    rec.mark("begin", k, op)
-                    self._do(store, op, live, k)
+                    rec.mark("begin", k, op, h)
+                    self._do(stores[h], op, live, k)
                     if op == "reopen":
-                        store.close()
-                        store = self._open()
+                        stores[h].close()
+                        stores[h] = self._open()
                     rec.mark("end", k)
                     end = len(rec.log)
                     waiting.append(k)
-                    if self.durability == "always" or op in ("flush", "reopen", "compact", "checkpoint"):
+                    if self.durability == "always" or (one and op in ("flush", "reopen", "compact", "checkpoint")):
                         for j in waiting:  # made durable when this one returned
                             self.acked[j] = end
                         waiting = []
-                    self.snapshots[k] = _contents(store)
+                    self.snapshots[k] = _contents(stores[h])
+                    if self.durability == "batch" and rng.random() < 0.3:
+                        time.sleep(rng.uniform(0.0, 0.012))  # a pause: the group commit's thread syncs
             finally:
-                store.close()
-        for j in waiting:
-            self.acked[j] = len(rec.log)
+                for store in stores:
+                    store.close()
+        if one:  # closed: durable (several handles: as far as a sync of the last data file says)
+            for j in waiting:
+                self.acked[j] = len(rec.log)
+        if self.durability == "batch":
+            synced, by_group = synced_acks(rec.log, self.base + ".dat", rec.initial)
+            for j, at in synced.items():
+                if at < self.acked.get(j, len(rec.log) + 1):
+                    self.acked[j] = at
+                    self.by_group_commit += j in by_group
 
     def _do(self, store: fastmem.MemoryStore, op: str, live: list[str], k: int) -> None:
         rng = self.rng
@@ -386,6 +438,47 @@ class Workload:
             store.compact()
 
 
+def synced_acks(log: list[tuple[Any, ...]], dat: str,
+                initial: dict[str, tuple[int, bytes]]) -> tuple[dict[int, int], set[int]]:  # fmt: skip
+    """Under ``"batch"``: operation -> the log position where it is acknowledged by a
+    sync (the first sync of the data file it was written to that began after it returned),
+    or by an operation that replaced the data file (a compaction: everything before it is
+    in the new file, synced, before that returns); and the operations a group commit's
+    sync (not a caller's) acknowledged."""
+    name = _real_os.path.basename(dat)
+    names = {n: fid for n, (fid, _) in initial.items()}
+    ended: list[tuple[int, int | None]] = []  # (op, the data file's id when it returned)
+    acked: dict[int, int] = {}
+    by_group: set[int] = set()
+    began: dict[int, int] = {}  # token -> how many ops had returned when the sync began
+    at_begin: int | None = None
+    for position, event in enumerate(log):
+        kind = event[0]
+        if kind == "create":
+            names[event[1]] = event[2]
+        elif kind == "rename":
+            names[event[2]] = names.pop(event[1])
+        elif kind == "unlink":
+            names.pop(event[1], None)
+        elif kind == "mark" and event[1] == "begin":
+            at_begin = names.get(name)
+        elif kind == "mark" and event[1] == "end":
+            fid = names.get(name)
+            ended.append((event[2], fid))
+            if fid != at_begin:  # the data file was replaced: all before is in the new one
+                for op, _ in ended:
+                    acked.setdefault(op, position + 1)
+        elif kind == "syncing":
+            began[event[2]] = len(ended)
+        elif kind == "sync" and len(event) > 2:
+            for op, fid in ended[: began.pop(event[2], 0)]:
+                if fid == event[1] and op not in acked:
+                    acked[op] = position + 1
+                    if event[3] == "group":
+                        by_group.add(op)
+    return acked, by_group
+
+
 @dataclass
 class CutResult:
     lost: list[str]
@@ -405,7 +498,9 @@ def check_cut(work: Workload, cut: int, rng: random.Random, scratch: str) -> Cut
             f.write(data)
     log = work.rec.log[:cut]
     started = max([e[2] for e in log if e[0] == "mark" and e[1] == "begin"], default=-1)
-    acked = max([k for k, at in work.acked.items() if at <= cut], default=-1)
+    acked = -1  # the last of the operations acknowledged before the cut, and all before it
+    while work.acked.get(acked + 1, cut + 1) <= cut:
+        acked += 1
     candidates = [work.snapshots[j] for j in range(acked, started + 1)]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", fastmem.RecoveryWarning)
@@ -436,15 +531,21 @@ def check_cut(work: Workload, cut: int, rng: random.Random, scratch: str) -> Cut
     return CutResult(lost, garbled, problems, len(theirs))
 
 
-def run_cuts(directory: str, durability: str, seed: int, cuts: int, n_ops: int = 30) -> tuple[int, list[str], int]:
-    """One recorded workload and ``cuts`` random cuts of it; (cuts made, failures, cuts
-    whose unacknowledged tail verify() reports as damaged bytes)."""
-    work_dir = _real_os.path.join(directory, f"work-{durability}-{seed}")
-    scratch = _real_os.path.join(directory, f"cut-{durability}-{seed}")
+def run_cuts(directory: str, durability: str, seed: int, cuts: int, n_ops: int = 30,
+             writers: int = 1, stats: dict[str, int] | None = None) -> tuple[int, list[str], int]:  # fmt: skip
+    """One recorded workload (through ``writers`` handles) and ``cuts`` random cuts of
+    it; (cuts made, failures, cuts whose unacknowledged tail verify() reports as damaged
+    bytes). ``stats``, when given, counts ``"acked"`` operations and those a group commit
+    acknowledged (``"by_group_commit"``)."""
+    work_dir = _real_os.path.join(directory, f"work-{durability}-{seed}-{writers}")
+    scratch = _real_os.path.join(directory, f"cut-{durability}-{seed}-{writers}")
     _real_os.makedirs(work_dir)
     _real_os.makedirs(scratch)
-    work = Workload(work_dir, durability, seed, n_ops)
+    work = Workload(work_dir, durability, seed, n_ops, writers)
     work.run()
+    if stats is not None:
+        stats["acked"] = stats.get("acked", 0) + len(work.acked)
+        stats["by_group_commit"] = stats.get("by_group_commit", 0) + work.by_group_commit
     rng = random.Random(seed * 7919 + 1)
     failures, reported = [], 0
     n = len(work.rec.log)
@@ -453,7 +554,7 @@ def run_cuts(directory: str, durability: str, seed: int, cuts: int, n_ops: int =
         result = check_cut(work, cut, rng, scratch)
         reported += result.reported > 0
         if result.lost or result.garbled or result.problems:
-            failures.append(f"{durability} seed {seed} cut {cut}/{n} ({work.rec.log[cut - 1] if cut else '-'}"
+            failures.append(f"{durability} x{writers} seed {seed} cut {cut}/{n} ({work.rec.log[cut - 1] if cut else '-'}"
                             f"...): lost {result.lost}, garbled {result.garbled}, problems {result.problems}")  # fmt: skip
     return cuts, failures, reported
 
