@@ -70,7 +70,12 @@ def measure(path: str, ids: list[str], requests: int) -> dict[str, dict[str, flo
     embedder = default_embedder()
     embedder.wait()
     app = create_app(
-        path, readonly=True, secrets=Secrets("t", "c"), hosts={"testserver"}, embedder=embedder
+        path,
+        readonly=True,
+        secrets=Secrets("t", "c"),
+        hosts={"testserver"},
+        embedder=embedder,
+        freeze_heap=True,  # as `fastmem ui` runs it
     )
     rng = np.random.default_rng(7)
     asked = questions(requests + WARMUP, seed=len(ids))

@@ -548,6 +548,46 @@ def test_older_versions_end_at_a_forgotten_one(client, path):
     assert newer == []  # the forward chain ends at the forgotten link too
 
 
+def test_the_search_forms_types_follow_the_store_at_most_every_few_seconds(path, monkeypatch):
+    from fastmem.ui import app as ui_app
+
+    with _client(path) as c:
+        assert '<option value="fact"' in c.get("/search").text
+        with fastmem.open(path, embedder=None) as store:
+            store.add("a new kind", type="recipe")
+        assert '<option value="recipe"' not in c.get("/search").text  # read 0 s ago: kept
+        monkeypatch.setattr(ui_app, "TYPES_EVERY", 0.0)
+        assert '<option value="recipe"' in c.get("/search").text
+
+
+def test_the_context_page_reports_its_parts_in_server_timing(client):
+    timing = client.get("/context", params={"q": "deploy", "budget": "300"}).headers[
+        "server-timing"
+    ]
+    parts = dict(re.findall(r"(\w+);dur=([\d.]+)", timing))
+    assert {"context", "call", "thread", "total"} <= set(parts)
+    assert float(parts["context"]) <= float(parts["call"]) <= float(parts["thread"])
+    assert float(parts["thread"]) <= float(parts["total"])
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_freeze_heap_freezes_the_collector_once_warm(path, monkeypatch, freeze):
+    import gc
+
+    from fastmem.ui import app as ui_app
+
+    calls = []
+    monkeypatch.setattr(gc, "freeze", lambda: calls.append("freeze"))  # not in pytest's process
+    app = ui_app.create_app(
+        path, port=8765, secrets=Secrets(TOKEN, CSRF), embedder=None, freeze_heap=freeze
+    )
+    with TestClient(app, base_url=BASE):
+        deadline = time.monotonic() + 30
+        while freeze and not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert calls == (["freeze"] if freeze else [])
+
+
 # --- changes -----------------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ Starlette's thread pool, never on the event loop.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
@@ -47,6 +48,7 @@ __all__ = ["Inspector", "create_app"]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAGE = 50  # timeline rows per page
+TYPES_EVERY = 10.0  # seconds between two readings of the type names while the store changes
 MAX_FORM_BYTES = 4 << 20  # a memory's text is at most 1 MiB of UTF-8; urlencoded, up to 3x
 MODES = ("hybrid", "vector", "keyword")
 # The changes: what each does, for the confirmation page and the message after it.
@@ -110,7 +112,8 @@ class Inspector:
         self._options = options
         self._writer: fastmem.MemoryStore | None = None
         self._lock = threading.Lock()
-        self._types: tuple[Any, list[str]] | None = None
+        self._ready = False
+        self._types: tuple[Any, float, list[str]] | None = None
         self.embedder = _embedder_name(options["embedder"])
 
     @property
@@ -119,20 +122,29 @@ class Inspector:
         return self.path + (f" · namespace {self.namespace}" if self.namespace else "")
 
     def types(self) -> list[str]:
-        """The store's type names, for the search form: ``stats()`` (tens of milliseconds
-        at a million memories) only when the count or the newest memory changed."""
+        """The store's type names, most memories first, for the search form: ``types()``
+        (tens of milliseconds at a million memories) again only when the store changed, and
+        then at most every ``TYPES_EVERY`` seconds (a new type shows in the list that late)."""
         newest = self.reader.recent(1)
         key = (len(self.reader), newest[0].id if newest else None)
-        if self._types is None or self._types[0] != key:
-            self._types = (key, list(self.reader.stats().types))
-        return self._types[1]
+        now = time.monotonic()
+        cached = self._types
+        if cached is None or (cached[0] != key and now - cached[1] >= TYPES_EVERY):
+            counts = self.reader.types()
+            self._types = cached = (key, now, sorted(counts, key=lambda n: (-counts[n], n)))
+        return cached[2]
 
     def ready(self) -> None:
         """Wait for the embedding model (as the command line does): the inspector shows a
         context and a search at full quality, not the degraded ones of a loading model."""
+        if self._ready:
+            return
         wait = getattr(self._options["embedder"], "wait", None)
         if wait is not None and len(self.reader):
             wait()
+            self._ready = True  # loaded: later calls need not ask (an empty store asks again)
+        elif wait is None:
+            self._ready = True
 
     def warm(self) -> None:
         """Run a search and a context once (at start, in the background): the first page a
@@ -195,6 +207,7 @@ def create_app(
     secrets: Secrets | None = None,
     hosts: set[str] | None = None,
     embedder: Any = "default",
+    freeze_heap: bool = False,
 ) -> Any:
     """The inspector's ASGI application for the store at ``path``, behind its guard
     (:mod:`fastmem.ui.security`).
@@ -204,6 +217,11 @@ def create_app(
         port, host: where it is served (the ``Host`` headers allowed, the cookie's name).
         secrets: the run's tokens (random by default); ``app.state.secrets`` holds them.
         hosts: the ``Host`` headers allowed, instead of the loopback names of ``port``.
+        freeze_heap: once warm, move the process's objects out of the cyclic garbage
+            collector's reach (``gc.freeze()``): the store's index and caches live as long
+            as the process, and a full collection over them took about 150 ms at a million
+            memories, a pause in whichever request it fell on. ``fastmem ui`` (a process of
+            its own) sets it; an application that embeds the inspector decides for itself.
 
     Raises:
         StoreNotFoundError: there is no store at ``path``.
@@ -228,8 +246,11 @@ def create_app(
     env.filters["thousands"] = lambda n: f"{n:,}"
     env.filters["bytes"] = _human_bytes
 
+    def render(name: str, **values: Any) -> str:
+        return env.get_template(name).render(**values)
+
     def page(name: str, status: int = 200, **values: Any) -> HTMLResponse:
-        return HTMLResponse(env.get_template(name).render(**values), status_code=status)
+        return HTMLResponse(render(name, **values), status_code=status)
 
     async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return await run_in_threadpool(fn, *args, **kwargs)
@@ -295,22 +316,29 @@ def create_app(
             "since": qp.get("since", ""),
             "until": qp.get("until", ""),
         }
-        types = await call(inspector.types)
-        result = None
-        if q.strip():
-            await call(inspector.ready)
-            result = await call(
-                views.search_view,
-                reader,
-                q,
-                mode=form["mode"],
-                k=_int(form["k"], "k", 1, 200),
-                types=[form["type"]] if form["type"] else None,
-                session=form["session"] or None,
-                since=_date(form["since"], "since"),
-                until=_date(form["until"], "until", end=True),
-            )
-        response = page("search.html", nav="search", form=form, result=result, types=types)
+
+        def build() -> tuple[str, dict[str, Any] | None]:
+            # One trip to the thread pool for the store's calls and the rendering: on a
+            # busy machine each trip waits for a thread to be scheduled.
+            result = None
+            if q.strip():
+                inspector.ready()
+                result = views.search_view(
+                    reader,
+                    q,
+                    mode=form["mode"],
+                    k=_int(form["k"], "k", 1, 200),
+                    types=[form["type"]] if form["type"] else None,
+                    session=form["session"] or None,
+                    since=_date(form["since"], "since"),
+                    until=_date(form["until"], "until", end=True),
+                )
+            types = inspector.types()
+            body = render("search.html", nav="search", form=form, result=result, types=types)
+            return body, result
+
+        body, result = await call(build)
+        response = HTMLResponse(body)
         if result is not None:  # the store's part of the request, for devtools and benchmarks
             response.headers["server-timing"] = f"search;dur={result['ms']:.3f}"
         return response
@@ -322,29 +350,43 @@ def create_app(
             "budget": qp.get("budget", "1300"),
             "session": qp.get("session", ""),
         }
-        view = None
-        if "q" in qp:
-            await call(inspector.ready)
-            view = await call(
-                views.context_view,
-                reader,
-                form["q"],
-                _int(form["budget"], "budget", 1, 1_000_000),
-                form["session"] or None,
+
+        as_json = qp.get("format") == "json"
+
+        def build() -> tuple[Any, views.ContextView | None]:
+            # One trip to the thread pool for the store's call and the rendering (as search).
+            started = time.perf_counter()
+            view = None
+            if "q" in qp:
+                inspector.ready()
+                view = views.context_view(
+                    reader,
+                    form["q"],
+                    _int(form["budget"], "budget", 1, 1_000_000),
+                    form["session"] or None,
+                )
+            if as_json and view is not None:
+                return views.context_json(view), view
+            body = render(
+                "context.html",
+                nav="context",
+                form=form,
+                view=view,
+                policy=reader.policy,
+                preload=reader.preload_progress,
             )
-        if qp.get("format") == "json" and view is not None:
-            return JSONResponse(views.context_json(view))
-        response = page(
-            "context.html",
-            nav="context",
-            form=form,
-            view=view,
-            policy=reader.policy,
-            preload=reader.preload_progress,
-        )
+            spent[0] = 1000 * (time.perf_counter() - started)
+            return body, view
+
+        spent = [0.0]  # ms in the thread: the view and its rendering
+        body, view = await call(build)
+        if as_json and view is not None:
+            return JSONResponse(body)
+        response = HTMLResponse(body)
         if view is not None:  # context()'s own time, and the call's as the page saw it
             response.headers["server-timing"] = (
-                f"context;dur={1000 * view.ctx.seconds:.3f}, call;dur={view.ms:.3f}"
+                f"context;dur={1000 * view.ctx.seconds:.3f}, call;dur={view.ms:.3f}, "
+                f"thread;dur={spent[0]:.3f}"
             )
         return response
 
@@ -418,7 +460,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        warming = threading.Thread(target=inspector.warm, name="fastmem-ui-warm", daemon=True)
+        def settle() -> None:
+            inspector.warm()
+            if freeze_heap:
+                gc.collect()
+                gc.freeze()
+
+        warming = threading.Thread(target=settle, name="fastmem-ui-warm", daemon=True)
         warming.start()
         yield
         warming.join(timeout=5)

@@ -57,6 +57,7 @@ def serve(
         host=host,
         secrets=secrets,
         embedder=embedder,
+        freeze_heap=True,  # this process is the inspector's own
     )
     shown = f"[{host}]" if ":" in host else host
     url = f"http://{shown}:{bound}/?token={secrets.token}"
