@@ -443,20 +443,15 @@ class Engine:
 
     def _cut_torn_tail(self) -> None:
         """Holding the writer lock: cut an interrupted write (a process killed while
-        appending) from the end of the data file; nothing in it was acknowledged. Damaged
-        records that are not a torn append are kept, and reported once, for verify()."""
+        appending, or a power loss during an unsynced append) from the end of the data file:
+        nothing in it was acknowledged, so nothing is warned about. Damaged records that are
+        not a torn append are kept, and reported once, for verify()."""
         if self.valid_end == self.dat_end:
             return
         size = self.dat_end
         if torn(self.data(), self.valid_end, size):
             os.ftruncate(self._fd, self.valid_end)
             self.dat_end = self.valid_end
-            warnings.warn(
-                f"fastmem cut {size - self.valid_end} bytes of an interrupted write from the end "
-                f"of {self.dat_path}",
-                RecoveryWarning,
-                stacklevel=5,
-            )
         elif self._damage_reported != self.valid_end:
             self._damage_reported = self.valid_end
             warnings.warn(

@@ -24,7 +24,7 @@ from .types import Memory
 
 __all__ = [
     "ContentCache", "GroupCommit", "io_error", "lock_holder", "map_data", "mapped_errors",
-    "no_cyclic_gc", "release_frames", "torn",
+    "no_cyclic_gc", "release_frames", "torn", "torn_tail",
 ]
 
 _CACHE_ENTRY_OVERHEAD = 200  # bytes a cached memory costs beyond its text and summary
@@ -147,20 +147,43 @@ def map_data(fd: int, size: int, *, copy: bool = False) -> mmap.mmap | None:
         raise
 
 
+PAGE = 4096  # what a power loss keeps or loses of a file's unsynced bytes: whole pages
+_LOST_PAGE_MIN = 64  # zero bytes that mark a lost page (a record's own zeros are fewer)
+
+
 def torn(dat: Any, start: int, end: int) -> bool:
-    """Whether ``dat[start:end]`` looks like an interrupted append, not damaged records.
+    """Whether ``dat[start:end]``, the bytes past the last whole record, look like an
+    interrupted append, not damaged records (see :func:`torn_tail`)."""
+    return torn_tail(dat[start:end], start)
+
+
+def torn_tail(tail: bytes, offset: int) -> bool:
+    """Whether ``tail``, the bytes from ``offset`` to the end of a data file past its last
+    whole record, look like an append that a crash interrupted: nothing in them was
+    acknowledged. (The write of a call that returned was complete, and synced if the
+    store's durability syncs: no crash leaves it in part.)
 
     An interrupted append leaves less than a header, zeros (blocks allocated, never
-    written), or a record that claims more bytes than the file has. Anything else may be
-    an acknowledged record hit by bit rot: it is kept for ``verify()`` to report.
+    written), a record that claims more bytes than the file has, or, after a power loss,
+    the file's new size with some of the append's pages and not others: a page not kept
+    reads as zeros, so a page-aligned run of zeros (the append's part of the page it
+    started in, a whole page, or the last page's written part) marks it. Anything else
+    may be an acknowledged record hit by bit rot, which flips bits and does not zero
+    pages: it is kept for ``verify()`` to report.
     """
-    tail = dat[start:end]
-    if len(tail) < fmt.RECORD_HEADER_SIZE or not any(tail):
+    if len(tail) < fmt.RECORD_HEADER_SIZE or tail.count(0) == len(tail):
         return True
-    if tail[:4] != fmt.RECORD_MAGIC:
-        return False
-    _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)
-    return fmt.record_size(dim, plen) > len(tail)
+    if tail[:4] == fmt.RECORD_MAGIC:
+        _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)
+        if fmt.record_size(dim, plen) > len(tail):
+            return True
+    at, boundary = 0, (offset // PAGE + 1) * PAGE - offset  # the first page boundary in it
+    while at < len(tail):
+        stop = min(boundary, len(tail))
+        if stop - at >= _LOST_PAGE_MIN and tail.count(0, at, stop) == stop - at:
+            return True
+        at, boundary = stop, boundary + PAGE
+    return False
 
 
 class ContentCache:

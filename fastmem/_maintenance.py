@@ -38,6 +38,7 @@ from . import _format as fmt
 from ._engine import Engine
 from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, remove_compaction_files
 from ._index import F_ID, F_LENGTH, F_OFFSET, MemoryIndex, default_importance
+from ._io import torn_tail
 from ._items import f32
 from ._replay import read_payload
 from ._vectors import to_float16
@@ -688,6 +689,12 @@ def verify(engine: Engine) -> Report:
         fd = engine.copy_descriptor()  # the tail is read with pread: a writer may cut it
         try:
             fresh, problems, records = build_index(dat, engine.dat_end, engine.dat_path, fd)
+            start, end = engine.valid_end, engine.dat_end
+            if start < end and _interrupted(fd, start, end):
+                # An append a crash interrupted (or one under way): nothing in it was
+                # acknowledged, and the next write cuts it. Not damage.
+                problems = [p for p in problems if not (p.file == "dat" and start <= p.offset < end)]
+                fresh.damaged = [(s, e) for s, e in fresh.damaged if s < start]
         finally:
             os.close(fd)
         try:
@@ -701,6 +708,13 @@ def verify(engine: Engine) -> Report:
         if os.path.exists(engine.idx_path):
             size += os.path.getsize(engine.idx_path)
         return Report(ok=not problems, problems=problems, records=records, bytes=size)
+
+
+def _interrupted(fd: int, start: int, end: int) -> bool:
+    """Whether the data file's bytes ``start:end``, past its last whole record, are an
+    interrupted append (``torn_tail``), read with ``pread``: a writer may cut them."""
+    tail = os.pread(fd, end - start, start)
+    return len(tail) < end - start or torn_tail(tail, start)
 
 
 def _check_hot(index: MemoryIndex, dat: Any) -> list[Problem]:

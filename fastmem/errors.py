@@ -159,5 +159,6 @@ class McpUnavailableError(DependencyUnavailableError):
 
 
 class RecoveryWarning(UserWarning):
-    """fastmem repaired something on open: rebuilt a missing or stale index, or cut off an
-    interrupted write at the end of the data file. Nothing that was acknowledged is lost."""
+    """fastmem repaired or found something on open: rebuilt a missing or stale index, or kept
+    damaged bytes at the end of the data file (``verify()`` reports them). An interrupted
+    write at the end of the data file is cut without one: nothing in it was acknowledged."""
