@@ -13,7 +13,8 @@ plus a prefix of the entry operations since) and reopened. Prints the totals: cu
 (acknowledged memories missing or changed), garbled (memories no call wrote), unclean
 ``verify()`` (of the synced part), and cuts whose unacknowledged tail verify() reports.
 With ``--writers N``, the workloads go through 1 to N writer handles of the store in turn
-(interleaved, each with its own group commit); under ``"batch"``, a memory counts as
+(interleaved, each with its own group commit), and every other workload of 2 or more
+runs them at once, in threads (adds, batches, flushes, compactions); under ``"batch"``, a memory counts as
 acknowledged once a sync of its data file that began after its call returned (a group
 commit's, a flush's) has returned; the run prints how many a group commit acknowledged.
 """
@@ -33,12 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("FASTMEM_EMBEDDER", "none")
 
 
-def _one(job: tuple[str, int, int, int]) -> tuple[int, list[str], int, dict[str, int]]:
+def _one(job: tuple[str, int, int, int, bool]) -> tuple[int, list[str], int, dict[str, int]]:
     import powercut
 
-    durability, seed, cuts, writers = job
+    durability, seed, cuts, writers, at_once = job
     stats: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="fastmem-powercut-") as tmp:
+        if at_once:
+            return (*powercut.run_concurrent_cuts(tmp, durability, seed, cuts, writers=writers, stats=stats), stats)
         return (*powercut.run_cuts(tmp, durability, seed, cuts, writers=writers, stats=stats), stats)
 
 
@@ -51,8 +54,10 @@ def main() -> None:
     parser.add_argument("--writers", type=int, default=1, help="workloads through 1 to this many writer handles")
     args = parser.parse_args()
     workloads = max(1, args.cuts // args.per_workload)
+    cycle = 2 * args.writers  # always and batch through 1 to N writers; then again, at once
     jobs = [("always" if i % 2 == 0 else "batch", args.seed * 1_000_003 + i, args.per_workload,
-             1 + (i // 2) % args.writers) for i in range(workloads)]  # fmt: skip
+             1 + (i // 2) % args.writers, (i // 2) % args.writers > 0 and (i // cycle) % 2 == 1)
+            for i in range(workloads)]  # fmt: skip
     started = time.perf_counter()
     cuts, failures, reported = 0, [], 0
     acked = by_group = 0

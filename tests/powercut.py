@@ -451,7 +451,7 @@ def synced_acks(log: list[tuple[Any, ...]], dat: str,
     acked: dict[int, int] = {}
     by_group: set[int] = set()
     began: dict[int, int] = {}  # token -> how many ops had returned when the sync began
-    at_begin: int | None = None
+    at_begin: dict[Any, int | None] = {}  # op -> the data file's id when it began
     for position, event in enumerate(log):
         kind = event[0]
         if kind == "create":
@@ -461,13 +461,15 @@ def synced_acks(log: list[tuple[Any, ...]], dat: str,
         elif kind == "unlink":
             names.pop(event[1], None)
         elif kind == "mark" and event[1] == "begin":
-            at_begin = names.get(name)
+            at_begin[event[2]] = names.get(name)
         elif kind == "mark" and event[1] == "end":
-            fid = names.get(name)
+            fid, old = names.get(name), at_begin.pop(event[2], None)
             ended.append((event[2], fid))
-            if fid != at_begin:  # the data file was replaced: all before is in the new one
-                for op, _ in ended:
-                    acked.setdefault(op, position + 1)
+            if fid != old:  # the data file was replaced: what was in the old one is in the new one
+                for op, in_file in ended[:-1]:
+                    if in_file == old:
+                        acked.setdefault(op, position + 1)
+                acked.setdefault(event[2], position + 1)
         elif kind == "syncing":
             began[event[2]] = len(ended)
         elif kind == "sync" and len(event) > 2:
@@ -477,6 +479,108 @@ def synced_acks(log: list[tuple[Any, ...]], dat: str,
                     if event[3] == "group":
                         by_group.add(op)
     return acked, by_group
+
+
+class ConcurrentWorkload:
+    """Several writers at once: ``writers`` threads, each with its own handle of the store,
+    adding memories (one, or a batch) as fast as they can, now and then a ``flush``; one
+    of them compacts now and then. What each call returned is kept (``written``: id ->
+    the memory's fields); the texts of every call begun (``texts``), to tell a memory in
+    flight from a garbled one. Operations are named ``"<writer>.<n>"`` in the marks."""
+
+    def __init__(self, directory: str, durability: str, seed: int, writers: int = 3, n_ops: int = 12) -> None:
+        self.dir, self.durability, self.seed = directory, durability, seed
+        self.base = _real_os.path.join(directory, "s")
+        self.writers, self.n_ops = writers, n_ops
+        with fastmem.open(self.base, embedder=None, policy=QUIET, durability="always") as store:
+            first = store.add("the first memory", timestamp=1.0, metadata={"seed": seed})
+            self.written: dict[str, tuple[Any, ...]] = {first: tuple(store.get(first))}
+        self.texts: set[str] = {"the first memory"}
+        self.ids: dict[str, list[str]] = {}  # op -> the ids it returned
+        self.acked: dict[str, int] = {}
+        self.by_group_commit = 0
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self.rec = Recorder(directory)
+
+    def _writer(self, w: int, store: fastmem.MemoryStore) -> None:
+        rng = random.Random(self.seed * 31 + w)
+        rec = self.rec
+        for n in range(self.n_ops):
+            key = f"{w}.{n}"
+            r = rng.random()
+            op = "add" if r < 0.55 else "add_many" if r < 0.85 else "flush" if r < 0.93 or w else "compact"
+            items = [{"text": f"w{w} op{n} item{i} " + "word " * rng.randint(0, 400),
+                      "timestamp": 100.0 + w + n / 100 + i / 10_000, "session": f"w{w}", "metadata": {"w": w, "n": n}}
+                     for i in range(1 if op == "add" else rng.randint(2, 5) if op == "add_many" else 0)]  # fmt: skip
+            with self._lock:
+                self.texts.update(item["text"] for item in items)
+            rec.mark("begin", key, op, w)
+            if op == "add":
+                ids = [store.add(**items[0])]
+            elif op == "add_many":
+                ids = store.add_many(items)
+            elif op == "flush":
+                ids = []
+                store.flush()
+            else:
+                ids = []
+                store.compact()
+            rec.mark("end", key)
+            fields = {mid: tuple(store.get(mid)) for mid in ids}
+            with self._lock:
+                self.ids[key] = ids
+                self.written.update(fields)
+            if rng.random() < 0.3:
+                time.sleep(rng.uniform(0.0, 0.008))  # a pause: the group commit's thread syncs
+
+    def run(self) -> None:
+        with self.rec:
+            stores = [fastmem.open(self.base, embedder=None, policy=QUIET, durability=self.durability)
+                      for _ in range(self.writers)]  # fmt: skip
+            threads = [threading.Thread(target=self._guarded, args=(w, s)) for w, s in enumerate(stores)]
+            try:
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            finally:
+                for store in stores:
+                    store.close()
+        if self.durability == "always":
+            ends = {e[2]: i + 1 for i, e in enumerate(self.rec.log) if e[0] == "mark" and e[1] == "end"}
+            self.acked = {key: at for key, at in ends.items() if key in self.ids}
+        else:
+            self.acked, by_group = synced_acks(self.rec.log, self.base + ".dat", self.rec.initial)
+            self.by_group_commit = len(by_group)
+
+    def _guarded(self, w: int, store: fastmem.MemoryStore) -> None:
+        try:
+            self._writer(w, store)
+        except Exception as exc:  # reported by the check: a writer must not fail
+            self.errors.append(f"writer {w}: {exc!r}")
+
+
+def check_concurrent_cut(work: ConcurrentWorkload, cut: int, rng: random.Random, scratch: str) -> CutResult:
+    """Build the files of a cut after ``work.rec.log[:cut]``, open them and compare: every
+    memory acknowledged before the cut is there, field for field; every memory there was
+    written by some call (returned or in flight), once; verify() clean."""
+    got, report, synced, failed = _open_cut(work.rec, cut, rng, scratch)
+    if failed is not None:
+        return failed
+    lost, garbled = [], []
+    acked_ids = [mid for key, at in work.acked.items() if at <= cut for mid in work.ids.get(key, ())]
+    for mid in acked_ids:
+        if got.get(mid) != work.written[mid]:
+            lost.append(mid)
+    seen: set[str] = set()
+    for mid, fields in got.items():
+        text = fields[1] if len(fields) > 1 else None
+        known = work.written.get(mid)
+        if (known is not None and known != fields) or (known is None and text not in work.texts) or text in seen:
+            garbled.append(mid)
+        seen.add(text)
+    return _result(lost, garbled, report, synced)
 
 
 @dataclass
@@ -490,31 +594,15 @@ class CutResult:
 def check_cut(work: Workload, cut: int, rng: random.Random, scratch: str) -> CutResult:
     """Build the files of a cut after ``work.rec.log[:cut]`` in ``scratch``, open them and
     compare with what was acknowledged before it."""
-    files, synced = files_at_cut(work.rec, cut, rng)
-    for name in _real_os.listdir(scratch):
-        _real_os.remove(_real_os.path.join(scratch, name))
-    for name, data in files.items():
-        with open(_real_os.path.join(scratch, name), "wb") as f:
-            f.write(data)
+    got, report, synced, failed = _open_cut(work.rec, cut, rng, scratch)
+    if failed is not None:
+        return failed
     log = work.rec.log[:cut]
     started = max([e[2] for e in log if e[0] == "mark" and e[1] == "begin"], default=-1)
     acked = -1  # the last of the operations acknowledged before the cut, and all before it
     while work.acked.get(acked + 1, cut + 1) <= cut:
         acked += 1
     candidates = [work.snapshots[j] for j in range(acked, started + 1)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", fastmem.RecoveryWarning)
-        try:
-            store = fastmem.open(_real_os.path.join(scratch, "s"), embedder=None, policy=QUIET)
-        except fastmem.FastmemError as exc:
-            return CutResult([], [], [f"does not open: {exc!r}"])
-        try:
-            got = _contents(store)
-            report = store.verify()
-        except fastmem.FastmemError as exc:  # a damaged record reached a read
-            return CutResult([], [], [f"reading raised {exc!r}"])
-        finally:
-            store.close()
     lost, garbled = [], []
     for mid in set(got).union(*candidates):
         if mid in got:
@@ -522,6 +610,35 @@ def check_cut(work: Workload, cut: int, rng: random.Random, scratch: str) -> Cut
                 garbled.append(mid)
         elif all(mid in snap for snap in candidates):
             lost.append(mid)
+    return _result(lost, garbled, report, synced)
+
+
+def _open_cut(rec: Recorder, cut: int, rng: random.Random, scratch: str) -> tuple[
+        dict[str, tuple[Any, ...]], Any, dict[str, int], CutResult | None]:  # fmt: skip
+    """The files a cut after ``rec.log[:cut]`` may leave, written to ``scratch`` and
+    opened: (the memories, verify()'s report, the synced bytes of each file, or a
+    failed result when they do not open or read)."""
+    files, synced = files_at_cut(rec, cut, rng)
+    for name in _real_os.listdir(scratch):
+        _real_os.remove(_real_os.path.join(scratch, name))
+    for name, data in files.items():
+        with open(_real_os.path.join(scratch, name), "wb") as f:
+            f.write(data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fastmem.RecoveryWarning)
+        try:
+            store = fastmem.open(_real_os.path.join(scratch, "s"), embedder=None, policy=QUIET)
+        except fastmem.FastmemError as exc:
+            return {}, None, synced, CutResult([], [], [f"does not open: {exc!r}"])
+        try:
+            return _contents(store), store.verify(), synced, None
+        except fastmem.FastmemError as exc:  # a damaged record reached a read
+            return {}, None, synced, CutResult([], [], [f"reading raised {exc!r}"])
+        finally:
+            store.close()
+
+
+def _result(lost: list[str], garbled: list[str], report: Any, synced: dict[str, int]) -> CutResult:
     # A crash may leave pages of an unacknowledged append, not the whole of it: when that is
     # not a torn tail (zeros, or too short: cut at open), its bytes are kept and verify()
     # reports them; that is the cut, reported exactly, as long as it lies past what was synced.
@@ -559,4 +676,30 @@ def run_cuts(directory: str, durability: str, seed: int, cuts: int, n_ops: int =
     return cuts, failures, reported
 
 
-__all__ = ["Recorder", "Workload", "check_cut", "files_at_cut", "run_cuts"]
+def run_concurrent_cuts(directory: str, durability: str, seed: int, cuts: int, writers: int = 3,
+                        stats: dict[str, int] | None = None) -> tuple[int, list[str], int]:  # fmt: skip
+    """``run_cuts`` for a :class:`ConcurrentWorkload` (writers at once, in threads)."""
+    work_dir = _real_os.path.join(directory, f"conc-{durability}-{seed}-{writers}")
+    scratch = _real_os.path.join(directory, f"conc-cut-{durability}-{seed}-{writers}")
+    _real_os.makedirs(work_dir)
+    _real_os.makedirs(scratch)
+    work = ConcurrentWorkload(work_dir, durability, seed, writers)
+    work.run()
+    if stats is not None:
+        stats["acked"] = stats.get("acked", 0) + len(work.acked)
+        stats["by_group_commit"] = stats.get("by_group_commit", 0) + work.by_group_commit
+    rng = random.Random(seed * 7919 + 3)
+    failures, reported = [f"{durability} x{writers} seed {seed}: {e}" for e in work.errors], 0
+    n = len(work.rec.log)
+    for i in range(cuts):
+        cut = rng.randint(0, n) if i else n
+        result = check_concurrent_cut(work, cut, rng, scratch)
+        reported += result.reported > 0
+        if result.lost or result.garbled or result.problems:
+            failures.append(f"{durability} x{writers} at once, seed {seed} cut {cut}/{n}: lost {result.lost}, "
+                            f"garbled {result.garbled}, problems {result.problems}")  # fmt: skip
+    return cuts, failures, reported
+
+
+__all__ = ["ConcurrentWorkload", "Recorder", "Workload", "check_concurrent_cut", "check_cut", "files_at_cut",
+           "run_concurrent_cuts", "run_cuts", "synced_acks"]

@@ -7,7 +7,9 @@ clean. 12 workloads (adds, batches, updates, forgets, flushes, checkpoints, comp
 reopenings) x 45 cuts = 540 cuts. The same through 2 to 4 writer handles interleaved (each
 with its own descriptors and group commit), under ``"batch"`` a memory acknowledged once
 a sync of its data file that began after its call returned has returned (the group
-commit is an acknowledgement point): 8 workloads x 30 cuts = 240 cuts.
+commit is an acknowledgement point): 8 workloads x 30 cuts = 240 cuts. And 2 to 4 writers
+at once, in threads, adding, flushing and compacting (``ConcurrentWorkload``): every
+acknowledged memory there, nothing twice, nothing no call wrote: 8 x 30 cuts.
 ``benchmarks/powercut.py`` runs 10,000 and more.
 """
 
@@ -57,6 +59,30 @@ def test_power_cuts_among_several_writers_lose_nothing_acknowledged(tmp_path, du
     assert failures == [], "\n".join(f[:2000] for f in failures[:5])
     if durability == "batch":  # the group commit acknowledged writes (no flush came first)
         assert stats["by_group_commit"] > 0, stats
+
+
+@pytest.mark.parametrize("durability", ["always", "batch"])
+def test_power_cuts_among_writers_at_once_lose_nothing_and_double_nothing(tmp_path, durability):
+    made, failures, stats = 0, [], {}
+    for seed in MULTI_SEEDS:
+        n, failed, _ = powercut.run_concurrent_cuts(str(tmp_path), durability, 500 + seed, MULTI_CUTS,
+                                                    writers=2 + seed % 3, stats=stats)  # fmt: skip
+        made += n
+        failures += failed
+    print(f"\n{durability}, 2 to 4 writers at once: {made} cuts, {len(failures)} failed; {stats}")
+    assert failures == [], "\n".join(f[:2000] for f in failures[:5])
+    if durability == "batch":
+        assert stats["by_group_commit"] > 0, stats
+
+
+def test_the_harness_finds_a_missing_sync_among_writers_at_once(tmp_path, monkeypatch):
+    from fastmem import _engine
+
+    monkeypatch.setattr(_engine.Engine, "sync", lambda self, fd, path=None, what="": None)
+    failures = []
+    for seed in range(3):
+        failures += powercut.run_concurrent_cuts(str(tmp_path), "always", 600 + seed, 40, writers=3)[1]
+    assert failures
 
 
 def test_the_harness_finds_a_missing_sync_among_several_writers(tmp_path, monkeypatch):
