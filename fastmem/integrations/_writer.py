@@ -21,18 +21,16 @@ Spill files (``pending-*.jsonl`` beside the store) keep, durably, only two thing
   backlog on a busy CPU, say): the process is leaving, it cannot wait;
 - a batch that did not get the writer lock within ``WRITE_WAIT`` seconds (another
   process held it that long: a repair of a large store, a stopped process), or that met a
-  fault of the disk (any ``OSError``: a full disk, an I/O error, a read-only remount), and
-  the writes queued behind it while that file waits, so that the store gets them in order.
+  fault of the disk (any ``OSError``: a full disk, an I/O error, a read-only remount) or
+  whose sync failed (its writes may or may not have reached the file: a failed
+  ``fdatasync`` does not say), and the writes queued behind it while that file waits, so
+  that the store gets them in order.
 
 Nothing is acknowledged that was not made: a write is answered with its result once a
 ``flush`` has made its batch durable, with ``PENDING`` once it is in a spill file, and
-otherwise with an error that says "not saved" (the spill file could not be written, or
-the batch's sync failed). The thread survives any error; after a fault it reopens the
-store for the next write (a failed sync is sticky on a handle).
-
-A batch whose sync failed is kept too (its writes may or may not have reached the file:
-a failed ``fdatasync`` does not say), and answered ``PENDING``: it is tried again, once,
-with the next import.
+otherwise with an error that says "not saved" (the spill file could not be written
+either). The thread survives any error; after a fault it reopens the store for the next
+write (a failed sync is sticky on a handle).
 
 Any writer of the store imports them: when it opens the store (so the next start of any
 process on the profile takes them in), before its next batch after it spilled, and when
