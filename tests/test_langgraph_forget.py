@@ -81,3 +81,16 @@ def test_an_expired_item_is_swept_and_erased(tmp_path):
         assert lg.sweep_ttl() == 1
         assert [i.key for i in lg.search(("u",))] == ["kept"]
         assert not _on_disk(lg, "expiring-secret-QX3")
+
+
+def test_a_compaction_elsewhere_is_followed(tmp_path):
+    path = os.fspath(tmp_path / "s")
+    with FastmemStore(path, embedder=None) as a:
+        a.put(("u",), "k", {"text": "one"})
+        a.put(("u",), "k", {"text": "two"})  # a tombstone for compact() to drop
+        assert a.get(("u",), "k").value == {"text": "two"}
+        with FastmemStore(path, embedder=None) as b:
+            b.store.compact()  # a new data file swapped in under the same name
+            b.put(("u",), "after", {"text": "three"})
+        assert a.get(("u",), "after").value == {"text": "three"}
+        assert a.get(("u",), "k").value == {"text": "two"}
