@@ -15,6 +15,7 @@ memory stays (``get`` and ``search`` find it: history questions still can).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from . import _format as fmt
@@ -87,6 +88,29 @@ def newest(engine: Engine, g: int, memory: Memory | None = None) -> int | None:
         found, row = g, newer
         link = _link(_metadata(engine, g, row))
     return found
+
+
+def newest_first(
+    engine: Engine, found: Iterable[tuple[int, float, Any, Any]], passes: Callable[[int], bool]
+) -> Iterator[tuple[int, float, Any, Any]]:
+    """A hybrid search's ``found`` rows ``(row, score, cosine, BM25)``, best first, with the
+    newest truth first: a superseded memory's newest live version (:func:`newest`) takes
+    its place and score when it ranked lower or not at all, and the old memory follows it
+    (search keeps the history, as ``get`` does; a context shows the newest version alone).
+    A version that ``passes`` (the search's filters) rejects is not brought in; each row
+    comes once. Lazy: the caller reads only as many as it keeps."""
+    found = list(found)
+    ranked = {g: (cosine, keyword) for g, _, cosine, keyword in found}
+    listed: set[int] = set()
+    for g, score, cosine, keyword in found:
+        linked = engine.index.row(g)[F_META] or engine.cached_memory(g).metadata is not None
+        newer = newest(engine, g) if linked else None
+        if newer is not None and newer not in listed and passes(newer):
+            listed.add(newer)
+            yield (newer, score, *ranked.get(newer, (None, None)))
+        if g not in listed:
+            listed.add(g)
+            yield (g, score, cosine, keyword)
 
 
 def newest_id(engine: Engine, g: int, memory: Memory) -> str | None:

@@ -77,6 +77,12 @@ class Filters(NamedTuple):
         return keep
 
 
+    def keeps(self, index: MemoryIndex, row: int) -> bool:
+        """Whether row ``row`` passes."""
+        rows = np.array([row], dtype=np.int64)
+        return bool(self.mask(index.gather(rows, ("flags", "timestamp", "session", "type")))[0])
+
+
 NO_FILTERS = Filters(None, -math.inf, math.inf, 0)
 
 

@@ -503,6 +503,10 @@ class MemoryStore:
             are rescored). Keyword mode: the BM25 score. Hybrid: the fused relevance (1 for
             the best hit), with ``vector`` (approximate cosine) and ``keyword`` (BM25) set.
             A hybrid search before the embedding model has loaded ranks by keywords alone.
+            A hybrid search lists the newest truth first: a superseded memory's newest live
+            version (that passes the filters) takes its place and score, found or not (its
+            ``vector`` and ``keyword`` then ``None`` unless it was a candidate), and the old
+            memory follows it.
         """
         lo, hi, session, names = check_search(query, k, types, since, until, session, mode)
         self._last_call = time.monotonic()
@@ -521,7 +525,7 @@ class MemoryStore:
             engine.check()
             index = engine.index
             where = retrieval.filters(index, names, lo, hi, session)
-            found: list[tuple[int, float, float | None, float | None]]
+            found: Iterable[tuple[int, float, float | None, float | None]]
             if mode == "keyword":
                 rows, scores = retrieval.keyword_search(index, cast(str, query), k, where)
                 found = [(g, score, None, None) for g, score in zip(rows.tolist(), scores.tolist())]
@@ -530,7 +534,10 @@ class MemoryStore:
                     index, query, max(k, self.policy.candidates), policy=self.policy,
                     vector=embedded, degraded=degraded, session=None, now=time.time(), where=where,
                 )  # fmt: skip
-                found = [(r.row, r.relevance, r.cosine, r.keyword) for r in ranked]
+                found = _supersede.newest_first(  # the newest truth first (supersedes)
+                    engine, [(r.row, r.relevance, r.cosine, r.keyword) for r in ranked],
+                    lambda g: where.keeps(index, g),
+                )  # fmt: skip
             else:
                 rows, exact = retrieval.vector_search(
                     index, engine.data(), vector, k, where, paths=(self.dat_path, self.idx_path)
