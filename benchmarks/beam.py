@@ -39,8 +39,17 @@ import fastmem
 from fastmem.embed import MiniLM, default_embedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from locomo import (arguments, plain_rankings, policy_of, publish, save_per_question, store_for,
-                    table)  # fmt: skip
+from locomo import (
+    STORE_OPTIONS,
+    arguments,
+    plain_rankings,
+    policy_of,
+    publish,
+    save_per_question,
+    store_for,
+    table,
+    use_embedder,
+)
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_DATA = HERE.parent.parent / "shared" / "data" / "beam-dev"
@@ -127,8 +136,10 @@ def run_fastmem(convs: list, budget: int, cache: str = "", policy: object = None
         with tempfile.TemporaryDirectory() as tmp:
             path = store_for(f"conv{name}", msgs, tmp, cache)
             kwargs = {} if policy is None else {"policy": policy}
-            with fastmem.open(path, **kwargs) as store:  # as after a restart
-                store._embedder.wait()  # full quality; degraded contexts are another figure
+            with fastmem.open(path, **kwargs, **STORE_OPTIONS) as store:  # as after a restart
+                # Full quality (degraded contexts are another figure); --embedder's may not load
+                # in the background.
+                getattr(store._embedder, "wait", lambda: None)()
                 for n, (question, ability, ids) in enumerate(qs):
                     started = time.perf_counter()
                     ctx = store.context(question, budget=budget)
@@ -215,6 +226,7 @@ def report(result: dict, budget: int, convs: list, data: str) -> str:
 
 def main() -> None:
     args = arguments(__doc__, DEFAULT_DATA)
+    use_embedder(args.embedder)
     convs = load(Path(args.data))
     result = {"fastmem": run_fastmem(convs, args.budget, args.cache, policy_of(args.policy))}
     save_per_question(args.per_question, result, args.against)

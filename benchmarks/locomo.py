@@ -16,11 +16,17 @@ cosine, BM25 (rank-bm25) and their reciprocal-rank fusion.
 
 ``--cache DIR`` keeps the built stores and copies them afresh for each run (access counts
 never leak between runs).
+
+``--interleave`` puts each conversation in a store with the next one (the last with the
+first), written at once as two agents writing to one store do: their turns alternate, each
+with its own session (named after its conversation) and timestamp. Each conversation's
+questions are asked of its store.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import re
@@ -38,6 +44,8 @@ import fastmem
 from fastmem.embed import MiniLM, default_embedder
 
 HERE = Path(__file__).resolve().parent
+# fastmem.open's options for every store these benchmarks open (``--embedder``).
+STORE_OPTIONS: dict[str, object] = {}
 DEFAULT_DATA = HERE.parent.parent / "shared" / "data" / "locomo-dev.json"
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
 
@@ -97,28 +105,43 @@ def store_for(name: str, items: list[dict], tmp: str, cache: str) -> str:
         src = os.path.join(cache, name)
         if not os.path.exists(src + ".idx"):
             os.makedirs(cache, exist_ok=True)
-            with fastmem.open(src, durability="none") as store:
+            with fastmem.open(src, durability="none", **STORE_OPTIONS) as store:
                 store.add_many(items)
         for ext in (".dat", ".idx"):
             shutil.copyfile(src + ext, path + ext)
     else:
-        with fastmem.open(path, durability="none") as store:
+        with fastmem.open(path, durability="none", **STORE_OPTIONS) as store:
             store.add_many(items)
     return path
 
 
-def run_fastmem(data: list[dict], budget: int, cache: str = "", policy: object = None) -> dict:
-    """fastmem as a user runs it: the default embedder, a store per conversation."""
+def interleaved(first: dict, second: dict) -> list[dict]:
+    """The turns of two conversations written at once (``--interleave``): alternating, each
+    conversation's sessions named after it."""
+    a, b = ([{**t, "session": f"{s['sample_id']} {t['session']}"} for t in turns_of(s)]
+            for s in (first, second))  # fmt: skip
+    out = [t for pair in zip(a, b) for t in pair]
+    return out + a[len(b):] + b[len(a):]
+
+
+def run_fastmem(data: list[dict], budget: int, cache: str = "", policy: object = None,
+                interleave: bool = False) -> dict:  # fmt: skip
+    """fastmem as a user runs it: the default embedder, a store per conversation (with
+    ``interleave``, a store per conversation and the next, their turns alternating)."""
     recalls: dict[int, list[float]] = {c: [] for c in CATEGORIES}
     latencies, max_tokens, over = [], 0, 0
     each: dict[str, list] = {}  # "<sample>#<n>" -> [category, recall] (paired comparisons)
-    for sample in data:
+    for j, sample in enumerate(data):
         turns = turns_of(sample)
         text_of = {t["metadata"]["dia_id"]: t["text"] for t in turns}
+        name = sample["sample_id"]
+        if interleave:
+            other = data[(j + 1) % len(data)]
+            turns, name = interleaved(sample, other), f"{name}+{other['sample_id']}"
         with tempfile.TemporaryDirectory() as tmp:
-            path = store_for(sample["sample_id"], turns, tmp, cache)
+            path = store_for(name, turns, tmp, cache)
             kwargs = {} if policy is None else {"policy": policy}
-            with fastmem.open(path, **kwargs) as store:  # as after a restart
+            with fastmem.open(path, **kwargs, **STORE_OPTIONS) as store:  # as after a restart
                 _wait_ready(store)
                 for n, (question, category, ids) in enumerate(questions(sample, set(text_of))):
                     started = time.perf_counter()
@@ -222,8 +245,9 @@ def publish(report: str, result: dict, out: str, script: str) -> None:
     json.dump(result, sys.stderr, indent=1)
 
 
-def arguments(doc: str, default_data: Path) -> argparse.Namespace:
-    """The command line both recall benchmarks take (``doc``: the script's docstring)."""
+def arguments(doc: str, default_data: Path, interleave: bool = False) -> argparse.Namespace:
+    """The command line both recall benchmarks take (``doc``: the script's docstring;
+    ``interleave``: this one's ``--interleave`` too)."""
     parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--data", default=str(default_data))
     parser.add_argument("--budget", type=int, default=1300)
@@ -236,7 +260,21 @@ def arguments(doc: str, default_data: Path) -> argparse.Namespace:
                         help="a --per-question file: the paired bootstrap of this run against it")
     parser.add_argument("--policy", action="append", default=[], metavar="FIELD=VALUE",
                         help="a ContextPolicy field other than its default (repeatable)")
+    parser.add_argument("--embedder", default="", metavar="MODULE:NAME",
+                        help="another embedder: NAME() from MODULE (importable), for every store "
+                             "(use a --cache of its own)")
+    if interleave:
+        parser.add_argument("--interleave", action="store_true",
+                            help="each conversation in a store with the next, turns alternating")
     return parser.parse_args()
+
+
+def use_embedder(spec: str) -> None:
+    """Open every store with ``--embedder MODULE:NAME``'s embedder, ``NAME()`` from ``MODULE``
+    (the default embedder when ``spec`` is empty)."""
+    if spec:
+        module, _, name = spec.partition(":")
+        STORE_OPTIONS["embedder"] = getattr(importlib.import_module(module), name)()
 
 
 def policy_of(settings: list[str]) -> object:
@@ -279,16 +317,20 @@ def paired(base: dict, new: dict, resamples: int = 10_000, seed: int = 0) -> str
 
 
 def main() -> None:
-    args = arguments(__doc__, DEFAULT_DATA)
+    args = arguments(__doc__, DEFAULT_DATA, interleave=True)
+    use_embedder(args.embedder)
     data = json.loads(Path(args.data).read_text())
-    result = {"fastmem": run_fastmem(data, args.budget, args.cache, policy_of(args.policy))}
+    result = {"fastmem": run_fastmem(data, args.budget, args.cache, policy_of(args.policy),
+                                     args.interleave)}  # fmt: skip
     save_per_question(args.per_question, result, args.against)
     if args.baselines:
         result.update(run_baselines(data, args.budget, default_embedder()))
     title = (
         f"LoCoMo evidence recall within {args.budget} tokens — {len(data)} conversations of "
         f"{Path(args.data).name}, {result['fastmem']['questions']} questions"
-    )
+        + (", each conversation's turns alternating with the next one's in its store"
+           if args.interleave else "")
+    )  # fmt: skip
     lines = [title, "", *table(result, list(CATEGORIES.values()))]
     f = result["fastmem"]
     lines += [
