@@ -2,10 +2,13 @@
 
     python benchmarks/token_speed.py [--workload 100000] [--repeat 5]
 
-On three sets of texts: the shared workload's (``workload.py``: ~115 ASCII characters of
+On four sets of texts: the shared workload's (``workload.py``: ~115 ASCII characters of
 pseudo-English, whose made-up words are rarely one token, so half the pieces need merging),
 LoCoMo dev's turns (``"<speaker>: <text>"``) and BEAM dev's messages (``"<role>: <content>"``,
-long assistant replies; both from ``../shared/data``). For each, counts/s of:
+long assistant replies; both from ``../shared/data``), and 20,000 multilingual texts made here
+(two to four sentences each from a fixed list in French, German, Spanish, Russian, Greek,
+Chinese, Japanese, Korean, Arabic, Hindi and emoji-laden English: none ASCII, the
+compiled counter splits them over UTF-8). For each, counts/s of:
 
 - ``tiktoken one by one``: ``len(enc.encode_ordinary(t))`` for each text (what TokenCounter did);
 - ``tiktoken batch``: ``enc.encode_ordinary_batch(texts, num_threads=2)``;
@@ -59,7 +62,36 @@ def corpora(n: int) -> dict[str, list[str]]:
             for m in exchange
         ]
         out[f"BEAM messages ({len(messages):,})"] = messages
+    texts = multilingual()
+    out[f"multilingual ({len(texts):,})"] = texts
     return out
+
+
+# Everyday sentences in several scripts (the multilingual set): accents, Cyrillic, Greek,
+# CJK, Hangul, Arabic, Devanagari, emoji with modifiers and joiners.
+SENTENCES = (
+    "Nous avons réservé un café près de la gare pour jeudi à 9 h 30.",
+    "Die Besprechung über das Budget wurde auf nächste Woche verschoben.",
+    "¿Recuerdas cuándo llega el paquete? Dijeron que el martes por la mañana.",
+    "Напомни мне купить молоко и хлеб после работы, пожалуйста.",
+    "Το ταξίδι στη Θεσσαλονίκη κοστίζει περίπου 120 ευρώ.",
+    "我们下周三在上海开会，请提前准备好报告。",
+    "明日の会議は午後三時からです。資料を忘れないでください。",
+    "다음 주 금요일에 부산으로 출장을 갑니다.",
+    "موعد الطبيب يوم الأحد الساعة العاشرة صباحاً.",
+    "कल सुबह दस बजे टीम की बैठक है, कृपया समय पर आएँ।",
+    "Great job on the launch 🎉🚀 — the team 👩‍💻👨‍💻 shipped it on time 👍🏽!",
+    "Budget: 1 250 € (≈ £1,070) · due 5 Dec · owner: Zoë Müller…",
+)  # fmt: skip
+
+
+def multilingual(n: int = 20_000) -> list[str]:
+    """``n`` texts of two to four of SENTENCES each, with a number (the same every run)."""
+    import random
+
+    rng = random.Random(5)
+    return [" ".join(rng.sample(SENTENCES, rng.randint(2, 4))) + f" #{rng.randint(1, 999)}"
+            for _ in range(n)]  # fmt: skip
 
 
 BATCH = 5_000
