@@ -16,12 +16,16 @@ browser), with the default embedder (all-MiniLM-L6-v2 int8) for queries:
 * ``search`` — ``/search?q=...`` hybrid, 20 hits, a new question each time;
 * ``context`` — ``/context?q=...&budget=1300``, a new question each time, with the time
   ``context()`` itself reported (``Context.seconds``, sent as ``Server-Timing``): the
-  view's overhead is the request's time minus that;
+  view's overhead is the request's time minus that, split into its work in the worker
+  thread (taking the context apart, rendering) and the rest (guard, routing, and the
+  hand-offs between the event loop and the worker thread, which wait for a free CPU);
 * ``... alone`` — the store's own calls for the same requests (``stats()`` and
   ``recent(8)``; ``search()``; ``context()``) through a handle of their own, for comparison:
   a view's own cost is its time minus these.
 
-Each figure is p50 and p95 over ``--requests`` requests after a few warm-up ones.
+The inspector is measured settled, as ``fastmem ui`` runs it (``freeze_heap``): its
+level-2 preload done and the heap frozen. Each figure is p50 and p95 over ``--requests``
+requests after a few warm-up ones.
 """
 
 from __future__ import annotations
@@ -82,6 +86,10 @@ def measure(path: str, ids: list[str], requests: int) -> dict[str, dict[str, flo
     results: dict[str, dict[str, float]] = {}
     with TestClient(app) as client:
         client.cookies.set("fastmem_ui_8765", "t")
+        # Steady state, as the store's calls are measured below: the level-2 preload done
+        # and the heap frozen (a preload still running takes the GIL from every request).
+        if not app.state.inspector.settled.wait(300):
+            raise SystemExit("the inspector did not settle (preload) within 300 s")
 
         def timed(name: str, urls: list[str]) -> tuple[list[float], list[float]]:
             """Each request's server time (the guard's ``total`` in Server-Timing: from the
@@ -107,10 +115,8 @@ def measure(path: str, ids: list[str], requests: int) -> dict[str, dict[str, flo
                 "client_p50_ms": pct(seen, 0.5),
                 "client_p95_ms": pct(seen, 0.95),
             }
-            return times, [
-                float(m.group(1)) if (m := re.search(r"context;dur=([\d.]+)", t)) else 0.0
-                for t in timings
-            ]
+            parts = [dict(re.findall(r"(\w+);dur=([\d.]+)", t)) for t in timings]
+            return times, [{k: float(v) for k, v in p.items()} for p in parts]
 
         timed("overview", ["/"] * (requests + WARMUP))
         timed("overview figures", ["/overview/figures"] * (requests + WARMUP))
@@ -118,16 +124,26 @@ def measure(path: str, ids: list[str], requests: int) -> dict[str, dict[str, flo
         cursors = [ids[i] for i in rng.integers(0, len(ids), requests + WARMUP)]
         timed("timeline, deep page", [f"/timeline?before={c}" for c in cursors])
         timed("search", [f"/search?q={q.replace(' ', '+').replace('?', '')}" for q in asked])
-        total, own = timed(
+        total, parts = timed(
             "context",
             [f"/context?q={q.replace(' ', '+').replace('?', '')}&budget=1300" for q in asked],
         )
+        own = [p["context"] for p in parts]
         overhead = [t - c for t, c in zip(total, own)]
+        # The view's own time in two: its work in the worker thread after context() returned
+        # (taking the context apart, rendering), and the rest (the guard, routing, the hand-
+        # offs between the event loop and the worker thread, which wait for a CPU).
+        work = [p["thread"] - p["call"] for p in parts]
+        handoff = [t - p["thread"] for t, p in zip(total, parts)]
         results["context"].update(
             context_p50_ms=statistics.median(own),
             context_p95_ms=pct(own, 0.95),
             overhead_p50_ms=statistics.median(overhead),
             overhead_p95_ms=pct(overhead, 0.95),
+            work_p50_ms=statistics.median(work),
+            work_p95_ms=pct(work, 0.95),
+            handoff_p50_ms=statistics.median(handoff),
+            handoff_p95_ms=pct(handoff, 0.95),
         )
     # The store's own calls for the same requests, in a handle of their own: what each view
     # adds is its time minus these.
@@ -186,7 +202,9 @@ def main() -> None:
             extra = (
                 (
                     f"  (context() inside {f['context_p50_ms']:.1f} / {f['context_p95_ms']:.1f}; "
-                    f"the view's own {f['overhead_p50_ms']:.1f} / {f['overhead_p95_ms']:.1f})"
+                    f"the view's own {f['overhead_p50_ms']:.1f} / {f['overhead_p95_ms']:.1f}: "
+                    f"its work {f['work_p50_ms']:.1f} / {f['work_p95_ms']:.1f}, "
+                    f"hand-offs {f['handoff_p50_ms']:.1f} / {f['handoff_p95_ms']:.1f})"
                 )
                 if "context_p50_ms" in f
                 else ""

@@ -113,6 +113,7 @@ class Inspector:
         self._writer: fastmem.MemoryStore | None = None
         self._lock = threading.Lock()
         self._ready = False
+        self.settled = threading.Event()  # set once warm with the heap frozen (freeze_heap)
         self._types: tuple[Any, float, list[str]] | None = None
         self.embedder = _embedder_name(options["embedder"])
 
@@ -460,15 +461,25 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        closing = threading.Event()
+
         def settle() -> None:
             inspector.warm()
-            if freeze_heap:
+            if not freeze_heap:
+                return
+            # The level-2 preload fills the store's caches in the background: frozen after
+            # it, they stay out of the collector's way too (a close stops the wait).
+            while not closing.is_set() and not inspector.reader.wait_preload(1.0):
+                pass
+            if not closing.is_set():
                 gc.collect()
                 gc.freeze()
+                inspector.settled.set()
 
         warming = threading.Thread(target=settle, name="fastmem-ui-warm", daemon=True)
         warming.start()
         yield
+        closing.set()
         warming.join(timeout=5)
         inspector.close()
 
