@@ -1,0 +1,79 @@
+"""A handle following another's compaction, at the worst moments of the swap.
+
+A compaction commits by renaming ``.dat.compact`` over ``.dat``, then ``.idx.compact`` over
+``.idx``. A handle that meets the new data file between the two renames finds the old index
+under ``.idx`` (stale for the new file) and looks for ``.idx.compact``; if the second rename
+comes in between, neither name holds the index it tried, though ``.idx`` now holds the right
+one. Each test here stops the follower at one such point (a hook in the same process stands
+for the other process) and checks it follows without rebuilding anything: no
+``RecoveryWarning``, the compacted contents, ``verify()`` clean.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import pytest
+
+import fastmem
+from fastmem import _index
+
+QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
+                         "policy": fastmem.ContextPolicy(preload=0, recent=0)}  # fmt: skip
+
+
+@pytest.mark.parametrize("readonly", [True, False])
+def test_a_follower_between_the_renames_loads_the_new_index(
+    store_path: str, monkeypatch: pytest.MonkeyPatch, readonly: bool
+) -> None:
+    idx_path, pending = store_path + ".idx", store_path + ".idx.compact"
+    writer = fastmem.open(store_path, **QUIET)
+    ids = writer.add_many([{"text": f"memory {i} " + "filler " * 20} for i in range(60)])
+    for mid in ids[10:]:
+        writer.forget(mid)
+    writer.checkpoint()  # the old index covers the old file: stale for the new one
+    follower = fastmem.open(store_path, readonly=readonly, **QUIET)
+    assert len(follower) == 10
+    real_replace, real_load = os.replace, _index.MemoryIndex.load.__func__
+    state = {"between": False, "renamed": False}
+
+    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if src == pending and state["renamed"]:
+            return  # brought forward below: the follower met it already
+        real_replace(src, dst, *args, **kwargs)
+        if src == store_path + ".dat.compact":  # the commit point; the index not renamed yet
+            state["between"] = True
+            try:
+                assert len(follower) == 10  # the follower meets the swap now
+            finally:
+                state["between"] = False
+
+    def load(cls: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return real_load(cls, path, *args, **kwargs)
+        except fastmem.CorruptionError:
+            if state["between"] and path == idx_path and not state["renamed"]:
+                # The follower found the old index under .idx: the compaction's second
+                # rename comes now, before the follower looks for .idx.compact.
+                state["renamed"] = True
+                real_replace(pending, idx_path)
+            raise
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(_index.MemoryIndex, "load", classmethod(load))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            writer.compact()
+        monkeypatch.undo()
+        assert state["renamed"], "the follower did not meet the old index between the renames"
+        assert [str(w.message) for w in caught if issubclass(w.category, fastmem.RecoveryWarning)] == []
+        assert [m.id for m in follower] == ids[:10]
+        assert follower.verify().ok and writer.verify().ok
+        assert not os.path.exists(pending)
+    finally:
+        monkeypatch.undo()
+        follower.close()
+        writer.close()
