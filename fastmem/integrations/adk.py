@@ -380,6 +380,8 @@ def _event_text(content: Any) -> str:
 
 
 def _fit(text: str) -> str:
+    if text.isascii() and len(text) <= _MAX_TEXT_BYTES:  # the common case: nothing to fix
+        return text
     encoded = text.encode("utf-8", "replace")
     if len(encoded) > _MAX_TEXT_BYTES:
         return encoded[:_MAX_TEXT_BYTES].decode("utf-8", "ignore") + " …"
