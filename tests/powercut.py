@@ -96,7 +96,8 @@ class Recorder:
             self.log.append(event)
 
     def mark(self, *label: Any) -> None:
-        self.add("mark", *label)
+        """A mark in the log; the calling thread's id last (which thread renamed what)."""
+        self.add("mark", *label, threading.get_ident())
 
     def install(self) -> Recorder:
         return faults.install(self, MODULES, {"os": _RecOs(self)})
@@ -183,7 +184,7 @@ class _RecOs:
         _real_os.replace(src, dst)
         a, b = self._r._name(src), self._r._name(dst)
         if a is not None and b is not None:
-            self._r.add("rename", a, b)
+            self._r.add("rename", a, b, threading.get_ident())
 
     rename = replace
 
@@ -451,23 +452,28 @@ def synced_acks(log: list[tuple[Any, ...]], dat: str,
     acked: dict[int, int] = {}
     by_group: set[int] = set()
     began: dict[int, int] = {}  # token -> how many ops had returned when the sync began
-    at_begin: dict[Any, int | None] = {}  # op -> the data file's id when it began
+    running: dict[int, Any] = {}  # thread -> the op it runs
+    replaced: dict[Any, set[int | None]] = {}  # op -> the data files it replaced (renamed over)
     for position, event in enumerate(log):
         kind = event[0]
         if kind == "create":
             names[event[1]] = event[2]
         elif kind == "rename":
+            if event[2] == name and len(event) > 3 and event[3] in running:
+                replaced[running[event[3]]].add(names.get(name))
             names[event[2]] = names.pop(event[1])
         elif kind == "unlink":
             names.pop(event[1], None)
         elif kind == "mark" and event[1] == "begin":
-            at_begin[event[2]] = names.get(name)
+            running[event[-1]] = event[2]
+            replaced[event[2]] = set()
         elif kind == "mark" and event[1] == "end":
-            fid, old = names.get(name), at_begin.pop(event[2], None)
-            ended.append((event[2], fid))
-            if fid != old:  # the data file was replaced: what was in the old one is in the new one
+            running.pop(event[-1], None)
+            ended.append((event[2], names.get(name)))
+            old = replaced.pop(event[2], set())
+            if old:  # it replaced the data file: what was in the old one is in the new one
                 for op, in_file in ended[:-1]:
-                    if in_file == old:
+                    if in_file in old:
                         acked.setdefault(op, position + 1)
                 acked.setdefault(event[2], position + 1)
         elif kind == "syncing":

@@ -101,9 +101,9 @@ def test_a_sync_makes_durable_what_was_written_before_it_began():
     is acknowledged by the first sync of its data file begun after it returned."""
     rec = powercut.Recorder.__new__(powercut.Recorder)
     rec.initial = {"s.dat": (1, b"")}
-    rec.log = [("mark", "begin", 0, "add", 0), ("write", 1, 0, b"A"), ("mark", "end", 0),
-               ("syncing", 1, 7), ("mark", "begin", 1, "add", 0), ("write", 1, 1, b"B"),
-               ("mark", "end", 1), ("sync", 1, 7, "group")]  # fmt: skip
+    rec.log = [("mark", "begin", 0, "add", 0, 99), ("write", 1, 0, b"A"), ("mark", "end", 0, 99),
+               ("syncing", 1, 7), ("mark", "begin", 1, "add", 0, 99), ("write", 1, 1, b"B"),
+               ("mark", "end", 1, 99), ("sync", 1, 7, "group")]  # fmt: skip
     seen = set()
     rng = random.Random(2)
     for _ in range(200):
@@ -113,6 +113,20 @@ def test_a_sync_makes_durable_what_was_written_before_it_began():
     assert {b"A", b"AB"} <= seen <= {b"A", b"AB", b"A\x00"}  # (the size reached the disk, B's page not)
     acked, by_group = powercut.synced_acks(rec.log, "/x/s.dat", rec.initial)
     assert acked == {0: len(rec.log)} and by_group == {0}
+
+
+def test_a_compaction_acknowledges_only_what_was_in_the_file_it_replaced():
+    """The model: another thread's add that waited through a compaction and was written to
+    the new file is not acknowledged by the compaction's return (it was not in the file
+    the compaction synced); an add that returned before it began is."""
+    initial = {"s.dat": (1, b"")}
+    log = [("mark", "begin", "b.0", "add", 1, 2), ("write", 1, 0, b"A"), ("mark", "end", "b.0", 2),
+           ("mark", "begin", "a.0", "compact", 0, 1), ("mark", "begin", "b.1", "add", 1, 2),
+           ("create", "s.dat.compact", 3), ("write", 3, 0, b"A"), ("syncing", 3, 0), ("sync", 3, 0, "call"),
+           ("rename", "s.dat.compact", "s.dat", 1), ("dirsync",), ("write", 3, 1, b"B"),
+           ("mark", "end", "a.0", 1), ("mark", "end", "b.1", 2)]  # fmt: skip
+    acked, _ = powercut.synced_acks(log, "/x/s.dat", initial)
+    assert acked == {"b.0": 13, "a.0": 13}
 
 
 def test_the_harness_finds_a_missing_sync(tmp_path, monkeypatch):
