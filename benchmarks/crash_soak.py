@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--fresh", type=int, default=1000, help="kills per store")
     parser.add_argument("--max-delay", type=float, default=0.08, help="seconds before a kill, at most")
     parser.add_argument("--writers", type=int, default=1, help="writer processes (2+: and a compaction loop)")
+    parser.add_argument("--keep", default=None, help="where to copy a store that does not open or read (several writers)")
     args = parser.parse_args()
     totals = {"kills": 0, "acked": 0, "lost": 0, "duplicates": 0, "garbled": 0, "unclean_verify": 0}
     log = functools.partial(print, file=sys.stderr, flush=True)
@@ -54,7 +55,7 @@ def main() -> None:
             if args.writers > 1:
                 rounds = -(-n // (args.writers + 1))
                 model = crash_harness.run_rounds(path, rounds, args.writers, seed=args.seed * 1000 + done,
-                                                 max_delay=args.max_delay, log=log)  # fmt: skip
+                                                 max_delay=args.max_delay, log=log, keep=args.keep)  # fmt: skip
                 n = model.kills
             else:
                 model = crash_harness.run_kills(path, n, seed=args.seed * 1000 + done, max_delay=args.max_delay, log=log)

@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -313,9 +314,34 @@ class Model:
             self.maybe_gone.update(self.memories)
         return phase if phase in PHASES else "add"  # "done": between steps
 
-    def check(self, path: str) -> None:
+    def check(self, path: str, keep: str | None = None) -> bool:
         """Open the store as the next writer would and hold it to the model; then resolve
-        what was in flight from what is there."""
+        what was in flight from what is there. False when the store does not open or read
+        (an unclean result, counted): its files are copied to the directory ``keep`` (when
+        given) and removed, and the model starts afresh (the next writer creates the store)."""
+        import fastmem
+
+        try:
+            self._check(path)
+            return True
+        except fastmem.FastmemError as exc:
+            self.unclean += 1
+            self.errors.append(f"after kill {self.kills}: the store does not open or read: {exc!r}")
+            for name in os.listdir(os.path.dirname(path) or "."):
+                full = os.path.join(os.path.dirname(path), name)
+                if name.startswith(os.path.basename(path)):
+                    if keep is not None:
+                        os.makedirs(keep, exist_ok=True)
+                        shutil.copy(full, os.path.join(keep, f"kill{self.kills}-{name}"))
+                    if not name.endswith(".acks"):
+                        os.remove(full)
+            self.memories.clear()
+            self.maybe_meta.clear()
+            self.maybe_gone.clear()
+            self.in_flight.clear()
+            return False
+
+    def _check(self, path: str) -> None:
         import fastmem
 
         with warnings.catch_warnings():
@@ -399,11 +425,12 @@ def run_kills(path: str, kills: int, seed: int = 0, max_delay: float = 0.06,
 
 
 def run_rounds(path: str, rounds: int, writers: int = 4, seed: int = 0, max_delay: float = 0.06,
-               log: Any = None, hang: float = 300.0) -> Model:  # fmt: skip
+               log: Any = None, hang: float = 300.0, keep: str | None = None) -> Model:  # fmt: skip
     """``rounds`` rounds of: fork ``writers`` writers and a compaction loop on one store,
     SIGKILL each of them in a random order at a random moment of its progress (as
     :func:`run_kills` chooses it; the others write on meanwhile), check the store.
-    ``writers + 1`` kills a round."""
+    ``writers + 1`` kills a round. ``keep``: where the files of a store that does not open
+    or read after a round are copied (then the store starts afresh)."""
     rng = random.Random(seed)
     model = Model()
     roles = [f"w{slot}" for slot in range(writers)] + ["compactor"]
@@ -427,7 +454,8 @@ def run_rounds(path: str, rounds: int, writers: int = 4, seed: int = 0, max_dela
                     model.errors.append(f"round {k}: {ack_path}'s process ended by itself ({status})")
                 model.kills += 1
                 model.phases[model.read_acks(ack_path)] += 1
-            model.check(path)
+            if not model.check(path, keep) and log is not None:
+                log(f"round {k}: {model.errors[-1]} (files kept in {keep})")
             if log is not None and (k + 1) % 100 == 0:
                 log(f"{model.kills} kills ({k + 1} rounds): acked {model.acked}, lost {model.lost}, "
                     f"duplicates {model.duplicates}, garbled {model.garbled}, unclean {model.unclean}, "
