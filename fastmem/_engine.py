@@ -38,7 +38,7 @@ import numpy as np
 
 from . import _erase, _forkexit, _kernels, _stats  # noqa: F401 - _forkexit: its at-fork hook
 from . import _format as fmt
-from ._checkpoint import Background, frozen
+from ._checkpoint import Background, frozen, remove_orphans
 from ._files import (Retired, create_data_file, fsync_dir, map_same, pending_index, recover, releaser,
                      remove_quietly)  # fmt: skip
 from ._index import F_FLAGS, F_META, F_OFFSET, MemoryIndex, update_changes
@@ -162,6 +162,7 @@ class Engine:
         try:
             st = self._flock()
             recover(self.dat_path, self.idx_path)
+            remove_orphans(self.idx_path)
             state = self._build(self._fd, dim, locked=True, st=st)
             self._fd = -1  # adopted below, with the rest of the state
             self._adopt(state)
@@ -324,7 +325,7 @@ class Engine:
                     fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
-                    if self._dat is not None and holder == -1:
+                    if self._dat is not None and holder == -1 and self._background is None:
                         # Catch up with what others appended while waiting, not once the
                         # lock is taken: the holder of the lock replays only the last write.
                         self.check(appending=True)
@@ -379,11 +380,28 @@ class Engine:
         with self.failures():
             with self.lock:
                 self.check_writable(appending)  # fail fast, before waiting for the lock
-            with self.write_lock(), self.lock:
-                self.check_writable(appending)  # brings the view up to the end of the file
-                self._cut_torn_tail()
-                _erase.finish(self)
-                yield
+            while True:
+                with self.write_lock(), self.lock:
+                    if not self._checkpoint_behind():
+                        self.check_writable(appending)  # brings the view up to the end of the file
+                        self._cut_torn_tail()
+                        _erase.finish(self)
+                        yield
+                        return
+                # Others' records to apply first, and this handle's checkpoint still being
+                # written: wait for it without the lock (others write meanwhile).
+                with self.lock:
+                    self.check_writable(appending)
+
+    def _checkpoint_behind(self) -> bool:
+        """Whether a checkpoint's thread still writes while others' records wait to be
+        applied (they must be applied after it: ``check``)."""
+        background = self._background
+        return (
+            background is not None
+            and not background.done()
+            and _kernels.file_size(self._fd) != self.dat_end
+        )
 
     def failures(self, path: str | None = None) -> Any:
         """Around a public write: a file operation's ``OSError`` raised as a :class:`StoreFullError`
@@ -582,10 +600,9 @@ class Engine:
             return
         if sync := self.durability != "none":
             self.sync(self._fd)  # the index must never cover data that is not on disk
-        with self._holds_mutex:
-            self._holds += 1  # the thread's hold of the writer lock (released by it)
         self._background = Background(frozen(self.index), self.idx_path, self.data(), sync=sync,
-                                      sync_dir=self.sync_dir, release=self._release_hold)  # fmt: skip
+                                      sync_dir=self.sync_dir, dat_path=self.dat_path,
+                                      timeout=self.timeout)  # fmt: skip
 
     def finish_checkpoint(self) -> None:
         """Wait for a checkpoint's thread and continue on the file it wrote (if it is still
@@ -593,6 +610,8 @@ class Engine:
         background, self._background = self._background, None
         if background is None:
             return
+        if self._holds:  # this handle holds the writer lock: the thread would wait for it
+            background.publish_locked()
         background.wait()
         if background.error is not None:
             with self.failures(self.idx_path):
@@ -880,7 +899,8 @@ class Engine:
         no longer be trusted to match its state); the next open recovers from the files."""
         self.closed = True
         self._stop_commit()
-        if self._background is not None:  # its hold of the lock ends with it; nothing adopted
+        if self._background is not None:  # nothing published or adopted
+            self._background.discard()
             self._background.wait()
             self._background = None
         if self._cut_pending is not None and self._fd >= 0:

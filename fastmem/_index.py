@@ -346,12 +346,13 @@ class MemoryIndex:
                 break
         return fmt.pack_hot(hot_rows, hot_records)
 
-    def save(self, path: str, dat: Any, *, sync: bool) -> None:
+    def save(self, path: str, dat: Any, *, sync: bool, aside: str | None = None) -> None:
         """Write the whole index to ``path`` + ``.tmp``, then rename it over ``path`` (a
         full checkpoint; its commit slots are empty). The postings are merged by the
         process's helper thread while this one writes the rows and vectors (the merge lets
         the GIL go; ~0.3 s of a 1 M store's close), and the header, which holds their
-        sizes, is written last."""
+        sizes, is written last. ``aside``: write to that name instead and leave it there
+        (the caller renames it: fastmem._checkpoint publishes it under the writer lock)."""
         self._views()  # the delta's changed rows, applied
         merging = Beside(self.keyword.section)
         fd = -1
@@ -362,7 +363,7 @@ class MemoryIndex:
             hot = self._hot(dat)
             layout = fmt.idx_layout(n, self.dim, len(types), len(hot))  # up to the postings
             order = self._order()
-            tmp = path + ".tmp"
+            tmp = aside or path + ".tmp"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb", closefd=False) as f:
                 f.write(bytes(layout.rows))  # the header's place
@@ -403,7 +404,8 @@ class MemoryIndex:
             merging.cancel()
             if fd >= 0:
                 os.close(fd)
-        os.replace(tmp, path)
+        if aside is None:
+            os.replace(tmp, path)
 
     def _write_base_vectors(self, f: Any) -> None:
         """The base's int8 vectors (they never change), copied file to file by the kernel

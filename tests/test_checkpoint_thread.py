@@ -8,6 +8,7 @@ rebuilt from its data file alone (tests/test_checkpoint.py's ``_view``/``_rebuil
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 import signal
@@ -144,7 +145,7 @@ def test_a_failed_checkpoint_in_the_thread_raises_once_and_loses_nothing(
 
     def full(self, path, *args, **kwargs):
         if threading.current_thread().name == "fastmem-checkpoint":
-            with open(path + ".tmp", "wb") as f:
+            with open(kwargs.get("aside") or path + ".tmp", "wb") as f:  # the file aside
                 f.write(b"x" * 100)
             raise OSError(errno.ENOSPC, "injected: no space left")
         return real(self, path, *args, **kwargs)
@@ -155,7 +156,7 @@ def test_a_failed_checkpoint_in_the_thread_raises_once_and_loses_nothing(
     store._engine._background.wait()
     with pytest.raises(fastmem.StoreFullError):
         store.add_many(_items(600, BATCH))  # raised before anything is written
-    assert not os.path.exists(store_path + ".idx.tmp")  # the space is given back
+    assert not glob.glob(store_path + ".idx*.tmp")  # the space is given back
     assert len(store) == 600
     monkeypatch.setattr(_index.MemoryIndex, "save", real)
     ids += store.add_many(_items(600, BATCH))  # the next limit starts another: it succeeds
@@ -165,26 +166,57 @@ def test_a_failed_checkpoint_in_the_thread_raises_once_and_loses_nothing(
     assert _view(store_path) == _rebuilt_view(store_path, tmp_path)
 
 
-def test_another_writer_waits_for_the_thread_then_both_stay_correct(
+def test_another_writer_goes_on_while_the_thread_writes_then_both_stay_correct(
     store_path, tmp_path, started, gate
 ):
+    # The thread writes its file aside without the writer lock; it takes the lock only
+    # to publish it (rename), after checking that nothing made it wrong meanwhile.
     first = fastmem.open(store_path, dim=DIM)
     second = fastmem.open(store_path, dim=DIM, timeout=0.1)
+    second._engine.index.tail_limit = lambda: 1 << 20  # no checkpoint of its own here
     ids = first.add_many(_items(0, BATCH)) + first.add_many(_items(BATCH, BATCH))
     assert _running(first)
-    with pytest.raises(fastmem.StoreLockedError):  # the thread holds the writer lock
-        second.add_many(_items(600, 10))
+    ids += second.add_many(_items(600, 10))  # does not wait for the thread's write
+    assert _running(first)
     gate.set()
-    first._engine._background.wait()  # done: it let the lock go, nothing adopted yet
-    ids += second.add_many(_items(600, 10))
+    assert len(first) == 610  # waits for the thread, continues on its file, then the other's
+    assert first._engine.index.n_base == 600 and _header(store_path).rows == 600  # published
     second.forget(ids[7])
-    ids += first.add_many(_items(610, BATCH))  # adopts, then applies the other's records
+    ids += first.add_many(_items(610, BATCH))
     assert ids == [f"m{i}" for i in range(910)]
     assert len(first) == 909
     first.close()
     second.close()
     view = _view(store_path)
     assert view == _rebuilt_view(store_path, tmp_path) and view["len"] == 909
+
+
+@pytest.mark.parametrize("other", ["erase", "checkpoint"])
+def test_a_checkpoint_made_wrong_meanwhile_is_discarded(store_path, tmp_path, started, gate, other):
+    # Another process erased a frozen memory (the frozen copy still holds its row, vector
+    # and terms), or checkpointed (the index file under the name is no longer the one the
+    # freeze saw): the thread's file is removed, not renamed over the index.
+    first = fastmem.open(store_path, dim=DIM)
+    second = fastmem.open(store_path, dim=DIM)
+    ids = first.add_many(_items(0, BATCH)) + first.add_many(_items(BATCH, BATCH))
+    assert _running(first)
+    if other == "erase":
+        second.forget(ids[7])  # erases its records in place (the default)
+    else:
+        second.checkpoint()  # a delta or a whole index: another file under the name
+    after = os.stat(store_path + ".idx")
+    gate.set()
+    assert len(first) == (599 if other == "erase" else 600)  # waits for the thread
+    now = os.stat(store_path + ".idx")
+    assert (now.st_ino, now.st_size, now.st_mtime_ns) == (after.st_ino, after.st_size, after.st_mtime_ns)
+    assert not glob.glob(store_path + ".idx.*.tmp")  # its file is gone
+    assert first._engine.index.n_base != 600  # nothing adopted: the index holds every row
+    first.close()
+    second.close()
+    view = _view(store_path)
+    assert view == _rebuilt_view(store_path, tmp_path)
+    if other == "erase":
+        assert ids[7] not in {m.id for m in view["memories"]}
 
 
 # A writer in a child process: bulk batches with a small tail limit; it prints each batch's
@@ -198,15 +230,17 @@ from fastmem import _index
 _index.CHECKPOINT_TAIL_ROWS = 512
 where = sys.argv[2]
 real_replace = _index.os.replace
+def published(src):  # a checkpoint's file aside renamed over the index (by the thread or the writer)
+    return str(src).rsplit(".idx.", 1)[-1].endswith(".tmp") and "-" in str(src).rsplit(".idx.", 1)[-1]
 def slow_replace(src, dst):
-    if threading.current_thread().name == "fastmem-checkpoint" and where == "slow":
+    if published(src) and where == "slow":
         os.write(1, b"thread\n")
         time.sleep(0.05)  # the thread's checkpoints take a while: the kill lands in one
-    if threading.current_thread().name == "fastmem-checkpoint" and where == "before-rename":
+    if published(src) and where == "before-rename":
         os.write(1, b"thread\n")
         time.sleep(60)
     real_replace(src, dst)
-    if threading.current_thread().name == "fastmem-checkpoint" and where == "after-rename":
+    if published(src) and where == "after-rename":
         os.write(1, b"thread\n")
         time.sleep(60)
 _index.os.replace = slow_replace

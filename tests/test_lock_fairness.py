@@ -12,8 +12,6 @@ import os
 import threading
 import time
 
-import pytest
-
 import fastmem
 
 
