@@ -76,7 +76,6 @@ class Filters(NamedTuple):
             keep &= self.allowed[fields["type"]].astype(bool)
         return keep
 
-
     def keeps(self, index: MemoryIndex, row: int) -> bool:
         """Whether row ``row`` passes."""
         rows = np.array([row], dtype=np.int64)
@@ -354,19 +353,16 @@ class Neighbours(NamedTuple):
 def with_neighbours(
     index: MemoryIndex, found: np.ndarray, where: Filters, reach: int = 1
 ) -> Neighbours:
-    """``found`` plus, for each, the ``reach`` memories before and after it in its own
-    session (a memory's neighbours are the memories written just before and after it in
-    the same session: those of another session are never its neighbours, even when they
-    sit next to it in the store), among the live memories that pass the filters, looked
-    for up to ``NEIGHBOUR_ROWS`` rows away; and each candidate's neighbours up to ``reach``
-    steps away among the candidates (:class:`Neighbours`). Memories without a session are
-    one session, as they always were: the order they were added in is their conversation.
+    """``found`` (sorted, distinct rows) plus, for each, the ``reach`` memories before and
+    after it in its own session (a memory's neighbours are the memories written just before
+    and after it in the same session: those of another session are never its neighbours,
+    even when they sit next to it in the store), among the live memories that pass the
+    filters, looked for up to ``NEIGHBOUR_ROWS`` rows away; and each candidate's neighbours
+    up to ``reach`` steps away among the candidates (:class:`Neighbours`). Memories without
+    a session are one session, as they always were: the order they were added in is their
+    conversation.
     """
-    span = max(NEIGHBOUR_ROWS, reach)
-    near = np.concatenate([found + step for step in range(-span, span + 1)])
-    near = _sorted_unique(near[(near >= 0) & (near < len(index))])
-    # Runs of consecutive rows: within one, no memory between two rows is unseen.
-    run = np.concatenate(([0], np.cumsum(np.diff(near) != 1))) if len(near) else near
+    near, run = _windows(found, max(NEIGHBOUR_ROWS, reach), len(index))
     fields = index.gather(near, ("flags", "timestamp", "session", "type"))
     kept = where.mask(fields)
     rows, session, run = near[kept], fields["session"][kept], run[kept]
@@ -396,6 +392,23 @@ def with_neighbours(
         target = np.maximum(at, 0)
         links[step] = np.where((at >= 0) & chosen[target], position[target], -1)[chosen]
     return Neighbours(rows[chosen], links)
+
+
+def _windows(found: np.ndarray, span: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows up to ``span`` rows from the sorted, distinct rows ``found`` (of ``n``),
+    sorted, and for each the run of consecutive rows it is in (numbered from 0): within a
+    run, every row between two of its rows is one of them. Without a sort (it was most of
+    the cost): the windows of sorted rows are sorted, and merge where they touch."""
+    if not len(found):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lo = np.maximum(found - span, 0)
+    hi = np.minimum(found + span, n - 1)
+    starts = np.flatnonzero(np.concatenate(([True], lo[1:] > hi[:-1] + 1)))
+    first, last = lo[starts], np.maximum.reduceat(hi, starts)
+    lengths = last - first + 1
+    run = np.repeat(np.arange(len(starts)), lengths)
+    offsets = np.cumsum(lengths) - lengths  # each run's start in the result
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(first - offsets, lengths), run
 
 
 def _member(rows: np.ndarray, values: np.ndarray) -> np.ndarray:

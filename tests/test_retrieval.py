@@ -372,3 +372,15 @@ def test_type_mask_and_filters(tmp_path):
     where = filters(index, ["plan"], 1.0, 2.0, "a")
     assert (where.since, where.until, where.session) == (1.0, 2.0, session_hash("a"))
     assert filters(index, None, 0, 1, None).session == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 60), span=st.integers(0, 10),
+       rows=st.lists(st.integers(0, 59), min_size=1, max_size=12))  # fmt: skip
+def test_neighbour_windows_are_the_rows_near_the_found_ones_and_their_runs(n, span, rows):
+    found = np.unique(np.array([r % n for r in rows], dtype=np.int64))
+    near, run = retrieval._windows(found, span, n)
+    expected = sorted({g + s for g in found.tolist() for s in range(-span, span + 1)} & set(range(n)))
+    assert near.tolist() == expected
+    # A run is consecutive rows; a new one starts after each gap.
+    assert run.tolist() == np.concatenate(([0], np.cumsum(np.diff(near) != 1))).tolist()
