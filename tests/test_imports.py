@@ -39,10 +39,15 @@ def backend() -> str:
     return fastmem.BACKEND
 
 
-def modules_after(code: str, backend: str | None = None) -> dict[str, object]:
+def modules_after(
+    code: str, backend: str | None = None, embedder: str | None = None
+) -> dict[str, object]:
     """``sys.modules`` (sorted names) and fastmem.BACKEND after running ``code`` in a fresh
-    interpreter, started outside the checkout with this checkout first on its path."""
+    interpreter, started outside the checkout with this checkout first on its path
+    (``embedder``: its ``FASTMEM_EMBEDDER``, the tests' own otherwise)."""
     env = {k: v for k, v in os.environ.items() if k != "FASTMEM_BACKEND"}
+    if embedder is not None:
+        env["FASTMEM_EMBEDDER"] = embedder
     if backend is not None:
         env["FASTMEM_BACKEND"] = backend
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (SOURCE, env.get("PYTHONPATH"))))
@@ -170,3 +175,22 @@ def test_a_context_beyond_ascii_loads_no_tiktoken(tmp_path):
             f"    assert ctx.tokens == fastmem.tokens.TokenCounter().count(ctx.text)\n")  # fmt: skip
     names = modules_after(code)["modules"]
     assert loaded(names, "tiktoken") == []
+
+
+def test_the_command_line_answers_a_hook_without_shutil_or_numpy_ma(tmp_path):
+    """``fastmem context/search STORE Q --json`` on a store with vectors, as a hook runs
+    them: argparse's help formatter would import shutil (with bz2 and lzma) for every
+    argument added, and counting every memory's vector (``stats()``: its ``np.unique``
+    imports numpy.ma; ~130 ms of CPU at 1M memories) only to know that one has a vector."""
+    from fastmem.embed import default_embedder
+
+    path = str(tmp_path / "store")
+    with fastmem.open(path, embedder=default_embedder()) as store:  # vectors
+        store.add("We planned a trip to Lisbon in May.")
+        store.add("The garden needs water on Fridays.")
+    for command in ("context", "search"):
+        code = (f"from fastmem.cli import main\n"
+                f"assert main([{command!r}, {path!r}, 'where are we travelling?', '--json']) == 0")  # fmt: skip
+        names = modules_after(code, embedder="default")["modules"]
+        assert "onnxruntime" in names  # the model was waited for: the store has vectors
+        assert [m for m in ("shutil", "numpy.ma", "rich", "tiktoken") if m in names] == []
