@@ -11,6 +11,10 @@ context, command line...) so that the machine's noise hits them alike. Timed:
   ``context(question, budget=1300)`` that waits for the model however long it takes (the
   default policy waits 0.5 s, then answers degraded): the process's wall time, and inside it
   the time from the start of the import to the context's return;
+* ``context ... sessions``: the same on a store of the first size whose memories are in 25
+  named sessions (so a day's header names its session: "## chat 3 · 5 Mar 2026") and one in
+  five of whose texts has words beyond ASCII (café, Zürich, 東京...): what counting such a
+  context's tokens costs a fresh process (each child reports whether it loaded tiktoken);
 * ``cli-context`` / ``cli-search``: ``python -m fastmem context STORE QUESTION --json`` (and
   ``search``) as a hook runs them, the process's wall time (the command line waits for the
   model rather than answer without it).
@@ -76,7 +80,8 @@ ctx = store.context(sys.argv[2], budget=1300)
 t3 = time.perf_counter()
 print(json.dumps({"import": t1 - t0, "open": t2 - t1, "context": t3 - t2, "to_answer": t3 - t0,
                   "model": fastmem.embed.default_embedder().load_seconds, "degraded": ctx.degraded,
-                  "tokens": ctx.tokens, "backend": fastmem.BACKEND, "file": fastmem.__file__}))
+                  "tokens": ctx.tokens, "backend": fastmem.BACKEND, "file": fastmem.__file__,
+                  "tiktoken": "tiktoken" in sys.modules}))
 store.close()
 """
 CHECK = "import json, fastmem; print(json.dumps({'backend': fastmem.BACKEND, 'file': fastmem.__file__}))"
@@ -106,6 +111,30 @@ def run(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float, s
         raise RuntimeError(f"{argv[:3]} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, proc.stdout
+
+
+ACCENTS = (" — café with Zoë in Zürich", " (naïve façade, 5 €)", " · 東京 trip", " ✅ done",
+           " über-cool résumé")  # fmt: skip
+
+
+def sessions_store(n: int, folder: str) -> str:
+    """A store in ``folder`` of the workload's first ``n`` memories in 25 named sessions, one
+    text in five with words beyond ASCII."""
+    import fastmem
+
+    batches = workload.generate(n).fastmem_batches()
+    i = 0
+    for batch in batches:
+        for item in batch:
+            item["session"] = f"chat {i % 25}"
+            if i % 5 == 0:
+                item["text"] += ACCENTS[i // 5 % len(ACCENTS)]
+            i += 1
+    path = os.path.join(folder, f"sessions-{n}")
+    with fastmem.open(path, dim=workload.DIM) as store:
+        for batch in batches:
+            store.add_many(batch)
+    return path
 
 
 def last_json(out: str) -> dict:
@@ -208,6 +237,8 @@ def main() -> None:
         if found["backend"] != "cython" or not found["file"].startswith(os.path.abspath(tree)):
             sys.exit(f"{name}: the child imported {found} (want {tree}, backend cython)")
     stores = {n: workload.cached_store(n, log=print)[0] for n in workload.parse_sizes(args.sizes)}
+    first = next(iter(stores))
+    with_sessions = sessions_store(first, cwd)
 
     # What each run of a round is: (label, argv builder, tree name or None for the floor).
     kinds: list[tuple[str, str | None, object]] = [("floor", None, lambda q: ["-c", "import sqlite3, numpy"])]
@@ -216,6 +247,8 @@ def main() -> None:
         for n, path in stores.items():
             kinds.append((f"{name} context {n:,}", name,
                           lambda q, p=path: ["-c", FIRST_CONTEXT, p, q]))  # fmt: skip
+        kinds.append((f"{name} context {first:,} sessions", name,
+                      lambda q: ["-c", FIRST_CONTEXT, with_sessions, q]))  # fmt: skip
         if not args.no_cli:
             n, path = next(iter(stores.items()))
             for command in ("context", "search"):
@@ -241,7 +274,7 @@ def main() -> None:
           f"{args.runs} runs each, medians; bytecode cache {'off' if args.no_bytecode else 'on'}")
     floor_cpu = statistics.median(r["cpu"] for r in results["floor"])
     parts: dict[str, dict[str, float]] = {}
-    print(f"{'kind':30s} {'wall ms':>8s} {'p90':>7s} {'- floor':>8s} {'cpu ms':>7s} "
+    print(f"{'kind':36s} {'wall ms':>8s} {'p90':>7s} {'- floor':>8s} {'cpu ms':>7s} "
           f"{'- floor':>8s} {'in-process':>11s} {'degraded':>9s}")  # fmt: skip
     for label, rows in results.items():
         full = [r for r in rows if not r.get("degraded")] or [{"wall": float("nan"), "cpu": float("nan")}]
@@ -250,14 +283,15 @@ def main() -> None:
         inside = statistics.median(r["to_answer"] for r in full) if "to_answer" in full[0] else None
         if "to_answer" in full[0]:  # where the in-process time went
             parts[label] = {k: statistics.median(r[k] for r in full) for k in ("import", "open", "context", "model")}
-        print(f"{label:30s} {1000 * wall:8.1f} {1000 * walls[int(0.9 * (len(walls) - 1))]:7.1f} "
+            parts[label]["tiktoken"] = sum(bool(r.get("tiktoken")) for r in full)
+        print(f"{label:36s} {1000 * wall:8.1f} {1000 * walls[int(0.9 * (len(walls) - 1))]:7.1f} "
               f"{1000 * (wall - floor):+8.1f} {1000 * cpu:7.1f} {1000 * (cpu - floor_cpu):+8.1f} "
               f"{'' if inside is None else f'{1000 * inside:.1f}':>11s} "
               f"{sum(bool(r.get('degraded')) for r in rows):>4d}/{len(rows)}")  # fmt: skip
     for label, p in parts.items():
         print(f"{label}: import {1000 * p['import']:.1f} ms, open {1000 * p['open']:.2f} ms, "
               f"context {1000 * p['context']:.1f} ms (the model ready {1000 * p['model']:.1f} ms "
-              f"after open)")  # fmt: skip
+              f"after open; tiktoken loaded in {p['tiktoken']:.0f} runs)")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps({"trees": trees, "results": results}, indent=1))
 
