@@ -134,17 +134,25 @@ def lock_holder(fd: int) -> int | None:
     return None
 
 
+_MAP_TRIES = 3  # maps of a file that another process cuts and grows again meanwhile
+
+
 def map_data(fd: int, size: int, *, copy: bool = False) -> mmap.mmap | None:
     """A read-only (or ``copy``-on-write) map of the first ``size`` bytes of the file open
     as ``fd``; ``None`` when the file is shorter now: cut back since ``size`` was taken (a
     writer's failed or interrupted append, a failed delta checkpoint's bytes). The caller
-    takes the size again."""
-    try:
-        return mmap.mmap(fd, size, access=mmap.ACCESS_COPY if copy else mmap.ACCESS_READ)
-    except ValueError:
-        if os.fstat(fd).st_size < size:
-            return None
-        raise
+    takes the size again.
+
+    mmap checks the size with its own fstat: a file cut back since ``size`` was taken and
+    grown past it again by the time this looks (a torn tail cut, then a longer record
+    appended) is mapped again, now that it holds ``size`` bytes."""
+    for _ in range(_MAP_TRIES):
+        try:
+            return mmap.mmap(fd, size, access=mmap.ACCESS_COPY if copy else mmap.ACCESS_READ)
+        except ValueError:
+            if os.fstat(fd).st_size < size:
+                return None
+    return mmap.mmap(fd, size, access=mmap.ACCESS_COPY if copy else mmap.ACCESS_READ)
 
 
 PAGE = 4096  # what a power loss keeps or loses of a file's unsynced bytes: whole pages

@@ -77,3 +77,51 @@ def test_a_follower_between_the_renames_loads_the_new_index(
         monkeypatch.undo()
         follower.close()
         writer.close()
+
+
+def test_a_follower_maps_a_file_cut_back_and_grown_again_meanwhile(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The raw "mmap length is greater than file size": a follower took the data file's size
+    with a torn append in it; before its map, a writer cut the torn bytes (the file shorter
+    than that size: mmap refuses it) and appended a longer record (the file longer again by
+    the time the follower looks at why). It maps the file as it is now."""
+    dat_path = store_path + ".dat"
+    writer = fastmem.open(store_path, **QUIET)
+    writer.add("one")
+    follower = fastmem.open(store_path, readonly=True, **QUIET)
+    assert len(follower) == 1
+    acknowledged = os.path.getsize(dat_path)
+    with open(dat_path, "ab") as f:
+        f.write(b"\x00" * 40)  # a killed writer's torn append
+    from fastmem import _io
+
+    real_mmap = _io.mmap.mmap
+    armed = [True]
+
+    class Proxy:
+        ACCESS_READ, ACCESS_COPY = _io.mmap.ACCESS_READ, _io.mmap.ACCESS_COPY
+
+        @staticmethod
+        def mmap(fd: int, size: int, **kwargs: Any) -> Any:
+            if not (armed and size == acknowledged + 40):
+                return real_mmap(fd, size, **kwargs)
+            armed.clear()
+            os.truncate(dat_path, acknowledged)  # the writer cuts the torn bytes...
+            try:
+                return real_mmap(fd, size, **kwargs)
+            finally:  # ...and appends a record longer than them, before the follower looks
+                writer.add("two, a record longer than the torn bytes it replaced")
+
+    monkeypatch.setattr(_io, "mmap", Proxy)
+    try:
+        n = len(follower)
+        monkeypatch.undo()
+        assert not armed
+        assert n in (1, 2) and len(follower) == 2
+        assert [m.text for m in follower][-1].startswith("two")
+        assert follower.verify().ok
+    finally:
+        monkeypatch.undo()
+        follower.close()
+        writer.close()
