@@ -15,7 +15,7 @@ from ._engine import Engine
 from ._index import (
     F_ACCESS, F_FLAGS, F_LAST_ACCESS, F_LENGTH, F_OFFSET, F_SUMMARY_TOKENS, F_TEXT_TOKENS, MemoryIndex,
 )  # fmt: skip
-from .errors import UnknownMemoryError
+from .errors import InvalidInputError, UnknownMemoryError
 from .types import RecordInfo, RecordSize, StoreStats
 
 
@@ -54,7 +54,13 @@ def stats(engine: Engine) -> StoreStats:
 def sessions(engine: Engine, n: int | None) -> dict[str, int]:
     """See ``MemoryStore.sessions``; the caller holds the engine's lock. The index keeps a
     64-bit hash of each session's name: the hashes are counted from its columns, and each
-    session's name is read from its newest memory (one record for each session returned)."""
+    session's name is read from its newest memory (one record for each session returned).
+
+    Raises:
+        InvalidInputError: ``n`` is not an int >= 0 or None.
+    """
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise InvalidInputError(f"n must be an int >= 0 or None, got {n!r}")
     index = engine.index
     cols = _live_columns(index, ("session", "id"))
     named = cols["session"] != 0  # 0: no session

@@ -445,11 +445,8 @@ class MemoryStore:
             return _live_types(self._engine.index)
 
     def sessions(self, n: int | None = None) -> dict[str, int]:
-        """Live memories by session name, the session of the newest memory first; at most
-        ``n`` sessions. From the index's columns and one record per session (its name).
-        Memories without a session are not counted. Raises ``InvalidInputError`` for a bad ``n``."""
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
-            raise InvalidInputError(f"n must be an int >= 0 or None, got {n!r}")
+        """Live memories by session name (none: not counted), newest activity first, at most ``n``
+        sessions; from the index and one record per session. ``InvalidInputError``: a bad ``n``."""
         with self._engine.lock:
             self._engine.check()
             return _figures.sessions(self._engine, n)
