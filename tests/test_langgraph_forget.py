@@ -94,3 +94,14 @@ def test_a_compaction_elsewhere_is_followed(tmp_path):
             b.put(("u",), "after", {"text": "three"})
         assert a.get(("u",), "after").value == {"text": "three"}
         assert a.get(("u",), "k").value == {"text": "two"}
+
+
+def test_a_memory_with_a_label_put_would_refuse_is_no_item(lg):
+    from langgraph.store.base import InvalidNamespaceError
+
+    meta = {"langgraph": {"namespace": ["a.b"], "key": "k", "value": {"v": 1}, "created_at": 0.0}}
+    lg.store.add("written by other code", type="lg:a.b", metadata=meta)
+    lg.put(("ok",), "k", {"v": 2})
+    with pytest.raises(InvalidNamespaceError):
+        lg.get(("a.b",), "k")  # refused, not found through the foreign memory
+    assert lg.list_namespaces() == [("ok",)]

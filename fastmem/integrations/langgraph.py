@@ -192,11 +192,14 @@ def _datetime(seconds: float) -> datetime:
 
 
 def _item_of(memory: fastmem.Memory) -> dict[str, Any] | None:
-    """The LangGraph item a memory holds, or ``None`` for a memory written otherwise."""
+    """The LangGraph item a memory holds, or ``None`` for a memory written otherwise (or
+    whose namespace has a label a put would refuse: a get finds only valid namespaces)."""
     meta = memory.metadata
     item = meta.get(META) if isinstance(meta, dict) else None
     if (isinstance(item, dict) and isinstance(item.get("namespace"), list)
-            and isinstance(item.get("key"), str) and isinstance(item.get("value"), dict)):  # fmt: skip
+            and isinstance(item.get("key"), str) and isinstance(item.get("value"), dict)
+            and all(type(label) is str and label and "." not in label and "\x00" not in label
+                    for label in item["namespace"])):  # fmt: skip
         return item
     return None
 
@@ -461,12 +464,15 @@ class FastmemStore(BaseStore):
         Raises:
             InvalidNamespaceError: a label of the namespace is bad.
         """
-        _check_labels(namespace, "namespace")
-        key = str(key)
+        if type(namespace) is not tuple:
+            _check_labels(namespace, "namespace")  # raises
+        if type(key) is not str:
+            key = str(key)
         with self._lock:
             self._sync()
             entry = self._catalog.get((namespace, key))  # type: ignore[union-attr]
             if entry is None:
+                _check_labels(namespace, "namespace")  # a found one's labels were checked by its put
                 return None
             if entry.expires is None:  # no TTL: nothing to hide or refresh (the common case)
                 return entry.item()
