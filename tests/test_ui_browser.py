@@ -365,8 +365,19 @@ def test_another_process_pin_and_forget_appear(served, page):
     page.goto(_base(url) + "/memory/" + mid)
     page.wait_for_selector("#live-count:has-text('memories')", timeout=60_000)
     assert page.locator("[data-testid=pinned]").count() == 0
+    page.wait_for_selector("[data-testid=older-slot][data-loaded]", state="attached")
+    asked: list[str] = []
+
+    def note(request) -> None:
+        asked.append(request.url)
+
+    page.on("request", note)
     _other_process(path, f"s.pin({mid!r})")
     page.wait_for_selector("[data-testid=memory] [data-testid=pinned]", timeout=15_000)
+    # The refresh keeps the older versions it had: no new search for them.
+    assert [u for u in asked if u.endswith("/older")] == []
+    assert [u for u in asked if "partial=page" in u]
+    page.remove_listener("request", note)
     page.goto(_base(url) + "/timeline")
     page.wait_for_selector("#live-count:has-text('memories')", timeout=60_000)
     assert page.locator(f".row[data-id={mid}] .chip.lv-pinned").count() == 1

@@ -135,6 +135,11 @@
       if (!fresh) { return; }
       const open = section.querySelector("details.changes");
       if (open && open.open) { const d = fresh.querySelector("details.changes"); if (d) { d.open = true; } }
+      // The older versions, once loaded, are kept: finding them again is a search, and a
+      // write elsewhere in the store rarely changes them.
+      const had = section.querySelector(".older[data-loaded]");
+      const slot = fresh.querySelector(".older[data-load]");
+      if (had && slot) { had.removeAttribute("data-load"); slot.replaceWith(had); }
       section.replaceWith(fresh); widths(fresh); loadParts(fresh);
     }).catch(function () { showBanner(what); });
   }
@@ -173,7 +178,7 @@
   // a memory's older versions (a search).
   function loadParts(root) {
     (root || document).querySelectorAll("[data-load]").forEach(function (el) {
-      get(el.dataset.load).then(function (html) { el.innerHTML = html; widths(el); })
+      get(el.dataset.load).then(function (html) { el.innerHTML = html; el.dataset.loaded = "1"; widths(el); })
         .catch(function (e) { el.textContent = "Could not load: " + e.message; });
     });
   }
