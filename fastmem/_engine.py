@@ -26,6 +26,7 @@ import errno
 import fcntl
 import mmap
 import os
+import struct
 import threading
 import time
 import warnings
@@ -60,8 +61,33 @@ GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this lo
 WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (commit_memories)
 # A write waiting for the lock polls it (flock has no timeout), first often (writes hold it
 # for micro- to milliseconds), then less: a 1 ms poll left the lock idle at every handoff.
+# A write that has waited longer than _LOCK_AGING polls more often again, down to
+# _LOCK_POLL_OLD at ten times that age: the longest waiters try first after a release.
+# (Backing off alone favoured newcomers, whose first tries come fast: with 8 writers one
+# waited over 5 s while the others took turns.)
 _LOCK_POLL_FIRST = 0.00005
 _LOCK_POLL_MAX = 0.002
+_LOCK_AGING = 0.01
+_LOCK_POLL_OLD = 0.0002
+# Before it tries the lock, a waiting write takes a gate: an open-file-description lock on one
+# byte far past the end of the data file (Linux; it never touches the file's bytes), let go
+# as soon as it holds the lock. A write that just let the lock go and wants it again must
+# pass the gate, which the write waiting before it holds: it cannot take the lock again
+# and again while others wait (with 8 writers one waited over 5 s). The gate is fairness
+# only: the flock alone keeps writes apart, so a gate lost or missing changes no result.
+_GATE = getattr(fcntl, "F_OFD_SETLK", None)
+_GATE_AT = 1 << 62
+
+
+def _gate(fd: int, take: bool) -> bool:
+    """Take (without waiting) or let go the gate on the data file open as ``fd``; whether
+    it is held now (taking) or was let go."""
+    kind = fcntl.F_WRLCK if take else fcntl.F_UNLCK
+    try:
+        fcntl.fcntl(fd, _GATE, struct.pack("hhqqi4x", kind, os.SEEK_SET, _GATE_AT, 1, 0))
+    except OSError:  # held by another write (EAGAIN, EACCES), or no such locks here
+        return False
+    return True
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
 
@@ -73,6 +99,14 @@ def _after_fork_in_child() -> None:
     # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
     for engine in list(_engines):
         engine.lock = threading.RLock()
+
+
+def _lock_poll_max(waited: float) -> float:
+    """The longest pause between tries for the lock of a write that has waited ``waited``
+    seconds (see ``_LOCK_AGING``)."""
+    if waited <= _LOCK_AGING:
+        return _LOCK_POLL_MAX
+    return max(_LOCK_POLL_OLD, _LOCK_POLL_MAX * _LOCK_AGING / waited)
 
 
 class _State(NamedTuple):
@@ -314,42 +348,57 @@ class Engine:
         replaced meanwhile (a compaction elsewhere), continue on the new one and lock it.
         Returns the locked file's stat (taken once locked: the open reads its size).
         The engine's thread lock is held only for each try, never while waiting: this
-        handle's reads go on while its write waits."""
-        deadline = time.monotonic() + self.timeout
+        handle's reads go on while its write waits. While it waits, the write applies what
+        others append, and holds the gate (``_GATE``) once it has it."""
+        started = time.monotonic()
+        deadline = started + self.timeout
         pause = _LOCK_POLL_FIRST
-        while True:
-            with self.lock:  # the descriptor may be swapped by a reader thread otherwise
-                if self._fd < 0:
-                    raise StoreClosedError(f"the store {self.path} is closed; open it again")
-                try:
-                    fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
-                    if self._dat is not None and holder == -1 and self._background is None:
-                        # Catch up with what others appended while waiting, not once the
-                        # lock is taken: the holder of the lock replays only the last write.
-                        self.check(appending=True)
-                else:
-                    st = os.fstat(self._fd)
-                    if st.st_nlink:
-                        return st
-                    # A compaction or repair replaced the file: lock the new one.
-                    fcntl.flock(self._fd, fcntl.LOCK_UN)
-                    fd = os.open(self.dat_path, os.O_RDWR | os.O_APPEND)
-                    if self._dat is None:  # opening: nothing is built on the old file yet
-                        os.close(self._fd)
-                        self._fd = fd
+        gate = -1  # the descriptor the gate is held on
+        try:
+            while True:
+                with self.lock:  # the descriptor may be swapped by a reader thread otherwise
+                    if self._fd < 0:
+                        raise StoreClosedError(f"the store {self.path} is closed; open it again")
+                    try:
+                        if gate < 0 and _GATE is not None:
+                            if not _gate(self._fd, True):
+                                raise BlockingIOError
+                            gate, pause = self._fd, _LOCK_POLL_FIRST  # next: the lock, soon
+                        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:
+                        holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
+                        if self._dat is not None and holder == -1 and self._background is None:
+                            # Catch up with what others appended while waiting, not once the
+                            # lock is taken: the holder of the lock replays only the last write.
+                            self.check(appending=True)
                     else:
-                        self.swap_to(fd, committed=False).release(drop_cache=False)
-                    continue
-            if holder != -1:
-                raise StoreLockedError(
-                    f"{self.dat_path} has been locked for writing for {self.timeout:g} s by "
-                    f"{'another process' if holder is None else f'process {holder}'}: "
-                    f"pass a longer timeout= to wait for it"
-                )
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
-            pause = min(2 * pause, _LOCK_POLL_MAX)
+                        st = os.fstat(self._fd)
+                        if st.st_nlink:
+                            return st
+                        # A compaction or repair replaced the file: lock the new one.
+                        fcntl.flock(self._fd, fcntl.LOCK_UN)
+                        fd = os.open(self.dat_path, os.O_RDWR | os.O_APPEND)
+                        if gate >= 0:
+                            _gate(gate, False)
+                            gate = -1
+                        if self._dat is None:  # opening: nothing is built on the old file yet
+                            os.close(self._fd)
+                            self._fd = fd
+                        else:
+                            self.swap_to(fd, committed=False).release(drop_cache=False)
+                        continue
+                if holder != -1:
+                    raise StoreLockedError(
+                        f"{self.dat_path} has been locked for writing for {self.timeout:g} s by "
+                        f"{'another process' if holder is None else f'process {holder}'}: "
+                        f"pass a longer timeout= to wait for it"
+                    )
+                now = time.monotonic()
+                time.sleep(min(pause, max(0.0, deadline - now)))
+                pause = min(2 * pause, _lock_poll_max(now - started))
+        finally:
+            if gate >= 0:
+                _gate(gate, False)
 
     @contextmanager
     def write_lock(self) -> Iterator[None]:

@@ -12,7 +12,10 @@ import os
 import threading
 import time
 
+import pytest
+
 import fastmem
+from fastmem import _engine
 
 
 def _wait_for(condition, seconds: float = 10.0) -> bool:
@@ -45,3 +48,42 @@ def test_a_waiting_writer_catches_up_before_it_gets_the_lock(store_path):
     assert len(waiter) == len(holder) == 52
     holder.close()
     waiter.close()
+
+
+def test_a_checkpoints_file_left_aside_by_a_killed_process_is_removed_at_open(store_path):
+    import subprocess
+    import sys
+
+    fastmem.open(store_path, embedder=None).close()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    orphan = f"{store_path}.idx.{int(gone.stdout)}-0.tmp"  # its process has exited
+    running = f"{store_path}.idx.{os.getppid()}-0.tmp"  # a process still running: kept
+    for name in (orphan, running):
+        with open(name, "wb") as f:
+            f.write(b"half a checkpoint")
+    with fastmem.open(store_path, embedder=None) as store:
+        store.add("after")
+    assert not os.path.exists(orphan)
+    assert os.path.exists(running)
+    os.remove(running)
+
+
+@pytest.mark.skipif(_engine._GATE is None, reason="no open-file-description locks here")
+def test_a_writer_that_lets_the_lock_go_waits_behind_one_already_waiting(store_path, monkeypatch):
+    # Every wait sleeps 0.3 s between tries: a writer that lets the lock go and tries again
+    # at once would get it first, unless the gate (held by the one waiting) sends it behind.
+    for name in ("_LOCK_POLL_FIRST", "_LOCK_POLL_MAX", "_LOCK_POLL_OLD"):
+        monkeypatch.setattr(_engine, name, 0.3)
+    first = fastmem.open(store_path, embedder=None, summarizer=None, timeout=30)
+    second = fastmem.open(store_path, embedder=None, summarizer=None, timeout=30)
+    waited: list[str] = []
+    with first._engine.write_lock():
+        thread = threading.Thread(target=lambda: waited.append(second.add("waited")))
+        thread.start()
+        time.sleep(0.1)  # its first try failed: it sleeps, holding the gate
+    again = first.add("let go and took again")
+    thread.join(30)
+    assert int(waited[0][1:]) < int(again[1:])  # the one waiting wrote first
+    first.close()
+    second.close()
