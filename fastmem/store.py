@@ -834,9 +834,9 @@ def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> 
     if before is not None and engine.index.find(below) < 0:
         raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
     out: list[Memory] = []
-    mids = _context.session_ids(engine.index, session, below)
-    while mids and len(out) < n:  # the index keeps a 64-bit hash of the name: check the name
-        chunk, mids = mids[: n - len(out)], mids[n - len(out) :]
+    mids, at = _context.session_ids(engine.index, session, below), 0
+    while at < len(mids) and len(out) < n:  # the index keeps the name's 64-bit hash: check it
+        chunk, at = mids[at : at + n - len(out)], at + n - len(out)
         out += [m for m in _items.read_rows(engine, _items.live_rows(engine.index, chunk))
                 if m.session == session]  # fmt: skip
     return out
