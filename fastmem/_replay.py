@@ -20,6 +20,10 @@ from .types import Problem
 
 _FLUSH_ROWS = 65536  # rows a replay turns into arrays at once
 _SCAN_CHUNK = 1 << 22  # bytes scan_file copies at once (more for a longer record)
+# Bytes scan_file walks record by record instead of with scan_records, whose fixed cost
+# (~20 numpy calls, its buffers) was most of a catch-up on one record another process added.
+_SMALL_SCAN = 1 << 16
+_NO_BAD = np.zeros(0, dtype=np.int64)
 
 # Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
@@ -150,6 +154,10 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
     the map. The bytes are read a few MiB at a time, each chunk from the end of the last
     record found before it, so a reader far behind does not copy the whole tail at once.
     """
+    if end - start <= _SMALL_SCAN:
+        small = _scan_small(fd, start, end)
+        if small is not None:
+            return small
     parts = []
     chunk = _SCAN_CHUNK
     while start < end:
@@ -175,6 +183,32 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
     if not parts:
         return _kernels.scan_records(b"", 0, 0)
     return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+def _scan_small(fd: int, start: int, end: int) -> tuple[np.ndarray, ...] | None:
+    """:func:`scan_file`'s answer for a few bytes that hold whole valid records only (the
+    usual catch-up: what another process appended since the last call), each checked by
+    the compiled record check; None for anything else (a record cut short or still being
+    written, damage, a cut file), which the full scan then reads again and places."""
+    buf = os.pread(fd, end - start, start)
+    n = len(buf)
+    if n < end - start:
+        return None
+    offsets, lengths, kinds, dims = [], [], [], []
+    check, header = _kernels.check_record, fmt.RECORD_HEADER_SIZE
+    pos = 0
+    while pos < n:
+        info = check(buf, pos, n)
+        if info is None:
+            return None
+        kind, dim, plen, _ = info
+        offsets.append(start + pos)
+        lengths.append(header + 2 * dim + plen)  # fmt.record_size, inlined
+        kinds.append(kind)
+        dims.append(dim)
+        pos += lengths[-1]
+    return (np.array(offsets, dtype=np.int64), np.array(lengths, dtype=np.uint32),
+            np.array(kinds, dtype=np.uint8), np.array(dims, dtype=np.uint16), _NO_BAD, _NO_BAD)  # fmt: skip
 
 
 class Replayer:
