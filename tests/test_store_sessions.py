@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import fastmem
@@ -59,6 +60,31 @@ def test_sees_another_process_and_survives_compaction(tmp_path):
             assert r.sessions() == {"late": 1, "s2": 3, "s1": 2, "s0": 3}
         w.compact()
         assert w.sessions() == {"late": 1, "s2": 3, "s1": 2, "s0": 3}
+
+
+@pytest.mark.parametrize("walk_rows", [1 << 16, 7])
+def test_a_few_sessions_walked_back_equal_the_whole_columns_sort(tmp_path, monkeypatch, walk_rows):
+    """The overview's few sessions are found by walking back from the newest rows (cut short
+    here to 7 rows, which then sorts the whole column instead): the same answer either way,
+    across the walk's chunks, with forgotten rows and memories without a session."""
+    from fastmem import _figures
+
+    monkeypatch.setattr(_figures, "WALK_CHUNK", 5)
+    monkeypatch.setattr(_figures, "WALK_ROWS", walk_rows)
+    rng = np.random.default_rng(3)
+    with fastmem.open(str(tmp_path / "s"), embedder=None) as store:
+        names = [None if x == 0 else f"s{x}" for x in rng.integers(0, 12, 300).tolist()]
+        items = [{"text": f"t{i}", "session": s} for i, s in enumerate(names)]
+        ids = store.add_many(items[:200])
+        store.checkpoint()  # the index's base rows, then its tail: both walked
+        ids += store.add_many(items[200:])
+        store.forget_many([ids[i] for i in rng.choice(300, 40, replace=False).tolist()])
+        everything = store.sessions()
+        assert sum(everything.values()) == sum(
+            1 for i, s in enumerate(names) if s is not None and ids[i] in store
+        )
+        for n in range(14):
+            assert list(store.sessions(n).items()) == list(everything.items())[:n]
 
 
 @pytest.mark.parametrize("n", [-1, 1.5, "2", True])
