@@ -319,8 +319,8 @@ def create_app(
         }
 
         def build() -> tuple[str, dict[str, Any] | None]:
-            # One trip to the thread pool for the store's calls and the rendering: on a
-            # busy machine each trip waits for a thread to be scheduled.
+            # One trip to the thread pool for the store's calls and the rendering (each trip
+            # is two hand-offs between threads, and the rendering stays off the event loop).
             result = None
             if q.strip():
                 inspector.ready()
