@@ -4,7 +4,10 @@ while a fifth adds batches of 5,000 (an import beside a gateway and its CLIs).
 Each writer is a process of its own with its own handle. The lock wait is the time a write
 spends taking the writer lock (``Engine._flock``, timed in each writer); the latency is the
 whole ``add_many`` call. Memories have no vectors and no summaries: what is measured is the
-lock, not the embedder.
+lock, not the embedder. The second table says what held the lock and for how long (each
+hold timed from the ``flock`` that took it to the one that let it go, in the process that
+held it): the small writes, the large ones, or a checkpoint's thread.
+``LOCK_WAITS_TAIL_ROWS=N`` in the environment sets the checkpoint limit (an alternative).
 
     python benchmarks/lock_waits.py [--seconds 10] [--small 4] [--big 1] [--poll-max 0.0002]
 """

@@ -81,12 +81,13 @@ _GATE_AT = 1 << 62
 
 def _gate(fd: int, take: bool) -> bool:
     """Take (without waiting) or let go the gate on the data file open as ``fd``; whether
-    it is held now (taking) or was let go."""
+    it is held now, or was let go. A file system without such locks (the call fails
+    otherwise than as taken) passes every write through: fairness is lost, nothing else."""
     kind = fcntl.F_WRLCK if take else fcntl.F_UNLCK
     try:
         fcntl.fcntl(fd, _GATE, struct.pack("hhqqi4x", kind, os.SEEK_SET, _GATE_AT, 1, 0))
-    except OSError:  # held by another write (EAGAIN, EACCES), or no such locks here
-        return False
+    except OSError as exc:
+        return not take or exc.errno not in (errno.EAGAIN, errno.EACCES)  # held by another write
     return True
 
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
