@@ -65,6 +65,11 @@ def use(backend: str) -> str:
         )
     BACKEND = "python"
     if backend != "python":
+        # The top-k scan's OpenMP threads otherwise spin for a while after each scan, taking
+        # a core from the caller's other threads (a server's next request, a writer) on small
+        # machines. libgomp reads this once, as the first compiled kernel loads it; a user's
+        # own setting stands.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         try:
             from ._ext import bpe, heads, items, keyword, reader, records, scoring, topk, vectors
         except ImportError as exc:

@@ -546,3 +546,20 @@ def test_threaded_kernels_work_in_a_forked_child():
     out = subprocess.run([sys.executable, "-c", FORK_CHILD], capture_output=True, text=True,
                          timeout=120, check=False)  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip() == "0", out.stderr
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_wait_passively_unless_the_user_says(given, expected, tmp_path):
+    """The top-k scan's OpenMP threads must not spin between scans (a core taken from the
+    caller's other threads), and a user's own OMP_WAIT_POLICY is left as it is."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    env["PYTHONSAFEPATH"] = "1"  # the installed fastmem, not a checkout's unbuilt tree
+    code = "import os, fastmem; print(os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == expected
