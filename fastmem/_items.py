@@ -507,20 +507,21 @@ def read_rows(engine: Any, rows: Iterable[int]) -> list[Memory]:
     return memories if memories is not None else [engine.memory(int(r)) for r in g]
 
 
-def live_rows(index: Any, ids: list[int]) -> list[int]:
-    """The global index rows of the memory ids ``ids`` that are live, in their order (the
-    base's ids and the tail's are each in increasing order: two binary searches, no
-    per-id call)."""
-    want = np.asarray(ids, dtype=np.uint64)
-    found = np.full(len(want), -1, dtype=np.int64)
-    offset = 0
+def session_rows(index: Any, session: str, below: int, n: int) -> list[int]:
+    """The global index rows of the ``n`` newest live memories of ``session`` (by the 64-bit
+    hash the index keeps of its name: the caller checks each memory's own) whose ids are
+    below ``below``, newest id first. From three columns; within the base and within the
+    tail ids increase, so each gives its last ``n`` and only those are sorted (a page of a
+    long session sorts no more than twice its size)."""
+    wanted, picked, ids, offset = session_hash(session), [], [], 0
     for seg in (index.base_rows, index.tail.rows[: index.tail.n]):
-        if len(seg) and len(want):
-            at = np.minimum(np.searchsorted(seg["id"], want), len(seg) - 1)
-            hit = (seg["id"][at] == want) & (seg["flags"][at] & fmt.FLAG_FORGOTTEN == 0)
-            found[hit] = offset + at[hit]
+        keep = np.flatnonzero((seg["session"] == wanted) & (seg["flags"] & fmt.FLAG_FORGOTTEN == 0)
+                              & (seg["id"] < below))[-n:]  # fmt: skip
+        picked.append(offset + keep)
+        ids.append(seg["id"][keep])
         offset += len(seg)
-    return found[found >= 0].tolist()
+    rows, order = np.concatenate(picked), np.argsort(np.concatenate(ids), kind="stable")[::-1]
+    return rows[order[:n]].tolist()
 
 
 def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:

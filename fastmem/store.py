@@ -834,11 +834,13 @@ def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> 
     if before is not None and engine.index.find(below) < 0:
         raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
     out: list[Memory] = []
-    mids, at = _context.session_ids(engine.index, session, below), 0
-    while at < len(mids) and len(out) < n:  # the index keeps the name's 64-bit hash: check it
-        chunk, at = mids[at : at + n - len(out)], at + n - len(out)
-        out += [m for m in _items.read_rows(engine, _items.live_rows(engine.index, chunk))
-                if m.session == session]  # fmt: skip
+    while len(out) < n:  # the index keeps the name's 64-bit hash: each memory's name is checked
+        want = n - len(out)
+        read = _items.read_rows(engine, _items.session_rows(engine.index, session, below, want))
+        out += [m for m in read if m.session == session]
+        if len(read) < want:
+            break
+        below = int(read[-1].id[1:])
     return out
 
 

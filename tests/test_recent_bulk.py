@@ -9,6 +9,7 @@ import os
 import pytest
 
 import fastmem
+from fastmem import _format as fmt
 from fastmem import _items
 
 
@@ -72,19 +73,33 @@ def test_every_memory_newest_first(store):
     assert page == everything[10:15]
 
 
-def test_read_rows_and_live_rows_directly(store):
+def test_read_rows_and_session_rows_directly(store):
     ids = _fill(store, "a", 12)
+    _fill(store, "b", 3)
     store.checkpoint()
     ids += _fill(store, "a", 5, start=12)
     store.forget(ids[2])
     engine = store._engine
-    numbers = [int(m[1:]) for m in ids] + [10**9]  # an id never given out
-    rows = _items.live_rows(engine.index, numbers)
-    assert len(rows) == len(ids) - 1  # the forgotten one and the unknown one are left out
-    assert [m.id for m in _items.read_rows(engine, rows)] == [m for m in ids if m != ids[2]]
+    live = [m for m in ids if m != ids[2]][::-1]  # newest first
+    rows = _items.session_rows(engine.index, "a", fmt.MAX_ID + 1, 1000)
+    assert [m.id for m in _items.read_rows(engine, rows)] == live
+    rows = _items.session_rows(engine.index, "a", fmt.MAX_ID + 1, 7)  # across base and tail
+    assert [m.id for m in _items.read_rows(engine, rows)] == live[:7]
+    below = int(live[6][1:])
+    rows = _items.session_rows(engine.index, "a", below, 3)
+    assert [m.id for m in _items.read_rows(engine, rows)] == live[7:10]
+    assert _items.session_rows(engine.index, "nobody", fmt.MAX_ID + 1, 5) == []
     assert _items.read_rows(engine, []) == []
-    assert _items.live_rows(engine.index, []) == []
 
+
+def test_a_name_sharing_the_hash_is_skipped_and_the_page_still_fills(store):
+    ids = _fill(store, "a", 10) + _fill(store, "b", 10, start=10)
+    tail = store._engine.index.tail
+    # "b"'s rows take "a"'s hash, as a 64-bit collision would: the newest candidates of "a"
+    # are then all "b"'s, which the names leave out, and the page is filled from older ones.
+    tail.rows["session"][10:20] = tail.rows["session"][0]
+    assert [m.id for m in store.recent(4, session="a")] == ids[:10][::-1][:4]
+    assert [m.id for m in store.recent(100, session="a")] == ids[:10][::-1]
 
 def test_plain_memories_are_read_in_one_call(store, monkeypatch):
     ids = _fill(store, "a", 20)
