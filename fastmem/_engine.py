@@ -287,10 +287,13 @@ class Engine:
     def _build_replaced(self, dim: int | None) -> _State:
         fd = os.open(self.dat_path, os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND)
         try:
-            return self._build(fd, dim, locked=False)
+            state = self._build(fd, dim, locked=False)
         except BaseException:
             os.close(fd)
             raise
+        if state.fd != fd:
+            os.close(fd)  # replaced yet again before its map: the state is a newer file's
+        return state
 
     def _adopt(self, state: _State) -> Retired:
         """Continue on ``state``, all at once; returns the old files' objects to release."""

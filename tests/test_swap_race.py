@@ -125,3 +125,64 @@ def test_a_follower_maps_a_file_cut_back_and_grown_again_meanwhile(
         monkeypatch.undo()
         follower.close()
         writer.close()
+
+
+def _deleted_files_open(prefix: str) -> list[str]:
+    """This process's descriptors of files under ``prefix`` that no name links to any more."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(prefix) and target.endswith(" (deleted)"):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd (Linux)")
+def test_a_follower_replaced_again_and_again_before_its_map_keeps_no_old_file_open(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each time the follower opens the store's data file, another compaction replaces it
+    before the follower maps it (three times): it follows to the newest file and keeps none
+    of the replaced ones open (a descriptor of one keeps its disk space in use)."""
+    dat_path = store_path + ".dat"
+    writer = fastmem.open(store_path, **QUIET)
+    ids = writer.add_many([{"text": f"memory {i} " + "filler " * 20} for i in range(60)])
+    follower = fastmem.open(store_path, readonly=True, **QUIET)
+    assert len(follower) == 60
+    writer.compact()  # the follower meets the swap at its next call
+    real_open = os.open
+    left = [ids[40:], ids[30:40], ids[20:30]]  # what each compaction in its way drops
+    busy = []  # the writer's own opens during its compaction are not the follower's
+
+    def open_(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(file, flags, *args, **kwargs)
+        if left and not busy and file == dat_path and flags == os.O_RDONLY:
+            busy.append(1)
+            try:
+                for mid in left.pop(0):
+                    writer.forget(mid)
+                writer.compact()  # replaced again before the follower maps what it opened
+            finally:
+                busy.clear()
+        return fd
+
+    monkeypatch.setattr(os, "open", open_)
+    try:
+        assert len(follower) == 20
+    finally:
+        monkeypatch.undo()
+    try:
+        assert not left
+        assert [m.id for m in follower] == ids[:20] and follower.verify().ok
+        import time
+
+        deadline = time.monotonic() + 10  # the release thread closes the replaced files
+        while (leaked := _deleted_files_open(store_path)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not leaked
+    finally:
+        follower.close()
+        writer.close()
