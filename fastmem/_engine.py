@@ -373,7 +373,7 @@ class Engine:
                         holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
                         if self._dat is not None and holder == -1 and self._background is None:
                             # Catch up with what others appended while waiting, not once the
-                            # lock is taken: the holder of the lock replays only the last write.
+                            # lock is taken: the holder of the lock replays only the last writes.
                             self.check(appending=True)
                     else:
                         st = os.fstat(self._fd)
@@ -399,7 +399,8 @@ class Engine:
                     )
                 now = time.monotonic()
                 time.sleep(min(pause, max(0.0, deadline - now)))
-                pause = min(2 * pause, _lock_poll_max(now - started))
+                # Next in line (the gate): soon; else less often, then more often with age.
+                pause = min(2 * pause, _LOCK_POLL_OLD if gate >= 0 else _lock_poll_max(now - started))
         finally:
             if gate >= 0:
                 _gate(gate, False)
