@@ -245,7 +245,7 @@ def slow_replace(src, dst):
         time.sleep(60)
 _index.os.replace = slow_replace
 rng = np.random.default_rng(0)
-store = fastmem.open(sys.argv[1], dim=8)
+store = fastmem.open(sys.argv[1], dim=8, timeout=120)  # a publish paused 60 s holds the lock
 for b in range(int(sys.argv[3]) if len(sys.argv) > 3 else 40):
     items = [{"text": f"batch {b} item {i}", "embedding": rng.standard_normal(8)} for i in range(300)]
     os.write(1, (json.dumps(store.add_many(items)) + "\n").encode())  # one write: whole lines
@@ -274,12 +274,14 @@ def test_a_kill_during_the_threads_checkpoint_loses_nothing_acknowledged(
             seen_thread = True
         else:
             acknowledged += json.loads(line)
-        if seen_thread and len(acknowledged) >= 900:  # a batch acknowledged beside it
+        # Every batch the frozen copy holds acknowledged (the publish holds the writer lock,
+        # so the batches beside it may wait for it: the kill lands in the pause).
+        if seen_thread and len(acknowledged) >= 600:
             break
     os.kill(child.pid, signal.SIGKILL)
     child.wait()
     child.stdout.close()
-    assert seen_thread and len(acknowledged) >= 900
+    assert seen_thread and len(acknowledged) >= 600
     with _open_after_kill(store_path) as store:
         assert store.verify().ok
         texts = {m.id: m.text for m in store}
