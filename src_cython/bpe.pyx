@@ -572,7 +572,7 @@ for _c in range(64):
 
 
 cdef Py_ssize_t parse_ranks_file(const uint8_t* s, Py_ssize_t size, Key* keys,
-                                 uint8_t* out) noexcept:
+                                 uint8_t* out) noexcept nogil:
     """The keys of a ``.tiktoken`` file's lines, ``<base64 token> <decimal rank>`` (what
     tiktoken's ``load_tiktoken_bpe`` reads; empty lines skipped), decoded into ``out``:
     their count, or minus the number of the first line that is not such a line."""
@@ -635,8 +635,12 @@ cdef Py_ssize_t parse_into(bytes data, Key** keys, uint8_t** decoded) except -1:
     decoded[0] = <uint8_t*>PyMem_Malloc(len(data) + 1)
     if keys[0] == NULL or decoded[0] == NULL:
         raise MemoryError()
-    cdef Py_ssize_t n_keys = parse_ranks_file(<const uint8_t*>PyBytes_AS_STRING(data), len(data),
-                                              keys[0], decoded[0])
+    cdef const uint8_t* s = <const uint8_t*>PyBytes_AS_STRING(data)  # data: held by the caller
+    cdef Py_ssize_t size = len(data), n_keys
+    # Without the GIL (~5 ms for cl100k_base's file): a process's first counter is built in
+    # a background thread beside the model's load, whose onnxruntime import needs the GIL.
+    with nogil:
+        n_keys = parse_ranks_file(s, size, keys[0], decoded[0])
     if n_keys < 0:
         raise ValueError(f"not a tiktoken ranks file (line {-n_keys})")
     return n_keys
@@ -664,6 +668,36 @@ def ranks_file(bytes data not None) -> dict:
     finally:
         PyMem_Free(keys)
         PyMem_Free(decoded)
+
+
+cdef Py_ssize_t fill_table(Table* t, const Key* keys, Py_ssize_t n_keys) noexcept nogil:
+    """Puts ``keys`` in ``t`` (its slots zeroed, its tails room enough), then the rank of
+    every two-byte key by its bytes: -1, or the index of a key listed twice."""
+    cdef uint64_t head, i
+    cdef Py_ssize_t offset = 0, n, k
+    cdef const uint8_t* p
+    for k in range(n_keys):
+        p, n = keys[k].p, keys[k].n
+        head = load_head(p, n)
+        i = hash_bytes(head, p, n) & t.mask
+        while t.slots[i].where != 0:
+            if t.slots[i].head == head and (t.slots[i].where & 0xFF) == n and (
+                    n <= 8 or memcmp(t.tails + (t.slots[i].where >> 8), p + 8, n - 8) == 0):
+                return k
+            i = (i + 1) & t.mask
+        t.slots[i].head = head
+        t.slots[i].rank = keys[k].rank
+        t.slots[i].where = <uint32_t>(offset << 8 | n)
+        if n > 8:
+            memcpy(t.tails + offset, p + 8, n - 8)
+            offset += n - 8
+    cdef uint8_t pair[2]
+    cdef uint32_t b
+    for b in range(65536):
+        pair[0] = b >> 8
+        pair[1] = b & 0xFF
+        t.pairs[b] = rank_of(t, pair, 2)
+    return -1
 
 
 @cython.auto_pickle(False)  # a table of C pointers: rebuilt from the encoding, never pickled
@@ -724,13 +758,20 @@ cdef class Cl100kCounter:
             PyMem_Free(decoded)
 
     cdef int build(self, const Key* keys, Py_ssize_t n_keys) except -1:
-        """The hash table of ``keys`` (and of every two-byte key, by its bytes)."""
-        cdef Py_ssize_t tails = 0, slots = 1, n, k
-        for k in range(n_keys):
-            n = keys[k].n
-            if n == 0 or n > 255:
-                raise ValueError(f"a token this counter cannot hold: {bytes(keys[k].p[:n])!r}")
-            tails += max(0, n - 8)
+        """The hash table of ``keys`` (and of every two-byte key, by its bytes); its loops
+        run without the GIL (see parse_into)."""
+        cdef Py_ssize_t tails = 0, slots = 1, n, k, bad = -1
+        with nogil:
+            for k in range(n_keys):
+                n = keys[k].n
+                if n == 0 or n > 255:
+                    bad = k
+                    break
+                if n > 8:
+                    tails += n - 8
+        if bad >= 0:
+            n = keys[bad].n
+            raise ValueError(f"a token this counter cannot hold: {bytes(keys[bad].p[:n])!r}")
         if tails >= 1 << 24:
             raise ValueError("more token bytes than this counter can hold")
         while slots < 2 * n_keys:
@@ -742,30 +783,11 @@ cdef class Cl100kCounter:
             raise MemoryError()
         memset(self.table.slots, 0, slots * sizeof(Entry))
         self.table.mask = slots - 1
-        cdef uint64_t head, i
-        cdef Py_ssize_t offset = 0
-        cdef const uint8_t* p
-        for k in range(n_keys):
-            p, n = keys[k].p, keys[k].n
-            head = load_head(p, n)
-            i = hash_bytes(head, p, n) & self.table.mask
-            while self.table.slots[i].where != 0:
-                if self.table.slots[i].head == head and (self.table.slots[i].where & 0xFF) == n and (
-                        n <= 8 or memcmp(self.table.tails + (self.table.slots[i].where >> 8), p + 8, n - 8) == 0):
-                    raise ValueError(f"a token listed twice: {bytes(p[:n])!r}")
-                i = (i + 1) & self.table.mask
-            self.table.slots[i].head = head
-            self.table.slots[i].rank = keys[k].rank
-            self.table.slots[i].where = <uint32_t>(offset << 8 | n)
-            if n > 8:
-                memcpy(self.table.tails + offset, p + 8, n - 8)
-                offset += n - 8
-        cdef uint8_t pair[2]
-        cdef uint32_t b
-        for b in range(65536):
-            pair[0] = b >> 8
-            pair[1] = b & 0xFF
-            self.table.pairs[b] = rank_of(&self.table, pair, 2)
+        with nogil:
+            bad = fill_table(&self.table, keys, n_keys)
+        if bad >= 0:
+            n = keys[bad].n
+            raise ValueError(f"a token listed twice: {bytes(keys[bad].p[:n])!r}")
         return 0
 
     def __dealloc__(self):

@@ -316,3 +316,21 @@ def test_truncate_cuts_as_tiktoken_did(kernels: str) -> None:
 def test_truncate_of_any_ascii_text_is_tiktokens(text: str, limit: int) -> None:
     counter = TokenCounter("cl100k_base")
     assert counter.truncate(text, limit) == _truncate_by_tiktoken(_encoding(), text, limit)
+
+
+@pytest.mark.parametrize("kernels", ["cython", "python"])
+def test_a_counter_refuses_a_token_twice_or_too_long(kernels: str) -> None:
+    """The table is built without the GIL; what it cannot hold is still refused clearly."""
+    import base64
+
+    from fastmem._ext import bpe
+
+    kind = bpe.Cl100kCounter if kernels == "cython" else _kernels_py.Cl100kCounter
+    line = lambda token, rank: base64.b64encode(token) + b" %d\n" % rank  # noqa: E731
+    good = b"".join(line(bytes([b]), b) for b in range(256))
+    encode = lambda text: list(text.encode())  # noqa: E731 - one token a byte, as `good`'s
+    assert kind(good, encode).count("ab") == 2
+    with pytest.raises(ValueError, match="twice"):
+        kind(good + line(b"ab", 300) + line(b"ab", 301), encode)
+    with pytest.raises(ValueError, match="cannot hold"):
+        kind(good + line(b"x" * 256, 300), encode)
