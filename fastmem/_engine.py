@@ -371,9 +371,11 @@ class Engine:
                         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
                         holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
-                        if self._dat is not None and holder == -1 and self._background is None:
+                        if holder == -1 and gate < 0 and self._dat is not None and self._background is None:
                             # Catch up with what others appended while waiting, not once the
-                            # lock is taken: the holder of the lock replays only the last writes.
+                            # lock is taken: the holder of the lock replays only the last
+                            # writes. Not once next in line (holding the gate): replaying a
+                            # large batch there left the lock idle, every other write waiting.
                             self.check(appending=True)
                     else:
                         st = os.fstat(self._fd)

@@ -28,26 +28,35 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
 
 
 def test_a_waiting_writer_catches_up_before_it_gets_the_lock(store_path):
+    # Two writers wait: the first is next in line (it holds the gate, where there is one)
+    # and only polls; the second applies what the holder appends while it waits.
     holder = fastmem.open(store_path, embedder=None, summarizer=None)
-    waiter = fastmem.open(store_path, embedder=None, summarizer=None, timeout=30)
+    waiters = [
+        fastmem.open(store_path, embedder=None, summarizer=None, timeout=30) for _ in range(2)
+    ]
     holder.add("before")
-    assert len(waiter) == 1
+    assert [len(w) for w in waiters] == [1, 1]
     result: list[object] = []
+    threads = [
+        threading.Thread(target=lambda w=w: result.append(w.add("after the wait"))) for w in waiters
+    ]
     with holder._engine.write_lock():  # another process's long write, in effect
-        thread = threading.Thread(target=lambda: result.append(waiter.add("after the wait")))
-        thread.start()
-        time.sleep(0.2)  # the waiter polls the lock now
-        holder.add_many([{"text": f"written while the other waits {i}"} for i in range(50)])
+        for thread in threads:
+            thread.start()
+            time.sleep(0.2)  # the waiters poll the lock now, in this order
+        holder.add_many([{"text": f"written while the others wait {i}"} for i in range(50)])
         end = os.path.getsize(store_path + ".dat")
-        # Still held: the waiter applied the 50 records while waiting, not once it holds
-        # the lock (where every other writer would wait for that replay too).
-        assert _wait_for(lambda: waiter._engine.valid_end == end)
+        # Still held: the second waiter applied the 50 records while waiting, not once it
+        # holds the lock (where every other writer would wait for that replay too).
+        assert _wait_for(lambda: waiters[1]._engine.valid_end == end)
         assert not result
-    thread.join(30)
-    assert result == ["m51"]
-    assert len(waiter) == len(holder) == 52
+    for thread in threads:
+        thread.join(30)
+    assert sorted(result) == ["m51", "m52"]
+    assert len(waiters[0]) == len(waiters[1]) == len(holder) == 53
     holder.close()
-    waiter.close()
+    for w in waiters:
+        w.close()
 
 
 def test_a_checkpoints_file_left_aside_by_a_killed_process_is_removed_at_open(store_path):
