@@ -28,8 +28,8 @@ def _wait_for(condition, seconds: float = 10.0) -> bool:
 
 
 def test_a_waiting_writer_catches_up_before_it_gets_the_lock(store_path):
-    # Two writers wait: the first is next in line (it holds the gate, where there is one)
-    # and only polls; the second applies what the holder appends while it waits.
+    # Two writers wait: the first is next in line (it holds the gate, where there is one,
+    # after 50 ms) and only polls; the second applies what the holder appends while it waits.
     holder = fastmem.open(store_path, embedder=None, summarizer=None)
     waiters = [
         fastmem.open(store_path, embedder=None, summarizer=None, timeout=30) for _ in range(2)
@@ -84,6 +84,7 @@ def test_a_writer_that_lets_the_lock_go_waits_behind_one_already_waiting(store_p
     # at once would get it first, unless the gate (held by the one waiting) sends it behind.
     for name in ("_LOCK_POLL_FIRST", "_LOCK_POLL_MAX", "_LOCK_POLL_OLD"):
         monkeypatch.setattr(_engine, name, 0.3)
+    monkeypatch.setattr(_engine, "_GATE_AFTER", 0.0)  # (else only after 50 ms of waiting)
     first = fastmem.open(store_path, embedder=None, summarizer=None, timeout=30)
     second = fastmem.open(store_path, embedder=None, summarizer=None, timeout=30)
     waited: list[str] = []
