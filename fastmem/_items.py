@@ -28,6 +28,7 @@ from ._index import (
     default_importance,
     session_hash,
 )  # fmt: skip
+from ._io import no_cyclic_gc
 from ._keyword import tokenize
 from ._replay import read_payload
 from ._threads import Beside
@@ -483,28 +484,37 @@ def decode_memory(
 
 
 def read_rows(engine: Any, rows: Iterable[int]) -> list[Memory]:
-    """The memories of live index rows ``rows`` (global row numbers), in that order: in one
-    compiled call (``_kernels.read_hot`` over the rows and the data file) when every one is
-    the plain case, else one by one (``engine.memory``: the same memories, or the precise
-    error). What ``recent`` reads: a call per memory cost more than its decoding.
+    """The memories of live index rows ``rows`` (global row numbers), in that order: by
+    ``READ_CHUNK`` rows, each chunk in one compiled call (``_kernels.read_hot`` over the rows
+    and the data file) when every memory in it is the plain case, else one by one
+    (``engine.get``: the compiled read of a plain one, the general one of the others, which
+    gives the same memories or the precise error). What ``recent`` reads: a call per memory
+    cost more than its decoding.
 
     Raises:
         MemoryErased: a record was erased by another process since its row was read.
     """
     g = np.fromiter(rows, dtype=np.int64)
-    if not len(g):
-        return []
-    index, nb = engine.index, engine.index.n_base
+    index, nb, out = engine.index, engine.index.n_base, []
     picked = np.empty(len(g), dtype=fmt.INDEX_DTYPE)
     in_base = g < nb
     if in_base.any():
         picked[in_base] = index.base_rows[g[in_base]]
     if not in_base.all():
         picked[~in_base] = index.tail.rows[g[~in_base] - nb]
-    with memoryview(engine.data()) as view, view[: engine.dat_end] as records:
-        memories = _kernels.read_hot(picked.tobytes(), picked["offset"].tolist(), records,
-                                     len(g), Memory, f32)  # fmt: skip
-    return memories if memories is not None else [engine.memory(int(r)) for r in g]
+    with no_cyclic_gc():  # thousands of new tuples and dicts, no cycle: collections would
+        for at in range(0, len(g), READ_CHUNK):  # cost more than the reading (twice, at 10k)
+            chunk = picked[at : at + READ_CHUNK]
+            with memoryview(engine.data()) as view, view[: engine.dat_end] as records:
+                memories = _kernels.read_hot(chunk.tobytes(), chunk["offset"].tolist(), records,
+                                             len(chunk), Memory, f32)  # fmt: skip
+            out += memories if memories is not None else [engine.get(f"m{i}") for i in chunk["id"].tolist()]
+    return out
+
+
+# Rows read_rows reads in one call: a memory that is not the plain case (its metadata
+# changed by ``update``) sends only its chunk the slower way.
+READ_CHUNK = 1024
 
 
 def session_rows(index: Any, session: str, below: int, n: int) -> list[int]:

@@ -113,3 +113,20 @@ def test_plain_memories_are_read_in_one_call(store, monkeypatch):
     monkeypatch.setattr(engine, "memory", one_by_one)
     assert [m.id for m in store.recent(100, session="a")] == ids[::-1]
     assert [m.id for m in store.recent(100)] == ids[::-1]
+
+
+def test_one_updated_memory_sends_only_its_chunk_the_slow_way(store, monkeypatch):
+    ids = _fill(store, "a", 3 * _items.READ_CHUNK)
+    store.update(ids[5], metadata={"changed": True})  # not the plain case
+    engine = store._engine
+    real_get, asked = engine.get, []
+
+    def counted(mid):
+        asked.append(mid)
+        return real_get(mid)
+
+    monkeypatch.setattr(engine, "get", counted)
+    got = store.recent(10_000, session="a")
+    assert [m.id for m in got] == ids[::-1]
+    assert got[-6].metadata == {"changed": True}
+    assert len(asked) == _items.READ_CHUNK  # the oldest chunk, which holds it, and no other
