@@ -199,9 +199,12 @@ def serve() -> None:
                         compactor(path, int(seed), ack_path)
                     else:
                         writer(path, int(seed), ack_path, None if role == "solo" else int(role[1:]))
-                except BaseException as exc:  # a bug: let the harness see it
+                except BaseException as exc:  # a bug: let the harness see it (where, too)
+                    import traceback
+
+                    where = " | ".join(line.strip() for line in traceback.format_tb(exc.__traceback__)[-6:])
                     with open(ack_path, "a") as f:
-                        f.write(json.dumps(["error", repr(exc)]) + "\n")
+                        f.write(json.dumps(["error", f"{role} {exc!r} at {where}"]) + "\n")
                     code = 1
                 os._exit(code)
             print(pid, flush=True)
