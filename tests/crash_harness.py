@@ -451,6 +451,7 @@ def run_rounds(path: str, rounds: int, writers: int = 4, seed: int = 0, max_dela
                     model.errors.append(f"round {k}: {ack_path} had no line for {hang:g} s")
                 time.sleep(rng.uniform(0.0, max_delay))
                 os.kill(pid, signal.SIGKILL)
+            errors = len(model.errors)
             for pid, ack_path in procs:
                 status = server.wait(pid)
                 if not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL):
@@ -458,7 +459,9 @@ def run_rounds(path: str, rounds: int, writers: int = 4, seed: int = 0, max_dela
                 model.kills += 1
                 model.phases[model.read_acks(ack_path)] += 1
             if not model.check(path, keep) and log is not None:
-                log(f"round {k}: {model.errors[-1]} (files kept in {keep})")
+                log(f"round {k}: the store does not open or read (files kept in {keep})")
+            for error in model.errors[errors:] if log is not None else ():
+                log(f"round {k}: {error}")
             if log is not None and (k + 1) % 100 == 0:
                 log(f"{model.kills} kills ({k + 1} rounds): acked {model.acked}, lost {model.lost}, "
                     f"duplicates {model.duplicates}, garbled {model.garbled}, unclean {model.unclean}, "
