@@ -62,23 +62,22 @@ WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (c
 # A write waiting for the lock polls it (flock has no timeout), first often (writes hold it
 # for micro- to milliseconds), then less: a 1 ms poll left the lock idle at every handoff.
 # A write that has waited longer than _LOCK_AGING polls more often again, down to
-# _LOCK_POLL_OLD at ten times that age: the longest waiters try first after a release.
-# (Backing off alone favoured newcomers, whose first tries come fast: with 8 writers one
-# waited over 5 s while the others took turns.)
+# _LOCK_POLL_OLD at ten times that age: backing off alone favoured newcomers, whose first
+# tries come fast.
 _LOCK_POLL_FIRST = 0.00005
 _LOCK_POLL_MAX = 0.002
 _LOCK_AGING = 0.01
 _LOCK_POLL_OLD = 0.0002
-# Before it tries the lock, a waiting write takes a gate: an open-file-description lock on one
-# byte far past the end of the data file (Linux; it never touches the file's bytes), let go
-# as soon as it holds the lock. A write that just let the lock go and wants it again must
-# pass the gate, which the write waiting before it holds: it cannot take the lock again
-# and again while others wait (with 8 writers one waited over 5 s). The gate is fairness
-# only: the flock alone keeps writes apart, so a gate lost or missing changes no result.
-# Only a write that has waited _GATE_AFTER takes the gate: strict turns for every write cost
-# throughput (each turn makes the next writer replay the last one's records first: 4
-# writers at 0.24x one process with it, 0.85x without), so the gate only bounds the
-# longest waits.
+# A write that has waited _GATE_AFTER takes a gate before it tries the lock again: an
+# open-file-description lock on one byte far past the end of the data file (Linux; it
+# never touches the file's bytes), let go as soon as it holds the lock. Of the long
+# waiters, only the one holding the gate tries the lock, every 0.2 ms and without replaying
+# meanwhile: after a release the longest waiter tries at once, where a backed-off waiter
+# lost to fresh writes again and again (without the gate, one of 5 writers waited 5 s).
+# Not from the first try (every write through the gate): strict turns cost throughput, as
+# each turn makes the next writer replay the last one's records first (4 writers at 0.24x
+# one process, 0.85x without). The gate is fairness only: the flock alone keeps writes
+# apart, so a gate lost or missing changes no result.
 _GATE = getattr(fcntl, "F_OFD_SETLK", None)
 _GATE_AT = 1 << 62
 _GATE_AFTER = 0.05
