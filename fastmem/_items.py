@@ -429,17 +429,25 @@ class MemoryErased(UnknownMemoryError):
 
 
 def retried_if_erased(call: Any) -> Any:
-    """A read of many memories, made again when one of them was erased by another process
+    """A read of memories, made again when one of them was erased by another process
     between the look at the rows and the read of its record (its next look applies the
     forget; the erase, fastmem._erase, cannot wait for readers, which take no lock)."""
 
     @functools.wraps(call)
     def retried(*args: Any, **kwargs: Any) -> Any:
+        looked_again = False
         for _ in range(8):
             try:
                 return call(*args, **kwargs)
             except MemoryErased:
                 continue
+            except CorruptRecordError:
+                # Or read while the erase was halfway through it (half old bytes, half new:
+                # its checksum fails). The erase's forget record is written before it
+                # begins, so one more look finds the memory forgotten; damage fails again.
+                if looked_again:
+                    raise
+                looked_again = True
         return call(*args, **kwargs)
 
     return retried
@@ -508,8 +516,17 @@ def read_rows(engine: Any, rows: Iterable[int]) -> list[Memory]:
             with memoryview(engine.data()) as view, view[: engine.dat_end] as records:
                 memories = _kernels.read_hot(chunk.tobytes(), chunk["offset"].tolist(), records,
                                              len(chunk), Memory, f32)  # fmt: skip
-            out += memories if memories is not None else [engine.get(f"m{i}") for i in chunk["id"].tolist()]
+            out += memories if memories is not None else [_get(engine, i) for i in chunk["id"].tolist()]
     return out
+
+
+def _get(engine: Any, mid: int) -> Memory:
+    """``engine.get``, for a row that was live when the caller looked: not found now, it was
+    forgotten since (by another process, whose erase this read met)."""
+    try:
+        return engine.get(f"m{mid}")
+    except UnknownMemoryError as exc:
+        raise MemoryErased(str(exc)) from exc
 
 
 # Rows read_rows reads in one call: a memory that is not the plain case (its metadata

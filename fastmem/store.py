@@ -368,6 +368,7 @@ class MemoryStore:
 
     # --- reading -----------------------------------------------------------------------
 
+    @_items.retried_if_erased
     def get(self, mid: str) -> Memory:
         """The memory with id ``mid``.
 

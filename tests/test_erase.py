@@ -206,6 +206,41 @@ def test_a_reader_that_meets_an_erased_record_finds_the_memory_forgotten(tmp_pat
             engine.decode(row, engine.data(), row[F_OFFSET], engine.dat_end)
 
 
+@pytest.mark.parametrize("read", ["get", "recent", "search"])
+def test_a_reader_that_meets_a_half_erased_record_finds_the_memory_forgotten(
+    tmp_path: Path, read: str
+) -> None:
+    """A handle reading a record while another process's erase is halfway through it (the
+    forget record already written, the record's bytes half old, half new: its checksum
+    fails) finds the memory forgotten, not the store damaged."""
+    with _open(tmp_path) as a, _open(tmp_path) as b:
+        _fill(a)
+        mid = _add_secret(a)
+        a.checkpoint()
+        row = a._engine.live_row(mid)[1]
+        offset, length = int(row[F_OFFSET]), int(row[F_LENGTH])
+        engine, check, erasing = b._engine, b._engine.check, []
+
+        def check_then_erase(*args: object, **kwargs: object) -> None:  # the erase lands
+            check(*args, **kwargs)  # between b's look and its read
+            if not erasing:
+                erasing.append(mid)
+                a.forget(mid, erase=False)  # the forget record: written before any erase
+                with open(tmp_path / "agent.dat", "r+b") as f:
+                    f.seek(offset + length // 2)
+                    f.write(b"\0" * (length - length // 2))
+
+        engine.check = check_then_erase
+        if read == "get":
+            with pytest.raises(fastmem.UnknownMemoryError):
+                b.get(mid)
+        elif read == "recent":
+            assert mid not in [m.id for m in b.recent(100)]
+        else:
+            assert mid not in [h.memory.id for h in b.search("Quillfeather Lane", k=50, mode="keyword")]
+        assert erasing == [mid]
+
+
 # A process that stops in the middle of an erase: ``os.pwrite`` (the erase's in-place write)
 # writes part of its bytes, or none, then the process waits to be killed.
 _CHILD = textwrap.dedent(
