@@ -957,7 +957,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = _Out(getattr(args, "json", False))
     try:
         with warnings.catch_warnings():
-            # fastmem's RecoveryWarning (an index rebuilt, a torn tail cut) as one line too;
+            # fastmem's RecoveryWarning (an index rebuilt, damaged bytes kept) as one line too;
             # other warnings keep their filters.
             warnings.simplefilter("default", RecoveryWarning)
             warnings.showwarning = _show_warning
