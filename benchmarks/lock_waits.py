@@ -29,10 +29,10 @@ import numpy as np
 
 def worker(path: str, kind: str, seconds: float, out: str, poll_max: float) -> None:
     import fastmem
-    from fastmem import _checkpoint, _engine
+    from fastmem import _checkpoint, _engine, _writelock
 
     if poll_max > 0:  # an alternative measured: a shorter longest pause between tries
-        _engine._LOCK_POLL_MAX = poll_max
+        _writelock.POLL_MAX = poll_max
     if os.environ.get("LOCK_WAITS_TAIL_ROWS"):  # an alternative measured: rarer checkpoints
         from fastmem import _index
 

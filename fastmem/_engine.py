@@ -26,7 +26,6 @@ import errno
 import fcntl
 import mmap
 import os
-import struct
 import threading
 import time
 import warnings
@@ -37,7 +36,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _erase, _forkexit, _kernels, _stats  # noqa: F401 - _forkexit: its at-fork hook
+from . import _erase, _forkexit, _kernels, _stats, _writelock  # noqa: F401 - _forkexit: its at-fork hook
 from . import _format as fmt
 from ._checkpoint import Background, frozen, remove_orphans
 from ._files import (Retired, create_data_file, fsync_dir, map_same, pending_index, recover, releaser,
@@ -59,41 +58,6 @@ __all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (commit_memories)
-# A write waiting for the lock polls it (flock has no timeout), first often (writes hold it
-# for micro- to milliseconds), then less: a 1 ms poll left the lock idle at every handoff.
-# A write that has waited longer than _LOCK_AGING polls more often again, down to
-# _LOCK_POLL_OLD at ten times that age: backing off alone favoured newcomers, whose first
-# tries come fast.
-_LOCK_POLL_FIRST = 0.00005
-_LOCK_POLL_MAX = 0.002
-_LOCK_AGING = 0.01
-_LOCK_POLL_OLD = 0.0002
-# A write that has waited _GATE_AFTER takes a gate before it tries the lock again: an
-# open-file-description lock on one byte far past the end of the data file (Linux; it
-# never touches the file's bytes), let go as soon as it holds the lock. Of the long
-# waiters, only the one holding the gate tries the lock, every 0.2 ms and without replaying
-# meanwhile: after a release the longest waiter tries at once, where a backed-off waiter
-# lost to fresh writes again and again (without the gate, one of 5 writers waited 5 s).
-# Not from the first try (every write through the gate): strict turns cost throughput, as
-# each turn makes the next writer replay the last one's records first (4 writers at 0.24x
-# one process, 0.85x without). The gate is fairness only: the flock alone keeps writes
-# apart, so a gate lost or missing changes no result.
-_GATE = getattr(fcntl, "F_OFD_SETLK", None)
-_GATE_AT = 1 << 62
-_GATE_AFTER = 0.05
-
-
-def _gate(fd: int, take: bool) -> bool:
-    """Take (without waiting) or let go the gate on the data file open as ``fd``; whether
-    it is held now, or was let go. A file system without such locks (the call fails
-    otherwise than as taken) passes every write through: fairness is lost, nothing else."""
-    kind = fcntl.F_WRLCK if take else fcntl.F_UNLCK
-    try:
-        fcntl.fcntl(fd, _GATE, struct.pack("hhqqi4x", kind, os.SEEK_SET, _GATE_AT, 1, 0))
-    except OSError as exc:
-        return not take or exc.errno not in (errno.EAGAIN, errno.EACCES)  # held by another write
-    return True
-
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
 
 
@@ -104,14 +68,6 @@ def _after_fork_in_child() -> None:
     # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
     for engine in list(_engines):
         engine.lock = threading.RLock()
-
-
-def _lock_poll_max(waited: float) -> float:
-    """The longest pause between tries for the lock of a write that has waited ``waited``
-    seconds (see ``_LOCK_AGING``)."""
-    if waited <= _LOCK_AGING:
-        return _LOCK_POLL_MAX
-    return max(_LOCK_POLL_OLD, _LOCK_POLL_MAX * _LOCK_AGING / waited)
 
 
 class _State(NamedTuple):
@@ -357,10 +313,10 @@ class Engine:
         Returns the locked file's stat (taken once locked: the open reads its size).
         The engine's thread lock is held only for each try, never while waiting: this
         handle's reads go on while its write waits. While it waits, the write applies what
-        others append, and holds the gate (``_GATE``) once it has it."""
+        others append, and holds the gate (``_writelock.gate``) once it has it."""
         started = time.monotonic()
         deadline = started + self.timeout
-        pause = _LOCK_POLL_FIRST
+        pause = _writelock.POLL_FIRST
         gate = -1  # the descriptor the gate is held on
         try:
             while True:
@@ -368,10 +324,10 @@ class Engine:
                     if self._fd < 0:
                         raise StoreClosedError(f"the store {self.path} is closed; open it again")
                     try:
-                        if gate < 0 and _GATE is not None and time.monotonic() - started >= _GATE_AFTER:
-                            if not _gate(self._fd, True):
+                        if gate < 0 and _writelock.GATE is not None and time.monotonic() - started >= _writelock.GATE_AFTER:
+                            if not _writelock.gate(self._fd, True):
                                 raise BlockingIOError
-                            gate, pause = self._fd, _LOCK_POLL_FIRST  # next: the lock, soon
+                            gate, pause = self._fd, _writelock.POLL_FIRST  # next: the lock, soon
                         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
                         holder = lock_holder(self._fd) if time.monotonic() >= deadline else -1
@@ -389,7 +345,7 @@ class Engine:
                         fcntl.flock(self._fd, fcntl.LOCK_UN)
                         fd = os.open(self.dat_path, os.O_RDWR | os.O_APPEND)
                         if gate >= 0:
-                            _gate(gate, False)
+                            _writelock.gate(gate, False)
                             gate = -1
                         if self._dat is None:  # opening: nothing is built on the old file yet
                             os.close(self._fd)
@@ -406,10 +362,10 @@ class Engine:
                 now = time.monotonic()
                 time.sleep(min(pause, max(0.0, deadline - now)))
                 # Next in line (the gate): soon; else less often, then more often with age.
-                pause = min(2 * pause, _LOCK_POLL_OLD if gate >= 0 else _lock_poll_max(now - started))
+                pause = min(2 * pause, _writelock.POLL_OLD if gate >= 0 else _writelock.poll_max(now - started))
         finally:
             if gate >= 0:
-                _gate(gate, False)
+                _writelock.gate(gate, False)
 
     @contextmanager
     def write_lock(self) -> Iterator[None]:

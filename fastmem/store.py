@@ -368,7 +368,6 @@ class MemoryStore:
 
     # --- reading -----------------------------------------------------------------------
 
-    @_items.retried_if_erased
     def get(self, mid: str) -> Memory:
         """The memory with id ``mid``.
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 import fastmem
-from fastmem import _engine
+from fastmem import _writelock
 
 
 def _wait_for(condition, seconds: float = 10.0) -> bool:
@@ -78,13 +78,13 @@ def test_a_checkpoints_file_left_aside_by_a_killed_process_is_removed_at_open(st
     os.remove(running)
 
 
-@pytest.mark.skipif(_engine._GATE is None, reason="no open-file-description locks here")
+@pytest.mark.skipif(_writelock.GATE is None, reason="no open-file-description locks here")
 def test_a_writer_that_lets_the_lock_go_waits_behind_one_already_waiting(store_path, monkeypatch):
     # Every wait sleeps 0.3 s between tries: a writer that lets the lock go and tries again
     # at once would get it first, unless the gate (held by the one waiting) sends it behind.
-    for name in ("_LOCK_POLL_FIRST", "_LOCK_POLL_MAX", "_LOCK_POLL_OLD"):
-        monkeypatch.setattr(_engine, name, 0.3)
-    monkeypatch.setattr(_engine, "_GATE_AFTER", 0.0)  # (else only after 50 ms of waiting)
+    for name in ("POLL_FIRST", "POLL_MAX", "POLL_OLD"):
+        monkeypatch.setattr(_writelock, name, 0.3)
+    monkeypatch.setattr(_writelock, "GATE_AFTER", 0.0)  # (else only after 50 ms of waiting)
     first = fastmem.open(store_path, embedder=None, summarizer=None, timeout=30)
     second = fastmem.open(store_path, embedder=None, summarizer=None, timeout=30)
     waited: list[str] = []

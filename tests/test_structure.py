@@ -19,7 +19,8 @@ PACKAGE = Path(fastmem.__file__).parent
 
 FLOORS: list[tuple[str, ...]] = [
     # leaves: import nothing of fastmem's (_bpe_py: the token counter's reference, tiktoken)
-    ("errors", "_stopwords", "_threads", "_ext", "_bpe_py"),
+    ("errors", "_stopwords", "_threads", "_ext", "_bpe_py", "_writelock"),  # _writelock: how a
+    # write waits for the writer lock (its pace and the gate)
     ("types", "_format", "namespaces", "summarize", "embed", "export", "_forkexit"),
     ("_idxopen",),  # the checks an index file passes at open (the reference of heads.idx_open)
     ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
