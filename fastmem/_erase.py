@@ -176,14 +176,32 @@ def _redo(fd: int, pending: list[Pending]) -> bool:
             at = fmt.DAT_HEADER_SIZE
             if len(current) == length and is_erased(bytes(at) + current, at, length, mid):
                 continue
-            dim = _dim_of(current)
             kind = fmt.KIND_MEMORY if i == 0 else fmt.KIND_UPDATE
+            if not _owned(current, length, kind, mid):
+                continue
+            dim = _dim_of(current)
             if dim is None or fmt.RECORD_HEADER_SIZE + 2 * dim >= length:
                 dim = 0
             if not write_at(fd, erased_record(kind, dim, mid, length, ts, type_name), off):
                 return wrote
             wrote = True
     return wrote
+
+
+def _owned(record: bytes, length: int, kind: int, mid: int) -> bool:
+    """Whether ``record``, the bytes a pending erase names, may be overwritten: memory
+    ``mid``'s record of ``kind``, whole or damaged by an erase cut short (a record's magic
+    and kind are the same in the erased record: any part of it written keeps them). Not
+    bytes that start no such record, nor a whole record of another memory: an erase never
+    writes over what it does not own, even given a span of another data file."""
+    if len(record) != length or record[:4] != fmt.RECORD_MAGIC or record[5] != kind:
+        return False
+    at = fmt.DAT_HEADER_SIZE
+    try:
+        _, payload = fmt.read_record(bytes(at) + record, at, at + length)
+    except (CorruptionError, FormatVersionError):
+        return True
+    return payload.get("i") == mid
 
 
 def _dim_of(record: bytes) -> int | None:

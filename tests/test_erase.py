@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem._index import F_LENGTH, F_OFFSET
+from fastmem._index import F_ID, F_LENGTH, F_OFFSET
 
 DIM = 32
 SECRET = "Ada lives at 12 Quillfeather Lane"
@@ -239,6 +239,42 @@ def test_a_reader_that_meets_a_half_erased_record_finds_the_memory_forgotten(
         else:
             assert mid not in [h.memory.id for h in b.search("Quillfeather Lane", k=50, mode="keyword")]
         assert erasing == [mid]
+
+
+def test_a_pending_erase_never_writes_over_records_it_does_not_own(tmp_path: Path) -> None:
+    """The redo of an erase (a killed eraser's forget, replayed) overwrites only its own
+    memory's record: given a span that names another memory's record, or no record's start
+    (a span of another data file), it writes nothing; its own damaged record it erases."""
+    from fastmem import _erase
+
+    with _open(tmp_path) as store:
+        ids = _fill(store, 3)
+        rows = [store._engine.live_row(mid)[1] for mid in ids]
+        dat = tmp_path / "agent.dat"
+        before = dat.read_bytes()
+        own, other = (int(r[F_ID]) for r in rows[:2])
+        spans = {
+            "another memory's record": [int(rows[1][F_OFFSET]), int(rows[1][F_LENGTH])],
+            "inside a record": [int(rows[1][F_OFFSET]) + 8, int(rows[1][F_LENGTH])],
+            "across two records": [int(rows[0][F_OFFSET]) + 30, int(rows[0][F_LENGTH])],
+        }
+        fd = os.open(dat, os.O_RDWR | os.O_APPEND)
+        try:
+            for why, span in spans.items():
+                assert not _erase.redo(fd, [(own, 1.0, None, span, 0)]), why
+                assert dat.read_bytes() == before, why
+            with open(dat, "r+b") as f:  # its own record, half overwritten (a killed eraser)
+                f.seek(int(rows[0][F_OFFSET]) + 40)
+                f.write(b"\xff" * 8)
+            span = [int(rows[0][F_OFFSET]), int(rows[0][F_LENGTH])]
+            assert _erase.redo(fd, [(own, 1.0, None, span, 0)])
+        finally:
+            os.close(fd)
+        after = dat.read_bytes()
+        assert _erase.is_erased(after, span[0], span[1], own)
+        start, end = int(rows[1][F_OFFSET]), int(rows[2][F_OFFSET]) + int(rows[2][F_LENGTH])
+        assert after[start:end] == before[start:end]  # the others' records: as they were
+        assert other != own
 
 
 # A process that stops in the middle of an erase: ``os.pwrite`` (the erase's in-place write)
