@@ -32,7 +32,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -41,10 +41,10 @@ from . import _format as fmt
 from ._checkpoint import Background, frozen, remove_orphans
 from ._files import (Retired, create_data_file, fsync_dir, map_same, pending_index, recover, releaser,
                      remove_quietly)  # fmt: skip
-from ._index import F_FLAGS, F_META, F_OFFSET, MemoryIndex, update_changes
+from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, MemoryIndex, update_changes
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
-from ._items import Batch, decode_memory, f32, frame_batch, frame_changes, parse_id
+from ._items import Batch, MemoryErased, decode_memory, f32, frame_batch, frame_changes, parse_id
 from ._threads import Beside, at_fork, forks
 from .errors import (
     CorruptionError, DimensionMismatchError,
@@ -761,11 +761,20 @@ class Engine:
             row = self.live_row(mid)[1]
             try:
                 memory = self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
-            except CorruptionError:  # being erased by another process: then forgotten
-                self.check()
-                self.live_row(mid)
-                raise
+            except CorruptionError as exc:
+                self._erased_meanwhile(row[F_ID], exc)
         return memory
+
+    def _erased_meanwhile(self, mid: int, exc: CorruptionError) -> NoReturn:
+        """A record that failed its checks may be one another process is erasing at this
+        moment (its forget record is written first): caught up, the memory is forgotten
+        (``MemoryErased``, which the reads of many memories skip or make again); else the
+        damage (``exc``) is raised."""
+        self.check()
+        row = self.index.find_row(mid)[1]
+        if row is None or row[F_FLAGS] & fmt.FLAG_FORGOTTEN:
+            raise MemoryErased(f"no memory has the id 'm{mid}' (forgotten)") from exc
+        raise exc
 
     def live_row(self, mid: str) -> tuple[int, tuple[Any, ...]]:
         g, row = self.index.find_row(parse_id(mid))
@@ -787,7 +796,10 @@ class Engine:
 
     def memory(self, g: int) -> Memory:
         row = self.index.row(g)
-        return self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
+        try:
+            return self.decode(row, self.data(), row[F_OFFSET], self.dat_end)
+        except CorruptionError as exc:
+            self._erased_meanwhile(row[F_ID], exc)
 
     def cached_memory(self, g: int) -> Memory:
         memory = self.cache.get(g)
