@@ -39,7 +39,7 @@ import numpy as np
 from . import _erase, _forkexit, _kernels, _stats, _writelock  # noqa: F401 - _forkexit: its at-fork hook
 from . import _format as fmt
 from ._checkpoint import Background, frozen, remove_orphans
-from ._files import (Retired, create_data_file, fsync_dir, map_same, pending_index, recover, releaser,
+from ._files import (COMPACT_SUFFIX, Retired, create_data_file, fsync_dir, map_same, recover, releaser,
                      remove_quietly)  # fmt: skip
 from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, MemoryIndex, update_changes
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
@@ -199,9 +199,23 @@ class Engine:
             header = _kernels.dat_header(dat, fmt.DatHeader)
             header = header or fmt.unpack_dat_header(dat, self.dat_path)
             self._check_embedder(header)
+            if locked and not os.path.exists(self.dat_path + COMPACT_SUFFIX):
+                # (A compaction of this handle's own may be under way: then never.)
+                self._adopt_compacted_index()
+            # Without the lock, while a compaction's index waits under ``.idx.compact``
+            # (between its renames of the data file and of the index; for ever if it was
+            # killed there, until a writer takes the lock), the index file under the name
+            # may be the old data file's: its check (the last record it covers, at its
+            # offset, with its CRC) passes when the compaction only reordered the records,
+            # and every offset it holds is the old file's (an erase then wrote over live
+            # records). Not read then: the index is built from this data file.
+            mid_swap = not locked and os.path.exists(self.idx_path + COMPACT_SUFFIX)
             try:
-                index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, dat, size)
-                reason = None
+                if mid_swap:
+                    index, reason = None, None
+                else:
+                    index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, dat, size)
+                    reason = None
             except FileNotFoundError:
                 index, reason = None, "it was missing"
             except (CorruptionError, FormatVersionError) as exc:
@@ -211,12 +225,10 @@ class Engine:
                     os.close(map_fd)
                     return self._build(fd, dim, locked=locked, retries=retries - 1)
                 index, reason = None, str(exc)
-            if index is None and not locked:
-                if os.fstat(fd).st_nlink == 0:  # replaced meanwhile: read the new one
-                    os.close(map_fd)
-                    return self._build_replaced(dim)
-                index = pending_index(self.idx_path, header, dat, size)  # mid-swap
-                reason = reason if index is None else None
+            if not locked and os.fstat(fd).st_nlink == 0:
+                # Replaced meanwhile (the index read may be the new file's): read the new one.
+                os.close(map_fd)
+                return self._build_replaced(dim)
             started = time.perf_counter()
             if index is None:
                 index = MemoryIndex(header.dim, header.uuid)
@@ -243,6 +255,17 @@ class Engine:
             dat = index = None  # type: ignore[assignment]  # this frame is in the traceback too
             raise
         return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None)
+
+    def _adopt_compacted_index(self) -> None:
+        """Holding the writer lock, no compaction under way: a lone ``.idx.compact`` is the
+        index of the data file under the name, whose compaction was killed between its
+        renames of the data file and of the index (the recovery rule, as at open): renamed
+        into place, so that the index under the name is never the old data file's."""
+        try:
+            os.replace(self.idx_path + COMPACT_SUFFIX, self.idx_path)
+        except FileNotFoundError:
+            return
+        fsync_dir(self.idx_path)
 
     def _build_replaced(self, dim: int | None) -> _State:
         fd = os.open(self.dat_path, os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND)

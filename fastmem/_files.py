@@ -20,7 +20,7 @@ from . import _format as fmt
 from ._index import MemoryIndex
 from ._io import map_data
 from ._threads import Background, at_fork
-from .errors import CorruptionError, DimensionMismatchError, FormatVersionError
+from .errors import CorruptionError, DimensionMismatchError
 from .types import Problem
 
 COMPACT_SUFFIX = ".compact"  # <name>.dat.compact, <name>.idx.compact: a compaction's new files
@@ -40,21 +40,6 @@ def build_index(
     index.set_compaction(header)
     problems, _, records = index.replay(dat, fmt.DAT_HEADER_SIZE, end, path, fd)
     return index, problems, records
-
-
-def pending_index(idx_path: str, header: fmt.DatHeader, dat: Any, size: int) -> MemoryIndex | None:
-    """A reader that opened the new data file before the compaction renamed its index:
-    the index waiting under ``.idx.compact``, if it is the one for this file; or, when
-    that name is gone (the compaction renamed it since the caller found the old index
-    under ``idx_path``), the index under ``idx_path`` now."""
-    for path in (idx_path + COMPACT_SUFFIX, idx_path):
-        try:
-            return MemoryIndex.load(path, header.uuid, header.dim, dat, size)
-        except FileNotFoundError:
-            continue
-        except (OSError, CorruptionError, FormatVersionError):
-            return None
-    return None
 
 
 def remove_quietly(path: str) -> None:

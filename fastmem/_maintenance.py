@@ -36,7 +36,7 @@ import numpy as np
 from . import _erase, _kernels
 from . import _format as fmt
 from ._engine import Engine
-from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, remove_compaction_files
+from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, recover, remove_compaction_files
 from ._index import F_ID, F_LENGTH, F_OFFSET, MemoryIndex, default_importance
 from ._io import torn_tail
 from ._items import f32
@@ -286,6 +286,10 @@ def _new_store(
     header). Returns the new data file's descriptor (open, locked) and its size."""
     snap.fill()
     header = fmt.unpack_dat_header(dat, engine.dat_path)
+    # (Under the writer lock.) A compaction killed between its renames left its index under
+    # ``.idx.compact``: into place before this one's overwrites it, else the index under the
+    # name would stay the data file's before that one (the recovery rule, as at open).
+    recover(engine.dat_path, engine.idx_path)
     new_dat = engine.dat_path + COMPACT_SUFFIX
     fd = os.open(new_dat, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
