@@ -96,3 +96,34 @@ def test_a_reader_following_the_compaction_reads_the_new_offsets(tmp_path) -> No
     _compact_killed_between_renames(path)
     assert {m.id: m.text for m in reader} == before  # every memory read where it is now
     reader.close()
+
+
+def test_a_compaction_killed_before_its_rename_after_one_killed_between(tmp_path) -> None:
+    # The first compaction leaves its index under .idx.compact; a second one, by a handle
+    # open since before, must put it into place before writing its own there: killed before
+    # its commit, its files are removed at the next open, and the index under the name would
+    # otherwise be the first data file's.
+    path = str(tmp_path / "store")
+    writer = _reordering_store(path)
+    before = {m.id: m.text for m in writer}
+    _compact_killed_between_renames(path)
+
+    def replace(src: str, dst: str) -> None:
+        if src.endswith(".dat" + _maintenance.COMPACT_SUFFIX):
+            raise _Killed
+        _REAL_REPLACE(src, dst)
+
+    _maintenance.os.replace = replace  # type: ignore[assignment]
+    try:
+        with pytest.raises(_Killed):
+            writer.compact()
+    finally:
+        _maintenance.os.replace = _REAL_REPLACE  # type: ignore[assignment]
+    try:
+        with fastmem.open(path, embedder=None) as store:  # a writer's open: the recovery rule
+            victim = sorted(before)[2]
+            store.forget(victim)
+        del before[victim]
+        assert _texts(path) == before
+    finally:
+        writer.close()
