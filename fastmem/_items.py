@@ -503,7 +503,8 @@ def read_rows(engine: Any, rows: Iterable[int]) -> list[Memory]:
         MemoryErased: a record was erased by another process since its row was read.
     """
     g = np.fromiter(rows, dtype=np.int64)
-    index, nb, out = engine.index, engine.index.n_base, []
+    index, nb = engine.index, engine.index.n_base
+    out: list[Memory] = []
     picked = np.empty(len(g), dtype=fmt.INDEX_DTYPE)
     in_base = g < nb
     if in_base.any():
