@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import BACKENDS
+from test_ranks_file import _truncate_by_tiktoken  # (the one oracle of truncate beyond ASCII too)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -358,22 +359,6 @@ def test_any_text_equals_tiktoken(text: str) -> None:
     encoding = _encoding()
     assert _counter().encode(text) == encoding.encode_ordinary(text)
     assert _counter().count(text) == len(encoding.encode_ordinary(text))
-
-
-def _truncate_by_tiktoken(encoding: Any, text: str, max_tokens: int) -> str:
-    """TokenCounter.truncate's algorithm on tiktoken alone (what it did before it cut text
-    beyond ASCII itself)."""
-    tokens = encoding.encode_ordinary(text)
-    if len(tokens) <= max_tokens:
-        return text
-    for n in range(max_tokens, 0, -1):
-        try:
-            prefix = encoding.decode(tokens[:n], errors="strict")
-        except UnicodeDecodeError:
-            continue
-        if len(encoding.encode_ordinary(prefix)) <= max_tokens:
-            return prefix
-    return ""
 
 
 @pytest.mark.parametrize("kernels", BACKENDS)

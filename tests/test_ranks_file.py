@@ -247,7 +247,8 @@ def test_counting_does_not_wait_for_tiktoken(monkeypatch: pytest.MonkeyPatch, ke
 
 
 def _truncate_by_tiktoken(encoding: Any, text: str, max_tokens: int) -> str:
-    """TokenCounter.truncate as it was before the counter cut ASCII text itself."""
+    """TokenCounter.truncate on tiktoken alone: what it did before the counter cut text
+    itself (ASCII, then beyond)."""
     tokens = encoding.encode_ordinary(text)
     if len(tokens) <= max_tokens:
         return text
