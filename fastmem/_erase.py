@@ -190,11 +190,14 @@ def _redo(fd: int, pending: list[Pending]) -> bool:
 
 def _owned(record: bytes, length: int, kind: int, mid: int) -> bool:
     """Whether ``record``, the bytes a pending erase names, may be overwritten: memory
-    ``mid``'s record of ``kind``, whole or damaged by an erase cut short (a record's magic
-    and kind are the same in the erased record: any part of it written keeps them). Not
+    ``mid``'s record of ``kind``, whole or damaged by an erase cut short (a record's magic,
+    kind and length are the same in the erased record: any part of it written keeps them). Not
     bytes that start no such record, nor a whole record of another memory: an erase never
     writes over what it does not own, even given a span of another data file."""
     if len(record) != length or record[:4] != fmt.RECORD_MAGIC or record[5] != kind:
+        return False
+    _, _, _, dim, stored, _, _ = fmt.RECORD_HEADER.unpack_from(record, 0)
+    if fmt.record_size(dim, stored) != length:  # (an erase never changes a record's length)
         return False
     at = fmt.DAT_HEADER_SIZE
     try:

@@ -257,6 +257,7 @@ def test_a_pending_erase_never_writes_over_records_it_does_not_own(tmp_path: Pat
             "another memory's record": [int(rows[1][F_OFFSET]), int(rows[1][F_LENGTH])],
             "inside a record": [int(rows[1][F_OFFSET]) + 8, int(rows[1][F_LENGTH])],
             "across two records": [int(rows[0][F_OFFSET]) + 30, int(rows[0][F_LENGTH])],
+            "the start of a longer record": [int(rows[1][F_OFFSET]), int(rows[1][F_LENGTH]) - 9],
         }
         fd = os.open(dat, os.O_RDWR | os.O_APPEND)
         try:
