@@ -260,7 +260,10 @@ class Engine:
         """Holding the writer lock, no compaction under way: a lone ``.idx.compact`` is the
         index of the data file under the name, whose compaction was killed between its
         renames of the data file and of the index (the recovery rule, as at open): renamed
-        into place, so that the index under the name is never the old data file's."""
+        into place, so that the index under the name is never the old data file's. (Looked
+        for first: an open makes no rename, and no write, in the usual case.)"""
+        if not os.path.exists(self.idx_path + COMPACT_SUFFIX):
+            return
         try:
             os.replace(self.idx_path + COMPACT_SUFFIX, self.idx_path)
         except FileNotFoundError:

@@ -25,9 +25,13 @@ QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
 
 
 @pytest.mark.parametrize("readonly", [True, False])
-def test_a_follower_between_the_renames_loads_the_new_index(
+def test_a_follower_between_the_renames_builds_its_index_from_the_new_data_file(
     store_path: str, monkeypatch: pytest.MonkeyPatch, readonly: bool
 ) -> None:
+    """Between a compaction's renames of the data file and of the index, the index under the
+    store's name is the old file's (its check can pass when the compaction only reordered
+    records): a follower that meets the swap then never reads it, builds its index from the
+    new data file (no warning: nothing is damaged) and finds the memories where they are."""
     idx_path, pending = store_path + ".idx", store_path + ".idx.compact"
     writer = fastmem.open(store_path, **QUIET)
     ids = writer.add_many([{"text": f"memory {i} " + "filler " * 20} for i in range(60)])
@@ -37,29 +41,21 @@ def test_a_follower_between_the_renames_loads_the_new_index(
     follower = fastmem.open(store_path, readonly=readonly, **QUIET)
     assert len(follower) == 10
     real_replace, real_load = os.replace, _index.MemoryIndex.load.__func__
-    state = {"between": False, "renamed": False}
+    state: dict[str, Any] = {"between": False, "met": None, "loaded": []}
 
     def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
-        if src == pending and state["renamed"]:
-            return  # brought forward below: the follower met it already
         real_replace(src, dst, *args, **kwargs)
         if src == store_path + ".dat.compact":  # the commit point; the index not renamed yet
             state["between"] = True
             try:
-                assert len(follower) == 10  # the follower meets the swap now
+                state["met"] = [(m.id, m.text) for m in follower]  # it meets the swap now
             finally:
                 state["between"] = False
 
     def load(cls: Any, path: str, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return real_load(cls, path, *args, **kwargs)
-        except fastmem.CorruptionError:
-            if state["between"] and path == idx_path and not state["renamed"]:
-                # The follower found the old index under .idx: the compaction's second
-                # rename comes now, before the follower looks for .idx.compact.
-                state["renamed"] = True
-                real_replace(pending, idx_path)
-            raise
+        if state["between"]:
+            state["loaded"].append(path)
+        return real_load(cls, path, *args, **kwargs)
 
     monkeypatch.setattr(os, "replace", replace)
     monkeypatch.setattr(_index.MemoryIndex, "load", classmethod(load))
@@ -68,7 +64,8 @@ def test_a_follower_between_the_renames_loads_the_new_index(
             warnings.simplefilter("always")
             writer.compact()
         monkeypatch.undo()
-        assert state["renamed"], "the follower did not meet the old index between the renames"
+        assert state["met"] == [(mid, writer.get(mid).text) for mid in ids[:10]]
+        assert idx_path not in state["loaded"]
         assert [str(w.message) for w in caught if issubclass(w.category, fastmem.RecoveryWarning)] == []
         assert [m.id for m in follower] == ids[:10]
         assert follower.verify().ok and writer.verify().ok
