@@ -130,3 +130,16 @@ def test_one_updated_memory_sends_only_its_chunk_the_slow_way(store, monkeypatch
     assert [m.id for m in got] == ids[::-1]
     assert got[-6].metadata == {"changed": True}
     assert len(asked) == _items.READ_CHUNK  # the oldest chunk, which holds it, and no other
+
+
+def test_an_offset_past_any_file_is_a_corruption_error(store):
+    """A damaged index row may name an offset up to 2**64 - 1 (found by the hostile-index
+    test): recent() says the store is damaged, as get() does, not OverflowError."""
+    import numpy as np
+
+    store.add_many([{"text": f"memory {i}"} for i in range(5)])
+    index = store._engine.index
+    assert index.tail.n  # the rows are in the tail (writable arrays), not the mapped base
+    index.tail.rows["offset"][index.tail.n - 1] = np.uint64(2**64 - 1)
+    with pytest.raises(fastmem.CorruptionError):
+        store.recent(5)
