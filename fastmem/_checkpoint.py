@@ -246,7 +246,19 @@ class Background:
         """The index loaded from the file written, with the rows ``current`` holds past the
         frozen ones as its tail; ``None`` when that file is no longer the one under
         ``path`` as written (another process replaced it, or appended a delta covering
-        other records, after the lock was let go): ``current`` is then still the index."""
+        other records, after the lock was let go): ``current`` is then still the index, and
+        when the file was published, its accesses are no longer its own to add (below)."""
+        new = self._adoptable(current, path, uuid, dat, dat_end)
+        if new is None and self._written is not None:
+            # Published: the file held ``current``'s accesses (reads wait for the thread,
+            # so none came after the freeze), and whoever replaced it merged them from it.
+            # Kept as touches, the next checkpoint would add them to that file's once more.
+            current.touches.clear()
+        return new
+
+    def _adoptable(
+        self, current: MemoryIndex, path: str, uuid: bytes, dat: Any, dat_end: int
+    ) -> MemoryIndex | None:
         old = self.index
         first = len(old)
         if self._written is None or current.applied < old.applied or current.n_base > first:

@@ -281,9 +281,14 @@ class Engine:
             os.close(fd)  # replaced yet again before its map: the state is a newer file's
         return state
 
-    def _adopt(self, state: _State) -> Retired:
-        """Continue on ``state``, all at once; returns the old files' objects to release."""
-        retired = Retired([getattr(self, "index", None), self._dat, self.cache], [])
+    def _adopt(self, state: _State, carry: bool = True) -> Retired:
+        """Continue on ``state``, all at once; returns the old files' objects to release.
+        The accesses no index file holds yet go along (``carry``; not when this handle's
+        own compaction wrote them into the new index)."""
+        old = getattr(self, "index", None)
+        if carry:
+            _stats.carry(old, state.memindex)
+        retired = Retired([old, self._dat, self.cache], [])
         if self._fd >= 0 and self._fd != state.fd:
             retired.fds.append(self._fd)
         if self._map_fd >= 0:
@@ -312,7 +317,7 @@ class Engine:
             raise
         if state.fd != fd:
             os.close(fd)
-        return self._adopt(state)
+        return self._adopt(state, carry=not committed)
 
     def _check_embedder(self, header: fmt.DatHeader) -> None:
         """Refuse an embedder whose vectors would not compare with the stored ones."""
@@ -426,6 +431,7 @@ class Engine:
                 with self.write_lock(), self.lock:
                     if not self._checkpoint_behind():
                         self.check_writable(appending)  # brings the view up to the end of the file
+                        self._read_compacted_index()
                         self._cut_torn_tail()
                         _erase.finish(self)
                         yield
@@ -434,6 +440,17 @@ class Engine:
                 # written: wait for it without the lock (others write meanwhile).
                 with self.lock:
                     self.check_writable(appending)
+
+    def _read_compacted_index(self) -> None:
+        """Holding the writer lock: an index built from the data file while a compaction's
+        index waited under ``.idx.compact`` (``_build``) is built again from that index,
+        renamed into place first when its compaction was killed between its renames (no
+        compaction of this handle's own under way). Else this handle's checkpoints, erases
+        and access statistics would read the old data file's index under the name, and the
+        lone ``.idx.compact`` would be renamed over what they wrote at the next open."""
+        if self.index.file is None and os.path.exists(self.idx_path + COMPACT_SUFFIX):
+            if not os.path.exists(self.dat_path + COMPACT_SUFFIX):
+                self.reload()
 
     def _checkpoint_behind(self) -> bool:
         """Whether a checkpoint's thread still writes while others' records wait to be
@@ -640,6 +657,8 @@ class Engine:
         self.finish_checkpoint()  # (when one runs)
         if self.index.tail.n < self.index.tail_limit():
             return
+        # Other processes' access statistics first, as every checkpoint takes them (_stats)
+        _stats.merge_from_file(self.index, self.idx_path, self.uuid, self.data(), self.dat_end)
         if sync := self.durability != "none":
             self.sync(self._fd)  # the index must never cover data that is not on disk
         self._background = Background(frozen(self.index), self.idx_path, self.data(), sync=sync,

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _erase, _kernels
+from . import _erase, _kernels, _stats
 from . import _format as fmt
 from ._engine import Engine
 from ._files import COMPACT_SUFFIX, Retired, build_index, fsync_dir, recover, remove_compaction_files
@@ -417,6 +417,8 @@ def _compact(engine: Engine) -> CompactReport:
                 )
             before = _sizes(engine)
             dat, dat_end = engine.data(), engine.dat_end
+            # The new index is a checkpoint too: other processes' access statistics first
+            _stats.merge_from_file(engine.index, engine.idx_path, engine.uuid, dat, dat_end)
             snap = _Snapshot(engine, engine.index)
         lock_seconds = time.perf_counter() - held
         try:
@@ -504,6 +506,7 @@ def reembed(engine: Engine, embedder: Embedder, identity: tuple[str, int]) -> in
                                   path=engine.dat_path)  # fmt: skip
         before = engine.identity
         dat = engine.data()
+        _stats.merge_from_file(engine.index, engine.idx_path, engine.uuid, dat, engine.dat_end)
         snap = _Snapshot(engine, engine.index)
         engine.stop_change_log()  # all of it holds the lock: nothing changes meanwhile
         fd, _ = _new_store(engine, dat, engine.dat_end, snap, embedder, identity)

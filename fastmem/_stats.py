@@ -1,9 +1,13 @@
 """Access statistics of several processes, added up at a checkpoint.
 
 Counts and last-access times live only in the index. Each process counts its own accesses
-since it loaded the index file (``MemoryIndex.touches``); a checkpoint over a file another
-process wrote since then takes that file's statistics and adds its own (:func:`merge`), so
-no process's checkpoint overwrites another's.
+that no index file holds yet (``MemoryIndex.touches``: since it loaded the file, or since a
+file it wrote); a checkpoint over a file another process wrote since then takes that
+file's statistics and adds its own (:func:`merge`), so no process's checkpoint overwrites
+another's. Every write of the index file merges first: a checkpoint, the one a thread writes
+during a bulk load (merged before its copy is frozen), and a compaction's (before its
+snapshot). A handle that moves to an index it did not write (another process's compaction
+followed, a rebuild, a reload) takes its accesses along (:func:`carry`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import numpy as np
 from ._index import MemoryIndex
 from .errors import CorruptionError, FormatVersionError
 
-__all__ = ["merge", "merge_from_file"]
+__all__ = ["carry", "merge", "merge_from_file"]
 
 
 def merge_from_file(index: MemoryIndex, path: str, uuid: bytes, dat: Any, dat_end: int) -> None:
@@ -76,3 +80,26 @@ def merge(index: MemoryIndex, disk: MemoryIndex) -> None:
             if lo == 0:
                 index.dirty.update(changed.tolist())
             index.stats_changed = True
+
+
+def carry(old: MemoryIndex | None, new: MemoryIndex) -> None:
+    """Add the accesses ``old`` counted that no index file holds yet (its ``touches``) to
+    ``new``, an index the handle continues on that was loaded or built without them (another
+    process's compaction followed, a rebuild from the data file): its rows' counts add up,
+    the last access is the later one, and ``new`` keeps them as its own ``touches`` for the
+    next checkpoint's merge. Ids ``new`` does not hold (compacted away) are left out."""
+    if old is None or old is new or not old.touches:
+        return
+    nb = new.n_base
+    for mid, (count, last) in old.touches.items():
+        g = new.find(mid)
+        if g < 0:
+            continue
+        seg, i = (new.base_rows, g) if g < nb else (new.tail.rows, g - nb)
+        seg["access_count"][i] = min(int(seg["access_count"][i]) + count, 0xFFFFFFFF)
+        seg["last_access"][i] = max(float(seg["last_access"][i]), last)
+        if g < nb:
+            new.dirty.add(g)
+        had, at = new.touches.get(mid, (0, 0.0))
+        new.touches[mid] = (had + count, max(at, last))
+        new.stats_changed = True
