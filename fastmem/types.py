@@ -2,14 +2,23 @@
 
 Everything here is plain data (named tuples and frozen dataclasses) with no behaviour
 beyond checking its own fields, so every module may import it.
+
+The dataclasses' ``__init__`` is written out here rather than generated: ``@dataclass``
+compiles each method it makes from source at every import (about 0.6 ms a class, most of
+this module's import), while these are compiled once into the bytecode cache. They are
+dataclasses all the same (``dataclasses.fields``, ``asdict``, ``replace``, frozen: assigning
+a field raises ``FrozenInstanceError``), with the generated repr, equality and hash of
+the fields in order (``_fields_methods``); ``tests/test_types.py`` checks each class against
+the dataclass ``@dataclass(frozen=True)`` would make from its fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import IntEnum
-from typing import Any, ClassVar, NamedTuple
+from operator import attrgetter
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
 from .errors import InvalidInputError
 
@@ -33,6 +42,45 @@ __all__ = [
 ]
 
 DAY = 86400.0
+
+_T = TypeVar("_T")
+_set = object.__setattr__  # a frozen dataclass's __init__ sets its fields past __setattr__
+
+
+class _Factory:
+    """The default of a field made by its ``default_factory``; shown as ``@dataclass`` shows
+    it in a signature: ``<factory>``."""
+
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY: Any = _Factory()
+
+
+def _fields_methods(cls: type[_T]) -> type[_T]:
+    """Give a dataclass made with ``repr=False, eq=False`` the ``__repr__``, ``__eq__`` and
+    ``__hash__`` that ``@dataclass(frozen=True)`` generates: over its fields, in order."""
+    names = tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
+    for name, value in (("_field_names", names), ("_field_values", attrgetter(*names)),
+                        ("__repr__", _repr), ("__eq__", _eq), ("__hash__", _hash)):  # fmt: skip
+        setattr(cls, name, value)
+    return cls
+
+
+def _repr(self: Any) -> str:
+    values = ", ".join(f"{n}={v!r}" for n, v in zip(self._field_names, self._field_values(self)))
+    return f"{self.__class__.__qualname__}({values})"
+
+
+def _eq(self: Any, other: Any) -> Any:
+    if other.__class__ is self.__class__:
+        return self._field_values(self) == self._field_values(other)
+    return NotImplemented
+
+
+def _hash(self: Any) -> int:
+    return hash(self._field_values(self))
 
 
 class Problem(NamedTuple):
@@ -61,7 +109,8 @@ class Memory(NamedTuple):
     summary: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False, slots=True)
 class Hit:
     """A search result: the memory and its score (see ``MemoryStore.search``); a hybrid
     search also reports each component: the approximate cosine and the BM25 score, and the
@@ -79,8 +128,23 @@ class Hit:
     importance_bonus: float | None = None
     recency_bonus: float | None = None
 
+    def __init__(
+        self, id: str, score: float, memory: Memory, vector: float | None = None,
+        keyword: float | None = None, superseded_by: str | None = None,
+        importance_bonus: float | None = None, recency_bonus: float | None = None,
+    ) -> None:  # fmt: skip
+        _set(self, "id", id)
+        _set(self, "score", score)
+        _set(self, "memory", memory)
+        _set(self, "vector", vector)
+        _set(self, "keyword", keyword)
+        _set(self, "superseded_by", superseded_by)
+        _set(self, "importance_bonus", importance_bonus)
+        _set(self, "recency_bonus", recency_bonus)
 
-@dataclass(frozen=True)
+
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class Report:
     """What ``verify()`` found. ``ok`` is true when ``problems`` is empty."""
 
@@ -89,8 +153,17 @@ class Report:
     records: int = 0  # valid records in the data file
     bytes: int = 0  # both files together
 
+    def __init__(
+        self, ok: bool, problems: list[Problem] = _FACTORY, records: int = 0, bytes: int = 0,
+    ) -> None:  # fmt: skip
+        _set(self, "ok", ok)
+        _set(self, "problems", [] if problems is _FACTORY else problems)
+        _set(self, "records", records)
+        _set(self, "bytes", bytes)
 
-@dataclass(frozen=True)
+
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class ContextPolicy:
     """How a store builds contexts and ranks memories; every field has a default.
 
@@ -172,6 +245,50 @@ class ContextPolicy:
     embedder_wait: float = 0.5  # seconds a context waits for a loading model
     cache_bytes: int = 16 << 20
 
+    def __init__(
+        self, recent: int = 4, recent_minutes: float | None = None, recent_session: bool = False,
+        recent_share: float = 0.08, recent_always: bool = False, pinned_share: float = 0.3,
+        preload: int = 1000, preload_chunk: int = 128, candidates: int = 64,
+        full_text_score: float = 0.35, item_share: float = 0.25, length_penalty: float = 0.5,
+        other_speaker: float = 0.7, other_conversation: float = 0.5, vector_weight: float = 1.0,
+        keyword_weight: float = 0.3, identifier_weight: float = 1.0, neighbour_weight: float = 0.3,
+        neighbour_gap: float = 1.0, importance_weight: float = 0.1, recency_weight: float = 0.05,
+        session_weight: float = 0.1, near_duplicate: float = 0.97,
+        access_half_life_days: float = 30.0, access_weight: float = 0.3,
+        recency_half_life_days: float = 7.0, pin_bonus: float = 1.0, embedder_wait: float = 0.5,
+        cache_bytes: int = 16 << 20,
+    ) -> None:  # fmt: skip
+        _set(self, "recent", recent)
+        _set(self, "recent_minutes", recent_minutes)
+        _set(self, "recent_session", recent_session)
+        _set(self, "recent_share", recent_share)
+        _set(self, "recent_always", recent_always)
+        _set(self, "pinned_share", pinned_share)
+        _set(self, "preload", preload)
+        _set(self, "preload_chunk", preload_chunk)
+        _set(self, "candidates", candidates)
+        _set(self, "full_text_score", full_text_score)
+        _set(self, "item_share", item_share)
+        _set(self, "length_penalty", length_penalty)
+        _set(self, "other_speaker", other_speaker)
+        _set(self, "other_conversation", other_conversation)
+        _set(self, "vector_weight", vector_weight)
+        _set(self, "keyword_weight", keyword_weight)
+        _set(self, "identifier_weight", identifier_weight)
+        _set(self, "neighbour_weight", neighbour_weight)
+        _set(self, "neighbour_gap", neighbour_gap)
+        _set(self, "importance_weight", importance_weight)
+        _set(self, "recency_weight", recency_weight)
+        _set(self, "session_weight", session_weight)
+        _set(self, "near_duplicate", near_duplicate)
+        _set(self, "access_half_life_days", access_half_life_days)
+        _set(self, "access_weight", access_weight)
+        _set(self, "recency_half_life_days", recency_half_life_days)
+        _set(self, "pin_bonus", pin_bonus)
+        _set(self, "embedder_wait", embedder_wait)
+        _set(self, "cache_bytes", cache_bytes)
+        self.__post_init__()
+
     def __post_init__(self) -> None:
         for name in ("recent", "preload", "preload_chunk", "candidates", "cache_bytes"):
             value = getattr(self, name)
@@ -209,7 +326,8 @@ class Level(IntEnum):
     FOUND = 3  # level 3, on demand: ranked for the query
 
 
-@dataclass(frozen=True, slots=True)
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False, slots=True)
 class ContextItem:
     """One memory in a context: which level brought it, its score and what was shown."""
 
@@ -233,6 +351,26 @@ class ContextItem:
     keyword: float | None = None
     rank: int = 0
 
+    def __init__(
+        self, id: str, level: Level, score: float, text: str, summary: bool, timestamp: float,
+        session: str | None, type: str, excerpt: bool = False, tokens: int = 0, reason: str = "",
+        vector: float | None = None, keyword: float | None = None, rank: int = 0,
+    ) -> None:  # fmt: skip
+        _set(self, "id", id)
+        _set(self, "level", level)
+        _set(self, "score", score)
+        _set(self, "text", text)
+        _set(self, "summary", summary)
+        _set(self, "timestamp", timestamp)
+        _set(self, "session", session)
+        _set(self, "type", type)
+        _set(self, "excerpt", excerpt)
+        _set(self, "tokens", tokens)
+        _set(self, "reason", reason)
+        _set(self, "vector", vector)
+        _set(self, "keyword", keyword)
+        _set(self, "rank", rank)
+
     @property
     def line(self) -> str:
         """This item's line as ``Context.text`` holds it: ``"[type] "`` unless it is a
@@ -241,7 +379,8 @@ class ContextItem:
         return prefix + ("(summary) " if self.summary else "(excerpt) " if self.excerpt else "") + self.text
 
 
-@dataclass(frozen=True)
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class Context:
     """What ``MemoryStore.context`` returns.
 
@@ -265,6 +404,19 @@ class Context:
 
     LEFT_OUT: ClassVar[int] = 12  # the most candidates ``left_out`` lists
 
+    def __init__(
+        self, text: str, tokens: int, budget: int, items: list[ContextItem], encoding: str,
+        degraded: bool = False, seconds: float = 0.0, left_out: list[ContextItem] = _FACTORY,
+    ) -> None:  # fmt: skip
+        _set(self, "text", text)
+        _set(self, "tokens", tokens)
+        _set(self, "budget", budget)
+        _set(self, "items", items)
+        _set(self, "encoding", encoding)
+        _set(self, "degraded", degraded)
+        _set(self, "seconds", seconds)
+        _set(self, "left_out", [] if left_out is _FACTORY else left_out)
+
     @property
     def messages(self) -> list[dict[str, str]]:
         """The context as OpenAI chat messages (one system message; none when empty)."""
@@ -273,7 +425,8 @@ class Context:
         return [{"role": "system", "content": self.text}]
 
 
-@dataclass(frozen=True)
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class EvictionPolicy:
     """What ``evict`` forgets; ``fastmem.open(..., evict=EvictionPolicy(...))`` applies it
     at every ``checkpoint()`` and at ``close()``. Pinned memories are never evicted.
@@ -294,8 +447,18 @@ class EvictionPolicy:
     max_count: int | None = None
     max_bytes: int | None = None
 
+    def __init__(
+        self, ttl: Mapping[str, float] | None = None, min_importance: float | None = None,
+        max_count: int | None = None, max_bytes: int | None = None,
+    ) -> None:  # fmt: skip
+        _set(self, "ttl", ttl)
+        _set(self, "min_importance", min_importance)
+        _set(self, "max_count", max_count)
+        _set(self, "max_bytes", max_bytes)
 
-@dataclass(frozen=True)
+
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class CompactReport:
     """What ``compact()`` did. Sizes are the data file's and the index file's as they were
     on disk before (the index as of the last checkpoint) and after."""
@@ -308,6 +471,19 @@ class CompactReport:
     dropped: int  # forgotten memories whose records are gone
     seconds: float  # the whole compaction
     lock_seconds: float  # the longest time the store's lock was held for it
+
+    def __init__(
+        self, dat_before: int, idx_before: int, dat_after: int, idx_after: int, memories: int,
+        dropped: int, seconds: float, lock_seconds: float,
+    ) -> None:  # fmt: skip
+        _set(self, "dat_before", dat_before)
+        _set(self, "idx_before", idx_before)
+        _set(self, "dat_after", dat_after)
+        _set(self, "idx_after", idx_after)
+        _set(self, "memories", memories)
+        _set(self, "dropped", dropped)
+        _set(self, "seconds", seconds)
+        _set(self, "lock_seconds", lock_seconds)
 
     @property
     def bytes_before(self) -> int:
@@ -330,7 +506,8 @@ class CompactReport:
         return self.reclaimed / self.bytes_before if self.bytes_before else 0.0
 
 
-@dataclass(frozen=True)
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class RepairReport:
     """What ``repair()`` did. ``ok`` when nothing had to be cut away (the index was rebuilt
     all the same)."""
@@ -344,8 +521,23 @@ class RepairReport:
     bytes_before: int = 0
     bytes_after: int = 0
 
+    def __init__(
+        self, ok: bool, memories: int, records: int, cut: list[Problem] = _FACTORY,
+        cut_bytes: int = 0, damaged_path: str | None = None, bytes_before: int = 0,
+        bytes_after: int = 0,
+    ) -> None:  # fmt: skip
+        _set(self, "ok", ok)
+        _set(self, "memories", memories)
+        _set(self, "records", records)
+        _set(self, "cut", [] if cut is _FACTORY else cut)
+        _set(self, "cut_bytes", cut_bytes)
+        _set(self, "damaged_path", damaged_path)
+        _set(self, "bytes_before", bytes_before)
+        _set(self, "bytes_after", bytes_after)
 
-@dataclass(frozen=True)
+
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class BackupReport:
     """What ``backup()`` wrote: ``<path>.dat`` and ``<path>.idx``."""
 
@@ -353,10 +545,14 @@ class BackupReport:
     memories: int
     bytes: int  # both files
 
+    def __init__(self, path: str, memories: int, bytes: int) -> None:
+        _set(self, "path", path)
+        _set(self, "memories", memories)
+        _set(self, "bytes", bytes)
 
 
-
-@dataclass(frozen=True)
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class StoreStats:
     """A store's figures (``MemoryStore.stats()``), read from the index alone: what
     ``fastmem stats`` prints and the MCP server's stats resource serves."""
@@ -377,6 +573,27 @@ class StoreStats:
     backend: str  # "cython" or "python": the kernels in use
     format_version: int  # of the data file and its records (docs/format.md)
 
+    def __init__(
+        self, path: str, memories: int, forgotten: int, pinned: int, with_vector: int, dim: int,
+        types: dict[str, int], sessions: int, oldest: float | None, newest: float | None,
+        text_tokens: int, dat_bytes: int, idx_bytes: int, backend: str, format_version: int,
+    ) -> None:  # fmt: skip
+        _set(self, "path", path)
+        _set(self, "memories", memories)
+        _set(self, "forgotten", forgotten)
+        _set(self, "pinned", pinned)
+        _set(self, "with_vector", with_vector)
+        _set(self, "dim", dim)
+        _set(self, "types", types)
+        _set(self, "sessions", sessions)
+        _set(self, "oldest", oldest)
+        _set(self, "newest", newest)
+        _set(self, "text_tokens", text_tokens)
+        _set(self, "dat_bytes", dat_bytes)
+        _set(self, "idx_bytes", idx_bytes)
+        _set(self, "backend", backend)
+        _set(self, "format_version", format_version)
+
 
 class RecordSize(NamedTuple):
     """One of ``MemoryStore.largest()``: a memory's record bytes and text tokens."""
@@ -386,7 +603,8 @@ class RecordSize(NamedTuple):
     tokens: int
 
 
-@dataclass(frozen=True)
+@_fields_methods
+@dataclass(frozen=True, init=False, repr=False, eq=False)
 class RecordInfo:
     """Where and how a memory is stored (``MemoryStore.info()``), from its index row."""
 
@@ -398,3 +616,17 @@ class RecordInfo:
     access_count: int
     last_access: float | None
     importance_score: float  # the score eviction and the level-2 preload rank by
+
+    def __init__(
+        self, record_offset: int, record_bytes: int, text_tokens: int | None,
+        summary_tokens: int | None, has_vector: bool, access_count: int, last_access: float | None,
+        importance_score: float,
+    ) -> None:  # fmt: skip
+        _set(self, "record_offset", record_offset)
+        _set(self, "record_bytes", record_bytes)
+        _set(self, "text_tokens", text_tokens)
+        _set(self, "summary_tokens", summary_tokens)
+        _set(self, "has_vector", has_vector)
+        _set(self, "access_count", access_count)
+        _set(self, "last_access", last_access)
+        _set(self, "importance_score", importance_score)
