@@ -13,6 +13,9 @@ record over live records of the new file (found by the several-writer SIGKILL so
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -42,23 +45,28 @@ def _reordering_store(path: str) -> fastmem.MemoryStore:
     return store
 
 
-def _compact_killed_between_renames(path: str) -> None:
-    """Compact ``path`` in a handle of its own that dies right after the data file's rename,
-    before the index file's: the new data file is the store's, the old index file is still
-    under the store's name, the new one under ``.idx.compact``."""
-    compactor = fastmem.open(path, embedder=None, durability="none")
+def _compact_killed_at_rename(store: fastmem.MemoryStore, name: str) -> None:
+    """Compact ``store``, which dies (``_Killed``) at the rename of its new ``name``
+    (``".dat"`` or ``".idx"``) + ``.compact`` into place, before it is renamed."""
 
     def replace(src: str, dst: str) -> None:
-        if src.endswith(".idx" + _maintenance.COMPACT_SUFFIX):
+        if src.endswith(name + _maintenance.COMPACT_SUFFIX):
             raise _Killed
         _REAL_REPLACE(src, dst)
 
     _maintenance.os.replace = replace  # type: ignore[assignment]
     try:
         with pytest.raises(_Killed):
-            compactor.compact()
+            store.compact()
     finally:
         _maintenance.os.replace = _REAL_REPLACE  # type: ignore[assignment]
+
+
+def _compact_killed_between_renames(path: str) -> None:
+    """Compact ``path`` in a handle of its own that dies right after the data file's rename,
+    before the index file's: the new data file is the store's, the old index file is still
+    under the store's name, the new one under ``.idx.compact``."""
+    _compact_killed_at_rename(fastmem.open(path, embedder=None, durability="none"), ".idx")
     assert os.path.exists(path + ".idx" + _maintenance.COMPACT_SUFFIX)
 
 
@@ -107,18 +115,7 @@ def test_a_compaction_killed_before_its_rename_after_one_killed_between(tmp_path
     writer = _reordering_store(path)
     before = {m.id: m.text for m in writer}
     _compact_killed_between_renames(path)
-
-    def replace(src: str, dst: str) -> None:
-        if src.endswith(".dat" + _maintenance.COMPACT_SUFFIX):
-            raise _Killed
-        _REAL_REPLACE(src, dst)
-
-    _maintenance.os.replace = replace  # type: ignore[assignment]
-    try:
-        with pytest.raises(_Killed):
-            writer.compact()
-    finally:
-        _maintenance.os.replace = _REAL_REPLACE  # type: ignore[assignment]
+    _compact_killed_at_rename(writer, ".dat")
     try:
         with fastmem.open(path, embedder=None) as store:  # a writer's open: the recovery rule
             victim = sorted(before)[2]
@@ -127,3 +124,39 @@ def test_a_compaction_killed_before_its_rename_after_one_killed_between(tmp_path
         assert _texts(path) == before
     finally:
         writer.close()
+
+
+# A compaction in a process of its own, SIGKILLed between its two renames.
+_KILLED_COMPACTION = """
+import os, signal, sys
+import fastmem
+store = fastmem.open(sys.argv[1], embedder=None, durability="none")
+real = os.replace
+def replace(src, dst):
+    if src.endswith(".idx.compact"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(src, dst)
+os.replace = replace
+store.compact()
+"""
+
+
+def test_an_erase_after_a_compaction_killed_between_its_renames_leaves_no_trace(tmp_path) -> None:
+    """The killed compaction's index, waiting under ``.idx.compact``, holds the memory (its
+    row, vector and, in the hot section, its text). A writer open since before erases the
+    memory: no file of the store may hold its text afterwards (that index renamed into
+    place and rewritten, not left to be renamed over the erasing checkpoint later)."""
+    path = str(tmp_path / "store")
+    writer = _reordering_store(path)
+    victim = next(m for m in writer if m.text.startswith("memory 12 "))
+    env = dict(os.environ, FASTMEM_EMBEDDER="none")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_COMPACTION, path], env=env, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    waiting = path + ".idx" + _maintenance.COMPACT_SUFFIX
+    with open(waiting, "rb") as f:
+        assert b"memory 12 " in f.read()
+    writer.forget(victim.id)
+    traces = [f.name for f in tmp_path.iterdir() if b"memory 12 " in f.read_bytes()]  # (as it returns)
+    writer.close()
+    assert traces == []
+    assert victim.id not in _texts(path) and len(_texts(path)) == 12
