@@ -126,11 +126,15 @@ def test_a_compaction_killed_before_its_rename_after_one_killed_between(tmp_path
         writer.close()
 
 
-# A compaction in a process of its own, SIGKILLed between its two renames.
+# A compaction in a process of its own, SIGKILLed between its two renames; first it counts
+# ``times`` accesses to each of ``ids`` at ``when`` (its compaction's index holds them).
 _KILLED_COMPACTION = """
 import os, signal, sys
 import fastmem
-store = fastmem.open(sys.argv[1], embedder=None, durability="none")
+path, ids, times, when = sys.argv[1:5]
+store = fastmem.open(path, embedder=None, durability="none")
+for _ in range(int(times)):
+    store.record_access([i for i in ids.split(",") if i], now=float(when))
 real = os.replace
 def replace(src, dst):
     if src.endswith(".idx.compact"):
@@ -141,6 +145,16 @@ store.compact()
 """
 
 
+def compaction_killed_in_another_process(path: str, ids: tuple[str, ...] = (), times: int = 0,
+                                         when: float = 0.0) -> None:  # fmt: skip
+    """Compact ``path`` in a process that counts accesses first (see above) and is SIGKILLed
+    between the compaction's renames: its index is left waiting under ``.idx.compact``."""
+    env = dict(os.environ, FASTMEM_EMBEDDER="none")
+    args = [sys.executable, "-c", _KILLED_COMPACTION, path, ",".join(ids), str(times), str(when)]
+    assert subprocess.run(args, check=False, env=env, timeout=120).returncode == -signal.SIGKILL
+    assert os.path.exists(path + ".idx" + _maintenance.COMPACT_SUFFIX)
+
+
 def test_an_erase_after_a_compaction_killed_between_its_renames_leaves_no_trace(tmp_path) -> None:
     """The killed compaction's index, waiting under ``.idx.compact``, holds the memory (its
     row, vector and, in the hot section, its text). A writer open since before erases the
@@ -149,14 +163,13 @@ def test_an_erase_after_a_compaction_killed_between_its_renames_leaves_no_trace(
     path = str(tmp_path / "store")
     writer = _reordering_store(path)
     victim = next(m for m in writer if m.text.startswith("memory 12 "))
-    env = dict(os.environ, FASTMEM_EMBEDDER="none")
-    killed = subprocess.run([sys.executable, "-c", _KILLED_COMPACTION, path], env=env, timeout=120)
-    assert killed.returncode == -signal.SIGKILL
+    compaction_killed_in_another_process(path)
     waiting = path + ".idx" + _maintenance.COMPACT_SUFFIX
     with open(waiting, "rb") as f:
         assert b"memory 12 " in f.read()
     writer.forget(victim.id)
-    traces = [f.name for f in tmp_path.iterdir() if b"memory 12 " in f.read_bytes()]  # (as it returns)
+    # (as the erase returns, before the close's checkpoint)
+    traces = [f.name for f in tmp_path.iterdir() if b"memory 12 " in f.read_bytes()]
     writer.close()
     assert traces == []
     assert victim.id not in _texts(path) and len(_texts(path)) == 12
