@@ -448,9 +448,9 @@ class Engine:
         compaction of this handle's own under way). Else this handle's checkpoints, erases
         and access statistics would read the old data file's index under the name, and the
         lone ``.idx.compact`` would be renamed over what they wrote at the next open."""
-        if self.index.file is None and os.path.exists(self.idx_path + COMPACT_SUFFIX):
-            if not os.path.exists(self.dat_path + COMPACT_SUFFIX):
-                self.reload()
+        index_waits = self.index.file is None and os.path.exists(self.idx_path + COMPACT_SUFFIX)
+        if index_waits and not os.path.exists(self.dat_path + COMPACT_SUFFIX):
+            self.reload()
 
     def _checkpoint_behind(self) -> bool:
         """Whether a checkpoint's thread still writes while others' records wait to be
