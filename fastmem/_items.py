@@ -513,13 +513,12 @@ def read_rows(engine: Any, rows: Iterable[int]) -> list[Memory]:
         picked[~in_base] = index.tail.rows[g[~in_base] - nb]
     with no_cyclic_gc():  # thousands of new tuples and dicts, no cycle: collections would
         for at in range(0, len(g), READ_CHUNK):  # cost more than the reading (twice, at 10k)
-            chunk, memories = picked[at : at + READ_CHUNK], None
-            # A damaged index may name an offset past the file (up to 2**64 - 1: more than
-            # read_hot's C integers hold): that chunk goes the slower way, which says what.
-            if int(chunk["offset"].max()) < engine.dat_end:
-                with memoryview(engine.data()) as view, view[: engine.dat_end] as records:
-                    memories = _kernels.read_hot(chunk.tobytes(), chunk["offset"].tolist(), records,
-                                                 len(chunk), Memory, f32)  # fmt: skip
+            chunk = picked[at : at + READ_CHUNK]
+            # A damaged index may name an offset past the file: read_hot answers None, and
+            # that chunk goes the slower way, which says what is damaged.
+            with memoryview(engine.data()) as view, view[: engine.dat_end] as records:
+                memories = _kernels.read_hot(chunk.tobytes(), chunk["offset"].tolist(), records,
+                                             len(chunk), Memory, f32)  # fmt: skip
             out += memories if memories is not None else [_get(engine, i) for i in chunk["id"].tolist()]
     return out
 

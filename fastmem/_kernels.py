@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the kernels' signatures, for type checkers; use() binds the
         idx_open,
         importance,
         memory_ids,
+        memory_rows,
         merge_postings,
         merge_postings_runs,
         pack_memories,
@@ -53,7 +54,8 @@ _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payl
           "delta_header", "hot_section", "idx_open", "unpack", "pack_memories",
           "topk_int8", "dot_half", "to_half", "quantize_half", "to_half_quantized", "importance",
           "tokenize_batch", "bm25_topk", "merge_postings", "merge_postings_runs", "sort_postings",
-          "prepare_batch", "gather_vectors", "memory_ids", "Cl100kCounter", "ranks_file")  # fmt: skip
+          "prepare_batch", "gather_vectors", "memory_ids", "Cl100kCounter", "ranks_file",
+          "memory_rows")  # fmt: skip
 
 
 def use(backend: str) -> str:

@@ -26,7 +26,6 @@ from ._bpe_py import CL100K_PATTERN, Cl100kCounter, SharedCount, ranks_file  # n
 from ._format import (
     FLAG_FORGOTTEN,
     FLAG_PINNED,
-    FORMAT_VERSION,
     INDEX_DTYPE,
     INDEX_ROW,
     KIND_MEMORY,
@@ -37,6 +36,7 @@ from ._format import (
     RECORD_HEADER_SIZE,
     RECORD_KINDS,
     RECORD_MAGIC,
+    RECORD_VERSION,
     unpack_dat_header,
     unpack_delta_header,
     unpack_hot,
@@ -45,6 +45,7 @@ from ._format import (
 from ._format import (
     current_slot as _current_slot,
 )
+from . import _format
 from ._idxopen import open_index
 from .errors import CorruptionError, FormatVersionError
 
@@ -62,7 +63,7 @@ def _record_length(buf: Any, pos: int, end: int) -> int:
     length = RECORD_HEADER_SIZE + 2 * dim + plen
     if (
         magic != RECORD_MAGIC
-        or version != FORMAT_VERSION
+        or version != RECORD_VERSION
         or kind not in RECORD_KINDS
         or dim > MAX_DIM
         or rlen > MAX_RAW_PAYLOAD
@@ -97,9 +98,26 @@ def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
             dims.append(int.from_bytes(data[pos + 6 : pos + 8], "little"))
             pos += length
             continue
+        count = _format.batch_count(data, pos, end)
+        if count:  # a batch frame: its records, all of them or (file ends first) none
+            walked, at = [], pos + _format.BATCH_FRAME_SIZE
+            while len(walked) < count and (length := _record_length(data, at, end)):
+                walked.append((at, length))
+                at += length
+            if len(walked) < count and _format.cut_short(data, at, end):
+                bad_starts.append(pos)
+                bad_ends.append(end)
+                break
+            for off, length in walked:  # (damage inside a whole batch: the rest is kept)
+                offsets.append(off)
+                lengths.append(length)
+                kinds.append(data[off + 5])
+                dims.append(int.from_bytes(data[off + 6 : off + 8], "little"))
+            pos = at
+            continue
         bad_starts.append(pos)
         nxt = data.find(RECORD_MAGIC, pos + 1, end)
-        while nxt != -1 and not _record_length(data, nxt, end):
+        while nxt != -1 and not (_record_length(data, nxt, end) or _format.batch_count(data, nxt, end)):
             nxt = data.find(RECORD_MAGIC, nxt + 1, end)
         pos = end if nxt == -1 else nxt
         bad_ends.append(pos)
@@ -211,7 +229,7 @@ def frame_records(
         vector = b""
         if vectors is not None and has_vector is not None and has_vector[i]:
             vector = vectors[i].astype("<u2").tobytes()
-        head = RECORD_HEADER.pack(RECORD_MAGIC, FORMAT_VERSION, kind, len(vector) // 2, len(payload), raw_len, 0)
+        head = RECORD_HEADER.pack(RECORD_MAGIC, RECORD_VERSION, kind, len(vector) // 2, len(payload), raw_len, 0)
         crc = zlib.crc32(payload, zlib.crc32(vector, zlib.crc32(head[:RECORD_CRC_AT])))
         parts += [head[:RECORD_CRC_AT], crc.to_bytes(4, "little"), vector, payload]
         lengths.append(RECORD_HEADER_SIZE + len(vector) + len(payload))
@@ -817,3 +835,123 @@ def gather_vectors(vectors: list[Any], dim: int) -> np.ndarray | None:
         if len(v) != length or not 0 < length <= MAX_DIM:
             return None
     return np.stack(vectors)
+
+
+# --- replay: other processes' memory records into index rows ---------------------------
+
+_PLAIN_FIELDS = frozenset("itxkysupnm")  # a plain memory payload's keys
+
+
+def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray,
+                dims: np.ndarray, first: int, stop: int, next_id: int, dim: int,
+                type_codes: dict[str, int], defaults: dict[str, float], user_default: float,
+                sessions: dict[Any, int], session_hash: Callable[[str], int], rows: Any,
+                vectors: Any) -> tuple[int, list[str]]:
+    """Index rows of the scanned records ``first:stop`` of ``buf`` (a replay of what other
+    processes appended), up to the first record that is not the plain case.
+
+    The records were checked by the scan (lengths, checksum). A record is the plain case
+    when it is a memory record whose payload is plain msgpack (:func:`unpack`, after lz4 if
+    compressed): a map of the keys ``i t x`` and any of ``k y s u p n m`` only, each valid
+    (``fastmem._replay.check_memory_fields``' rules, without their widenings: a float
+    time, an existing type code in ``type_codes``), its id from ``next_id`` up and above
+    the one before, its vector (if any) of ``dim`` finite halves. For each, in order, row
+    ``i`` of ``rows`` (``INDEX_DTYPE``, writable) is set as ``fastmem._replay.Replayer``
+    sets it (scale 0: quantizing sets it) and row ``i`` of ``vectors`` (uint16, ``(n, dim)``)
+    to its vector's halves or zeros; ``sessions`` caches ``session_hash`` of each session.
+
+    Returns:
+        How many records were the plain case (rows set), and their texts. The caller takes
+        the next record the general way (which names what is wrong with it, if anything).
+
+    Raises:
+        ValueError: ``first:stop`` is not a range of the records, or ``rows`` or ``vectors``
+            is shorter than ``stop - first`` rows.
+    """
+    n = len(offsets)
+    if not (0 <= first <= stop <= n) or not len(lengths) == len(kinds) == len(dims) == n:
+        raise ValueError("first:stop is not a range of the scanned records")
+    if type(next_id) is not int or next_id < 0:
+        raise ValueError("next_id is not an id")
+    out = np.asarray(rows).reshape(-1).view(np.uint8)  # views of the caller's arrays
+    out = out[: len(out) // INDEX_DTYPE.itemsize * INDEX_DTYPE.itemsize].view(INDEX_DTYPE)
+    halves = np.asarray(vectors).reshape(-1).view(np.uint8)
+    halves = halves[: len(halves) // 2 * 2].view(np.uint16)
+    if len(out) < stop - first or len(halves) < (stop - first) * dim:
+        raise ValueError("rows or vectors hold fewer than stop - first rows")
+    halves = halves[: (stop - first) * dim].reshape(stop - first, dim)
+    from . import _format as fmt  # (at the call: the module list stays as the kernels')
+
+    data = memoryview(buf).cast("B")
+    end, low, texts, found, vector_at = len(data), next_id, [], [], []
+    for j in range(first, stop):
+        off, length, d = int(offsets[j]), int(lengths[j]), int(dims[j])
+        if int(kinds[j]) != KIND_MEMORY or off < 0 or length < RECORD_HEADER_SIZE + 2 * d or off > end - length:
+            break
+        _, _, kind, hdim, plen, rlen, _ = RECORD_HEADER.unpack_from(data, off)
+        if kind != KIND_MEMORY or hdim != d or (d and d != dim):
+            break
+        start = off + RECORD_HEADER_SIZE + 2 * d
+        if start + plen != off + length or plen == 0:
+            break
+        raw = bytes(data[start : off + length])
+        if plen != rlen:
+            try:
+                raw = lz4.block.decompress(raw, uncompressed_size=rlen)
+            except Exception:  # as decode_payload: lz4 raises several types
+                break
+            if len(raw) != rlen or rlen == 0:
+                break
+        p = unpack(raw)
+        if type(p) is not dict or not p.keys() <= _PLAIN_FIELDS or not p.keys() >= {"i", "t", "x"}:
+            break
+        mid, ts, text, tokens = p["i"], p["t"], p["x"], p.get("k")
+        if type(mid) is not int or not low <= mid <= fmt.MAX_ID:
+            break
+        if type(ts) is not float or not 0.0 <= ts <= fmt.MAX_TIMESTAMP or type(text) is not str:
+            break
+        if tokens is None:
+            tokens = [fmt.UNKNOWN_TOKENS, fmt.UNKNOWN_TOKENS]
+        elif type(tokens) is not list or len(tokens) != 2 or not all(
+            type(t) is int and 0 <= t <= fmt.UNKNOWN_TOKENS for t in tokens
+        ):
+            break
+        type_name = p.get("y", "conversation")
+        if type(type_name) is not str or not 0 < len(type_name) <= fmt.MAX_TYPE_CHARS:
+            break
+        code = type_codes.get(type_name)
+        if type(code) is not int or not 0 <= code <= 0xFFFF:
+            break
+        session = p.get("s")
+        if session is not None and (type(session) is not str or not 0 < len(session) <= fmt.MAX_SESSION_CHARS):
+            break
+        summary, metadata, pinned = p.get("u"), p.get("m"), p.get("n", False)
+        if summary is not None and type(summary) is not str:
+            break
+        if (metadata is not None and type(metadata) is not dict) or type(pinned) is not bool:
+            break
+        importance = p.get("p", defaults.get(type_name, user_default))
+        if type(importance) not in (float, int) or not 0.0 <= importance <= 1.0:
+            break
+        if session is None:
+            hashed = 0
+        else:
+            hashed = sessions.get(session)
+            if hashed is None:
+                hashed = sessions[session] = session_hash(session)
+        flags = (FLAG_PINNED if pinned else 0) | (4 if d else 0)  # 4: fmt.FLAG_HAS_VECTOR
+        found.append((mid, ts, hashed, off, 0, 0.0, length, float(importance), 0.0, 0,
+                      tokens[0], tokens[1], code, flags, 0))  # fmt: skip
+        vector_at.append(off + RECORD_HEADER_SIZE if d else -1)
+        texts.append(text)
+        low = mid + 1
+    count = len(found)
+    if dim and count:  # the vectors, and the first record whose vector is not finite
+        zero = bytes(2 * dim)
+        got = np.frombuffer(b"".join(zero if at < 0 else data[at : at + 2 * dim] for at in vector_at),
+                            dtype="<u2").reshape(count, dim)  # fmt: skip
+        bad = np.flatnonzero(((got & 0x7C00) == 0x7C00).any(axis=1))
+        count = int(bad[0]) if len(bad) else count
+        halves[:count] = got[:count]
+    out[:count] = np.array(found[:count], dtype=INDEX_DTYPE)
+    return count, texts[:count]

@@ -7,7 +7,6 @@ and decoded), :func:`scan_file`, the scan of bytes a writer may still cut off, a
 
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any
 
@@ -48,6 +47,8 @@ def session_hash(session: str | None) -> int:
     """64-bit hash of a session name (0 = no session); collisions are checked on read."""
     if session is None:
         return 0
+    import hashlib  # here, not at import: its OpenSSL module takes ~2 ms to load
+
     h = int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little")
     return h or 1
 
@@ -237,7 +238,16 @@ class Replayer:
             fmt.KIND_FORGET: self._forget,
         }
         dat, raw_len_at = self.dat, fmt.RECORD_RAW_LEN_AT
-        for off, length, kind, dim in zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist()):
+        n, at = len(offsets), 0
+        columns = zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist())
+        for j, (off, length, kind, dim) in enumerate(columns):
+            if j < at:
+                continue  # applied by the compiled path
+            # The compiled kernel only: its numpy reference is slower than the general way.
+            if kind == fmt.KIND_MEMORY and not self.sort and _kernels.BACKEND == "cython":
+                at = j + self._plain_run(offsets, lengths, kinds, dims, j, n)
+                if at > j:
+                    continue
             try:
                 # The scan has checked lengths and CRC; only decoding is left.
                 start = fmt.payload_start(off, dim)
@@ -256,6 +266,35 @@ class Replayer:
         if self.erase_rows:
             erase_rows(self.index, self.erase_rows)
             self.erase_rows = []
+
+    def _plain_run(
+        self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray,
+        first: int, n: int,
+    ) -> int:  # fmt: skip
+        """Apply the plain memory records from record ``first`` on, decoded into rows by
+        the compiled kernel (``_kernels.memory_rows``) and appended at once; returns how
+        many (0: record ``first`` is not the plain case, and the general way takes it)."""
+        self._flush()  # the rows before them go first (and their ids set next_id)
+        index = self.index
+        stop = min(n, first + _FLUSH_ROWS)
+        rows = np.empty(stop - first, dtype=fmt.INDEX_DTYPE)
+        vectors = np.empty((stop - first, index.dim), dtype=np.uint16)
+        count, texts = _kernels.memory_rows(
+            self.dat, offsets, lengths, kinds, dims, first, stop, index.next_id, index.dim,
+            index.type_codes, fmt.DEFAULT_IMPORTANCE, fmt.DEFAULT_USER_TYPE_IMPORTANCE,
+            self.sessions, session_hash, rows, vectors,
+        )  # fmt: skip
+        if not count:
+            return 0
+        rows = rows[:count]
+        has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0 if index.dim else None
+        index.append(rows, vectors[:count].view("<f2") if has is not None and has.any() else None,
+                     texts)  # fmt: skip
+        last = first + count - 1
+        off = int(offsets[last])
+        crc_at = off + fmt.RECORD_CRC_AT
+        index.note_applied(off, int(lengths[last]), int.from_bytes(self.dat[crc_at : crc_at + 4], "little"))
+        return count
 
     def _flush(self) -> None:
         if not self.rows:

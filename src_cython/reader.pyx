@@ -12,7 +12,7 @@ from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.string cimport memcpy
+from libc.string cimport memcpy, memset
 from _types cimport u8, u16, u32, u64, i64
 from _bytes cimport load_f64 as _f64, load_le16, load_le32, load_le64 as _le64
 from _frames cimport HEADER_SIZE, _record_length, fastmem_crc_init
@@ -429,9 +429,12 @@ def read_hot(object rows, list starts, object records, Py_ssize_t n, object memo
             end = records_view.len
             out = []
             for i in range(n):
-                at = starts[i]
-                if not 0 <= at < end:
+                start = starts[i]
+                # Compared as a Python int first: a damaged row may name any offset up to
+                # 2**64 - 1, more than ``at`` holds (that is not the plain case: None).
+                if not 0 <= start < end:
                     return None
+                at = start
                 value = _memory_at(<const u8*>rows_view.buf + i * ROW_SIZE, None, False,
                                    <const u8*>records_view.buf, at, end, memory, f32)
                 if value is None:
@@ -442,3 +445,230 @@ def read_hot(object rows, list starts, object records, Py_ssize_t n, object memo
             PyBuffer_Release(&records_view)
     finally:
         PyBuffer_Release(&rows_view)
+
+
+# --- replay: other processes' memory records into index rows ---------------------------
+
+cdef enum:
+    AT_SESSION = 16
+    AT_TEXT_TOKENS = 64
+    AT_TYPE = 72
+    FLAG_HAS_VECTOR = 4
+    MAX_TYPE_CHARS = 64
+    MAX_SESSION_CHARS = 256
+
+cdef double MAX_TIMESTAMP = 1e11
+cdef u64 MAX_MEMORY_ID = (<u64>1 << 63) - 1
+cdef u64 NO_TOKENS = 0xFFFFFFFF
+cdef str _FIELDS = "itxkysupnm"  # a plain memory payload's keys; any other: not plain
+
+
+cdef inline void _put64(u8* p, u64 v) noexcept nogil:
+    memcpy(p, &v, 8)  # the index is little-endian, as every host fastmem builds on
+
+
+cdef inline void _put32(u8* p, u32 v) noexcept nogil:
+    memcpy(p, &v, 4)
+
+
+cdef inline void _put16(u8* p, u16 v) noexcept nogil:
+    memcpy(p, &v, 2)
+
+
+cdef inline bint _is_number(object v, double lo, double hi, double* out):
+    # A float, or an int that is not a bool, from lo to hi (NaN is not).
+    cdef double d
+    if type(v) is float:
+        d = <double>v
+    elif type(v) is int:
+        if not (lo <= v <= hi):
+            return False
+        d = <double>v
+    else:
+        return False
+    if not (lo <= d <= hi):
+        return False
+    out[0] = d
+    return True
+
+
+cdef object _plain_payload(const u8* p, i64 length):
+    # The decoded payload (a dict) of the memory record at p, or None: not plain.
+    cdef u32 plen = load_le32(p + 8), rlen = load_le32(p + 12)
+    cdef _In s
+    s.p = p + HEADER_SIZE + 2 * <i64>load_le16(p + 6)
+    s.end = s.p + plen
+    if s.end != p + length or s.p >= s.end:
+        return None
+    raw = None
+    if plen != rlen:  # lz4, as fastmem._format.decode_payload
+        try:
+            raw = _lz4_decompress(PyBytes_FromStringAndSize(<const char*>s.p, plen),
+                                  uncompressed_size=rlen)
+        except Exception:
+            return None
+        if type(raw) is not bytes or len(<bytes>raw) != rlen or rlen == 0:
+            return None
+        s.p = <const u8*>PyBytes_AS_STRING(raw)
+        s.end = s.p + rlen
+    try:
+        payload = _unpack(&s, 0)
+    except _NotPlain:
+        return None
+    if s.p != s.end or type(payload) is not dict:
+        return None
+    return payload
+
+
+def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
+                const u8[::1] kinds, const u16[::1] dims, Py_ssize_t first, Py_ssize_t stop,
+                object next_id, Py_ssize_t dim, dict type_codes, dict defaults,
+                double user_default, dict sessions, object session_hash, object rows,
+                object vectors):
+    """Index rows of the plain memory records among the scanned records ``first:stop``; see
+    fastmem._kernels_py.memory_rows for the contract."""
+    cdef Py_buffer view, rows_view, vec_view
+    cdef Py_ssize_t j, count = 0, k
+    cdef i64 off, length, end
+    cdef const u8* p
+    cdef const u16* half
+    cdef u8* row
+    cdef u16* vec
+    cdef u64 mid, low = 0, text_tokens, summary_tokens, hashed
+    cdef double ts, importance
+    cdef u16 flags, code, d
+    cdef list texts = []
+    cdef Py_ssize_t stop_at = -1
+    if not (0 <= first <= stop <= offsets.shape[0]) or lengths.shape[0] != offsets.shape[0] \
+            or kinds.shape[0] != offsets.shape[0] or dims.shape[0] != offsets.shape[0]:
+        raise ValueError("first:stop is not a range of the scanned records")
+    if type(next_id) is not int or next_id < 0:
+        raise ValueError("next_id is not an id")
+    if next_id <= MAX_MEMORY_ID:
+        low = next_id
+    else:  # no id is left: no record is the plain case (the rows are still checked)
+        low, stop_at = MAX_MEMORY_ID, first
+    PyObject_GetBuffer(buf, &view, PyBUF_SIMPLE)
+    PyObject_GetBuffer(rows, &rows_view, PyBUF_SIMPLE)
+    try:
+        PyObject_GetBuffer(vectors, &vec_view, PyBUF_SIMPLE)
+        try:
+            if rows_view.len < (stop - first) * ROW_SIZE or vec_view.len < (stop - first) * 2 * dim:
+                raise ValueError("rows or vectors hold fewer than stop - first rows")
+            end = view.len
+            for j in range(first, stop if stop_at < 0 else stop_at):
+                off, length, d = offsets[j], lengths[j], dims[j]
+                if kinds[j] != KIND_MEMORY or off < 0 or length < HEADER_SIZE + 2 * <i64>d \
+                        or off > end - length:
+                    break
+                p = <const u8*>view.buf + off
+                if p[5] != KIND_MEMORY or load_le16(p + 6) != d or (d and d != dim):
+                    break
+                if d:
+                    half = <const u16*>(p + HEADER_SIZE)  # the record's vector: finite?
+                    for k in range(d):
+                        if (load_le16(<const u8*>(half + k)) & 0x7C00) == 0x7C00:
+                            break
+                    else:
+                        k = -1
+                    if k >= 0:
+                        break
+                payload = _plain_payload(p, length)
+                if payload is None:
+                    break
+                if not _plain_fields(<dict>payload):
+                    break
+                value = (<dict>payload).get("i")
+                if type(value) is not int or not (low <= value <= MAX_MEMORY_ID):
+                    break
+                mid = value
+                value = (<dict>payload).get("t")
+                if type(value) is not float or not (0.0 <= <double>value <= MAX_TIMESTAMP):
+                    break
+                ts = value
+                text = (<dict>payload).get("x")
+                if type(text) is not str:
+                    break
+                value = (<dict>payload).get("k")
+                if value is None:
+                    text_tokens = summary_tokens = NO_TOKENS
+                else:
+                    if type(value) is not list or len(<list>value) != 2:
+                        break
+                    a, b = (<list>value)[0], (<list>value)[1]
+                    if type(a) is not int or type(b) is not int or not (0 <= a <= NO_TOKENS) \
+                            or not (0 <= b <= NO_TOKENS):
+                        break
+                    text_tokens, summary_tokens = a, b
+                type_name = (<dict>payload).get("y", _CONVERSATION)
+                if type(type_name) is not str or not 0 < len(<str>type_name) <= MAX_TYPE_CHARS:
+                    break
+                value = type_codes.get(type_name)
+                if type(value) is not int or not (0 <= value <= 0xFFFF):
+                    break  # a type this index has no code for yet: the general way makes one
+                code = value
+                session = (<dict>payload).get("s")
+                if session is None:
+                    hashed = 0
+                else:
+                    if type(session) is not str or not 0 < len(<str>session) <= MAX_SESSION_CHARS:
+                        break
+                    value = sessions.get(session)
+                    if value is None:
+                        value = session_hash(session)
+                        sessions[session] = value
+                    hashed = value
+                value = (<dict>payload).get("u")
+                if value is not None and type(value) is not str:
+                    break
+                value = (<dict>payload).get("m")
+                if value is not None and type(value) is not dict:
+                    break
+                value = (<dict>payload).get("n", False)
+                if type(value) is not bool:
+                    break
+                flags = FLAG_PINNED if value else 0
+                if d:
+                    flags |= FLAG_HAS_VECTOR
+                value = (<dict>payload).get("p")
+                if value is None:
+                    if "p" in <dict>payload:
+                        break
+                    importance = defaults.get(type_name, user_default)
+                elif not _is_number(value, 0.0, 1.0, &importance):
+                    break
+                row = <u8*>rows_view.buf + count * ROW_SIZE
+                memset(row, 0, ROW_SIZE)
+                _put64(row + AT_ID, mid)
+                memcpy(row + AT_TS, &ts, 8)
+                _put64(row + AT_SESSION, hashed)
+                _put64(row + AT_OFFSET, <u64>off)
+                _put32(row + AT_LENGTH, <u32>length)
+                (<float*>(row + AT_IMPORTANCE))[0] = <float>importance
+                _put32(row + AT_TEXT_TOKENS, <u32>text_tokens)
+                _put32(row + AT_TEXT_TOKENS + 4, <u32>summary_tokens)
+                _put16(row + AT_TYPE, code)
+                _put16(row + AT_FLAGS, flags)
+                if dim:
+                    vec = <u16*>vec_view.buf + count * dim
+                    if d:
+                        memcpy(vec, p + HEADER_SIZE, 2 * dim)
+                    else:
+                        memset(vec, 0, 2 * dim)
+                texts.append(text)
+                low = mid + 1
+                count += 1
+        finally:
+            PyBuffer_Release(&vec_view)
+    finally:
+        PyBuffer_Release(&rows_view)
+        PyBuffer_Release(&view)
+    return count, texts
+
+
+cdef bint _plain_fields(dict payload):
+    # Every key one of _FIELDS (as a one-character str), "i", "t" and "x" among them.
+    for key in payload:
+        if type(key) is not str or len(<str>key) != 1 or (<str>key) not in _FIELDS:
+            return False
+    return "i" in payload and "t" in payload and "x" in payload

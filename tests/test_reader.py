@@ -454,7 +454,10 @@ def test_read_hot_is_all_or_nothing():
     assert _same_hot(hot_rows, starts, records, 3) is None
     rows, dat = _store_bytes([_payload(i) for i in range(3)])
     hot_rows, starts, records = _hot_bytes(rows, dat)
-    for bad in ([0, starts[1], len(records)], [0, starts[1], -1], [0, starts[1], starts[1]]):
+    # A damaged index row may name any offset up to 2**64 - 1 (more than a C integer
+    # holds): not the plain case either, not OverflowError.
+    for bad in ([0, starts[1], len(records)], [0, starts[1], -1], [0, starts[1], starts[1]],
+                [0, starts[1], 2**63], [0, starts[1], 2**64 - 1], [0, starts[1], -(2**63) - 1]):
         assert _same_hot(hot_rows, bad, records, 3) is None
         assert _same_hot(hot_rows, bad, records, 2) is not None
 
