@@ -40,9 +40,8 @@ def _one(job: tuple[str, int, int, int, bool]) -> tuple[int, list[str], int, dic
     durability, seed, cuts, writers, at_once = job
     stats: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="fastmem-powercut-") as tmp:
-        if at_once:
-            return (*powercut.run_concurrent_cuts(tmp, durability, seed, cuts, writers=writers, stats=stats), stats)
-        return (*powercut.run_cuts(tmp, durability, seed, cuts, writers=writers, stats=stats), stats)
+        return (*powercut.run_cuts(tmp, durability, seed, cuts, writers=writers, stats=stats, at_once=at_once),
+                stats)  # fmt: skip
 
 
 def main() -> None:

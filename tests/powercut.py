@@ -655,57 +655,44 @@ def _result(lost: list[str], garbled: list[str], report: Any, synced: dict[str, 
 
 
 def run_cuts(directory: str, durability: str, seed: int, cuts: int, n_ops: int = 30,
-             writers: int = 1, stats: dict[str, int] | None = None) -> tuple[int, list[str], int]:  # fmt: skip
-    """One recorded workload (through ``writers`` handles) and ``cuts`` random cuts of
-    it; (cuts made, failures, cuts whose unacknowledged tail verify() reports as damaged
-    bytes). ``stats``, when given, counts ``"acked"`` operations and those a group commit
-    acknowledged (``"by_group_commit"``)."""
-    work_dir = _real_os.path.join(directory, f"work-{durability}-{seed}-{writers}")
-    scratch = _real_os.path.join(directory, f"cut-{durability}-{seed}-{writers}")
+             writers: int = 1, stats: dict[str, int] | None = None,
+             at_once: bool = False) -> tuple[int, list[str], int]:  # fmt: skip
+    """One recorded workload and ``cuts`` random cuts of it; (cuts made, failures, cuts
+    whose unacknowledged tail verify() reports as damaged bytes). A :class:`Workload` of
+    ``n_ops`` operations through ``writers`` handles interleaved, or with ``at_once`` a
+    :class:`ConcurrentWorkload` (``writers`` threads at once; its writers' errors are
+    failures too). ``stats``, when given, counts ``"acked"`` operations and those a group
+    commit acknowledged (``"by_group_commit"``)."""
+    name = f"{'conc' if at_once else 'work'}-{durability}-{seed}-{writers}"
+    work_dir, scratch = _real_os.path.join(directory, name), _real_os.path.join(directory, f"cut-{name}")
     _real_os.makedirs(work_dir)
     _real_os.makedirs(scratch)
-    work = Workload(work_dir, durability, seed, n_ops, writers)
+    work: Workload | ConcurrentWorkload
+    if at_once:
+        work = ConcurrentWorkload(work_dir, durability, seed, writers)
+    else:
+        work = Workload(work_dir, durability, seed, n_ops, writers)
     work.run()
     if stats is not None:
         stats["acked"] = stats.get("acked", 0) + len(work.acked)
         stats["by_group_commit"] = stats.get("by_group_commit", 0) + work.by_group_commit
-    rng = random.Random(seed * 7919 + 1)
-    failures, reported = [], 0
+    rng = random.Random(seed * 7919 + (3 if at_once else 1))
+    errors = work.errors if isinstance(work, ConcurrentWorkload) else []
+    failures, reported = [f"{durability} x{writers} seed {seed}: {e}" for e in errors], 0
+    how = f"{durability} x{writers}{' at once,' if at_once else ''} seed {seed}"
     n = len(work.rec.log)
     for i in range(cuts):
         cut = rng.randint(0, n) if i else n  # the last one: after everything
-        result = check_cut(work, cut, rng, scratch)
+        if isinstance(work, ConcurrentWorkload):
+            result = check_concurrent_cut(work, cut, rng, scratch)
+        else:
+            result = check_cut(work, cut, rng, scratch)
         reported += result.reported > 0
         if result.lost or result.garbled or result.problems:
-            failures.append(f"{durability} x{writers} seed {seed} cut {cut}/{n} ({work.rec.log[cut - 1] if cut else '-'}"
-                            f"...): lost {result.lost}, garbled {result.garbled}, problems {result.problems}")  # fmt: skip
-    return cuts, failures, reported
-
-
-def run_concurrent_cuts(directory: str, durability: str, seed: int, cuts: int, writers: int = 3,
-                        stats: dict[str, int] | None = None) -> tuple[int, list[str], int]:  # fmt: skip
-    """``run_cuts`` for a :class:`ConcurrentWorkload` (writers at once, in threads)."""
-    work_dir = _real_os.path.join(directory, f"conc-{durability}-{seed}-{writers}")
-    scratch = _real_os.path.join(directory, f"conc-cut-{durability}-{seed}-{writers}")
-    _real_os.makedirs(work_dir)
-    _real_os.makedirs(scratch)
-    work = ConcurrentWorkload(work_dir, durability, seed, writers)
-    work.run()
-    if stats is not None:
-        stats["acked"] = stats.get("acked", 0) + len(work.acked)
-        stats["by_group_commit"] = stats.get("by_group_commit", 0) + work.by_group_commit
-    rng = random.Random(seed * 7919 + 3)
-    failures, reported = [f"{durability} x{writers} seed {seed}: {e}" for e in work.errors], 0
-    n = len(work.rec.log)
-    for i in range(cuts):
-        cut = rng.randint(0, n) if i else n
-        result = check_concurrent_cut(work, cut, rng, scratch)
-        reported += result.reported > 0
-        if result.lost or result.garbled or result.problems:
-            failures.append(f"{durability} x{writers} at once, seed {seed} cut {cut}/{n}: lost {result.lost}, "
-                            f"garbled {result.garbled}, problems {result.problems}")  # fmt: skip
+            failures.append(f"{how} cut {cut}/{n} ({work.rec.log[cut - 1] if cut else '-'}...): lost "
+                            f"{result.lost}, garbled {result.garbled}, problems {result.problems}")  # fmt: skip
     return cuts, failures, reported
 
 
 __all__ = ["ConcurrentWorkload", "Recorder", "Workload", "check_concurrent_cut", "check_cut", "files_at_cut",
-           "run_concurrent_cuts", "run_cuts", "synced_acks"]
+           "run_cuts", "synced_acks"]

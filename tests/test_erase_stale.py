@@ -16,11 +16,13 @@ import os
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 import fastmem
-from fastmem import _maintenance
+from fastmem import _format as fmt
+from fastmem import _index, _maintenance
 from fastmem._replay import session_hash
 
 _REAL_REPLACE = os.replace
@@ -173,3 +175,50 @@ def test_an_erase_after_a_compaction_killed_between_its_renames_leaves_no_trace(
     writer.close()
     assert traces == []
     assert victim.id not in _texts(path) and len(_texts(path)) == 12
+
+
+# Another process's writer: opens the store (the recovery rule renames a waiting
+# .idx.compact into place), erases one memory, adds one, closes.
+_ERASER = """
+import sys
+import fastmem
+with fastmem.open(sys.argv[1], embedder=None, durability="none") as store:
+    store.forget(sys.argv[2])
+    store.add("added meanwhile", embedding=[0.0, 1.0, 0.0, 0.0])
+"""
+
+
+def test_a_reader_rebuilding_while_the_waiting_index_is_put_in_place(tmp_path, monkeypatch) -> None:
+    """A reader that opens while a killed compaction's index waits under ``.idx.compact``
+    builds its index from the data file, without the lock. Just as its replay starts,
+    another process's writer renames that index into place, erases a memory in place and
+    appends: the reader reads the erased record as forgotten, catches up with the appended
+    records at its next call, and ends where a fresh reader is."""
+    path = str(tmp_path / "store")
+    writer = _reordering_store(path)
+    victim = next(m.id for m in writer if m.text.startswith("memory 4 "))
+    writer.close()
+    compaction_killed_in_another_process(path)
+    real_replay = _index.MemoryIndex.replay
+    met: list[bool] = []
+
+    def replay(self: Any, dat: Any, start: int, end: int, *args: Any, **kwargs: Any) -> Any:
+        if not met and start == fmt.DAT_HEADER_SIZE:  # the full replay of a rebuild
+            met.append(os.path.exists(path + ".idx" + _maintenance.COMPACT_SUFFIX))
+            env = dict(os.environ, FASTMEM_EMBEDDER="none")
+            eraser = [sys.executable, "-c", _ERASER, path, victim]
+            assert subprocess.run(eraser, check=False, env=env, timeout=120).returncode == 0
+            assert not os.path.exists(path + ".idx" + _maintenance.COMPACT_SUFFIX)
+        return real_replay(self, dat, start, end, *args, **kwargs)
+
+    monkeypatch.setattr(_index.MemoryIndex, "replay", replay)
+    reader = fastmem.open(path, embedder=None, readonly=True)
+    monkeypatch.undo()
+    try:
+        assert met == [True]
+        texts = {m.id: m.text for m in reader}
+        assert victim not in texts and "added meanwhile" in texts.values() and len(texts) == 13
+        assert texts == _texts(path)  # a fresh reader's view
+        assert reader.verify().ok, reader.verify().problems
+    finally:
+        reader.close()

@@ -48,50 +48,35 @@ MULTI_CUTS = 30
 
 
 @pytest.mark.parametrize("durability", ["always", "batch"])
-def test_power_cuts_among_several_writers_lose_nothing_acknowledged(tmp_path, durability):
+@pytest.mark.parametrize("at_once", [False, True], ids=["interleaved", "at-once"])
+def test_power_cuts_among_several_writers_lose_nothing_acknowledged(tmp_path, durability, at_once):
+    """2 to 4 writer handles, interleaved in one thread or at once in threads (then also:
+    nothing twice)."""
     made, failures, stats = 0, [], {}
+    first = 500 if at_once else 300
     for seed in MULTI_SEEDS:
-        n, failed, _ = powercut.run_cuts(str(tmp_path), durability, 300 + seed, MULTI_CUTS,
-                                         writers=2 + seed % 3, stats=stats)  # fmt: skip
+        n, failed, _ = powercut.run_cuts(str(tmp_path), durability, first + seed, MULTI_CUTS,
+                                         writers=2 + seed % 3, stats=stats, at_once=at_once)  # fmt: skip
         made += n
         failures += failed
-    print(f"\n{durability}, 2 to 4 writers: {made} cuts, {len(failures)} failed; {stats}")
+    how = "at once" if at_once else "interleaved"
+    print(f"\n{durability}, 2 to 4 writers {how}: {made} cuts, {len(failures)} failed; {stats}")
     assert failures == [], "\n".join(f[:2000] for f in failures[:5])
     if durability == "batch":  # the group commit acknowledged writes (no flush came first)
         assert stats["by_group_commit"] > 0, stats
 
 
-@pytest.mark.parametrize("durability", ["always", "batch"])
-def test_power_cuts_among_writers_at_once_lose_nothing_and_double_nothing(tmp_path, durability):
-    made, failures, stats = 0, [], {}
-    for seed in MULTI_SEEDS:
-        n, failed, _ = powercut.run_concurrent_cuts(str(tmp_path), durability, 500 + seed, MULTI_CUTS,
-                                                    writers=2 + seed % 3, stats=stats)  # fmt: skip
-        made += n
-        failures += failed
-    print(f"\n{durability}, 2 to 4 writers at once: {made} cuts, {len(failures)} failed; {stats}")
-    assert failures == [], "\n".join(f[:2000] for f in failures[:5])
-    if durability == "batch":
-        assert stats["by_group_commit"] > 0, stats
-
-
-def test_the_harness_finds_a_missing_sync_among_writers_at_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("at_once", [False, True], ids=["interleaved", "at-once"])
+def test_the_harness_finds_a_missing_sync_among_several_writers(tmp_path, monkeypatch, at_once):
     from fastmem import _engine
 
     monkeypatch.setattr(_engine.Engine, "sync", lambda self, fd, path=None, what="": None)
     failures = []
-    for seed in range(3):
-        failures += powercut.run_concurrent_cuts(str(tmp_path), "always", 600 + seed, 40, writers=3)[1]
-    assert failures
-
-
-def test_the_harness_finds_a_missing_sync_among_several_writers(tmp_path, monkeypatch):
-    from fastmem import _engine
-
-    monkeypatch.setattr(_engine.Engine, "sync", lambda self, fd, path=None, what="": None)
-    failures = []
-    for seed in range(2):
-        failures += powercut.run_cuts(str(tmp_path), "always", 400 + seed, 40, writers=3)[1]
+    first, seeds = (600, 3) if at_once else (400, 2)
+    for seed in range(first, first + seeds):
+        failures += powercut.run_cuts(
+            str(tmp_path), "always", seed, 40, writers=3, at_once=at_once
+        )[1]
     assert failures
 
 
