@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import copy
 import fcntl
-import glob
 import itertools
 import os
 import threading
@@ -79,6 +78,8 @@ def _aside_name(path: str) -> str:
 def remove_orphans(path: str) -> None:
     """Holding the writer lock: remove the files aside that checkpoints of processes no
     longer running left beside the index ``path`` (killed before they published)."""
+    import glob  # here, where a writer opens: not a cost of every import
+
     for name in glob.glob(glob.escape(path) + ".*-*.tmp"):
         pid = name[len(path) + 1 :].partition("-")[0]
         if not pid.isdigit() or int(pid) == os.getpid():

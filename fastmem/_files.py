@@ -9,10 +9,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import queue
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +20,9 @@ from ._index import MemoryIndex
 from ._io import map_data
 from ._threads import Background, at_fork
 from .errors import CorruptionError, DimensionMismatchError
+
+if TYPE_CHECKING:  # loaded by the release thread's start (releaser), not by the import
+    import queue
 from .types import Problem
 
 COMPACT_SUFFIX = ".compact"  # <name>.dat.compact, <name>.idx.compact: a compaction's new files
@@ -162,6 +164,8 @@ def releaser() -> queue.SimpleQueue[Any]:
     """The queue of this process's release thread (started once, by the first reader, so
     that a reader meeting a swap only puts its old files there)."""
     global _releaser
+    import queue
+
     with _releaser_lock:
         if _releaser is None:  # none yet (a fork's hook drops the parent's: below)
             work: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -20,7 +20,6 @@ Every integer and float is little-endian. No other module packs or parses these 
 
 from __future__ import annotations
 
-import hashlib
 import struct
 import zlib
 from itertools import accumulate
@@ -172,6 +171,8 @@ class DatHeader(NamedTuple):
 
 def embedder_fingerprint(name: str, dim: int) -> bytes:
     """4 bytes that differ between embedders (model name and dimension)."""
+    import hashlib  # here, not at import: its OpenSSL module takes ~2 ms to load
+
     return hashlib.blake2b(f"{name}\0{dim}".encode(), digest_size=4).digest()
 
 

@@ -12,7 +12,6 @@ import mmap
 import os
 import threading
 import time
-import traceback
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -115,6 +114,8 @@ def release_frames(exc: BaseException) -> None:
     CPython 3.12 often in a cycle only the garbage collector frees; a map among them holds a
     descriptor of its own, so a failed open or swap would keep its file open until a
     collection. Frames still running are skipped: their own code drops what they hold."""
+    import traceback  # here, on a failure's way: not a cost of every import
+
     traceback.clear_frames(exc.__traceback__)
 
 

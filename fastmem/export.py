@@ -16,7 +16,6 @@ JSON has no bytes): they are written as ``{"$bytes": "<base64>"}`` and read back
 
 from __future__ import annotations
 
-import base64
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -46,6 +45,8 @@ def memory_dict(memory: Memory) -> dict[str, Any]:
 def to_jsonable(value: Any) -> Any:
     """``value`` with every ``bytes`` inside it (dicts, lists, tuples) as ``{"$bytes": base64}``."""
     if isinstance(value, bytes):
+        import base64  # here: most stores' metadata holds no bytes
+
         return {BYTES_TAG: base64.b64encode(value).decode("ascii")}
     if isinstance(value, dict):
         return {k: to_jsonable(v) for k, v in value.items()}
@@ -62,6 +63,8 @@ def from_jsonable(value: Any) -> Any:
     """
     if isinstance(value, dict):
         if len(value) == 1 and isinstance(value.get(BYTES_TAG), str):
+            import base64
+
             return base64.b64decode(value[BYTES_TAG], validate=True)
         return {k: from_jsonable(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -18,7 +18,6 @@ and ``_maintenance`` (eviction, compaction, repair, backup, verify).
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import os
 import time
@@ -861,6 +860,8 @@ def _newest_first(engine: Engine, before: str | None) -> Iterator[int]:
         raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
     nb, base_order, tail_order = index.n_base, index.base_order, index._tail_sorted()
     base_ts, tail_ts = index.base_rows["timestamp"], index.tail.rows["timestamp"]
+    import bisect  # here: recent(before=...) alone uses it
+
     if g < nb:  # a base row: then the tail's strictly older rows (a tie goes to the tail first)
         at = base_ts[g]
         lo = bisect.bisect_left(range(nb), at, key=lambda i: base_ts[base_order[i]])

