@@ -19,7 +19,10 @@ On keyword-only stores with given 384-d vectors (no model: the write path alone)
   1, 10, 100 or 10,000 memories with vectors: the replay of what others wrote, p50 of
   ``--follow-rounds`` rounds (fewer for 10,000). With ``--baseline``, side by side.
 
-``--only SECTION`` runs one section.
+``--only SECTION`` runs one section. ``--replay both`` runs each writer count twice, one
+right after the other: each writer applying the others' plain memory records with the
+compiled run (``plain``, what fastmem does) and record by record (``general``, as before
+it); each ratio is against the single writer of the same way.
 
 Unfair: two cores for up to four writers plus the OS; the lock is uncontended in
 ``single``; the baseline checkout pays nothing for the per-call fstat it does not make.
@@ -37,10 +40,12 @@ import textwrap
 import time
 
 WRITER = textwrap.dedent("""
-    import json, sys, time
+    import json, os, sys, time
     import numpy as np
     import fastmem
-    from fastmem import _engine
+    from fastmem import _engine, _replay
+    if os.environ.get("FASTMEM_BENCH_REPLAY") == "general":  # no compiled run of plain records
+        _replay.Replayer._plain_run = lambda self, *args: 0
     waits = []
     real = _engine.Engine._flock
     def timed(self):
@@ -108,8 +113,9 @@ def single(work: str, checkout: str | None) -> dict[str, float]:
     return json.loads(out)
 
 
-def writers(work: str, count: int, batches: int) -> dict[str, float]:
-    path = os.path.join(work, f"writers-{count}")
+def writers(work: str, count: int, batches: int, replay: str = "plain", round_: int = 0) -> dict[str, float]:
+    path = os.path.join(work, f"writers-{count}-{replay}-{round_}")
+    os.environ["FASTMEM_BENCH_REPLAY"] = replay
     procs = [_python(WRITER, path, str(batches), str(seed), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
              for seed in range(count)]  # fmt: skip
     for p in procs:
@@ -121,7 +127,7 @@ def writers(work: str, count: int, batches: int) -> dict[str, float]:
     results = [json.loads(p.communicate()[0]) for p in procs]
     wall = time.perf_counter() - started
     waits = sorted(w for r in results for w in r["waits"])
-    return {"processes": count, "memories_per_s": sum(r["memories"] for r in results) / wall,
+    return {"processes": count, "replay": replay, "memories_per_s": sum(r["memories"] for r in results) / wall,
             "lock_wait_p50_ms": 1e3 * waits[len(waits) // 2],
             "lock_wait_p99_ms": 1e3 * waits[int(len(waits) * 0.99)],
             "lock_wait_max_ms": 1e3 * waits[-1]}  # fmt: skip
@@ -186,6 +192,12 @@ def main() -> None:
     parser.add_argument("--baseline", help="another checkout to measure 'single' and 'follow' on")
     parser.add_argument("--follow-rounds", type=int, default=400)
     parser.add_argument("--only", choices=("single", "writers", "freshness", "follow"))
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="writers: rounds of every configuration; the median run is reported")
+    parser.add_argument("--replay", choices=("plain", "general", "both"), default="plain",
+                        help="writers: how each applies the others' memory records: 'plain' "
+                             "(the compiled run, as fastmem does), 'general' (record by record, "
+                             "as before it), 'both' (alternated, each count run both ways)")  # fmt: skip
     args = parser.parse_args()
     run = (lambda section: args.only in (None, section))  # fmt: skip
     with tempfile.TemporaryDirectory() as work:
@@ -198,7 +210,15 @@ def main() -> None:
                 report["single_baseline"] = single(base, args.baseline)
         if run("writers"):
             counts = [int(n) for n in args.writers.split(",")]
-            report["writers"] = [writers(work, n, args.batches) for n in counts]
+            ways = ("general", "plain") if args.replay == "both" else (args.replay,)
+            runs: dict[tuple[int, str], list[dict[str, float]]] = {}
+            for r in range(args.repeat):  # each configuration once per round, alternated
+                for n in counts:
+                    for way in ways:
+                        runs.setdefault((n, way), []).append(writers(work, n, args.batches, way, r))
+            # The run of median throughput of each configuration.
+            report["writers"] = [sorted(got, key=lambda w: w["memories_per_s"])[len(got) // 2]
+                                 for got in runs.values()]  # fmt: skip
         if run("freshness"):
             report["freshness"] = freshness(work)
         if run("follow"):
@@ -206,10 +226,10 @@ def main() -> None:
             if args.baseline:
                 report["follow_baseline"] = follow(base, args.baseline, args.follow_rounds)
     print(json.dumps(report, indent=1))
-    one = report["writers"][0]["memories_per_s"] if "writers" in report else 0  # type: ignore[index]
+    one = {w["replay"]: w["memories_per_s"] for w in report.get("writers", []) if w["processes"] == 1}  # type: ignore[attr-defined]
     for w in report.get("writers", []):  # type: ignore[attr-defined]
-        print(f"{w['processes']} writer(s): {w['memories_per_s']:,.0f} memories/s "
-              f"({w['memories_per_s'] / one:.2f}x one), lock wait p50 {w['lock_wait_p50_ms']:.3f} ms, "
+        print(f"{w['processes']} writer(s), {w['replay']} replay: {w['memories_per_s']:,.0f} memories/s "
+              f"({w['memories_per_s'] / one.get(w['replay'], float('nan')):.2f}x one), lock wait p50 {w['lock_wait_p50_ms']:.3f} ms, "
               f"p99 {w['lock_wait_p99_ms']:.3f} ms, max {w['lock_wait_max_ms']:.1f} ms")  # fmt: skip
 
 
