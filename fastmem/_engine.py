@@ -40,7 +40,7 @@ from . import _erase, _forkexit, _kernels, _stats, _writelock  # noqa: F401 - _f
 from . import _format as fmt
 from ._checkpoint import Background, frozen, remove_orphans
 from ._files import (COMPACT_SUFFIX, Retired, create_data_file, fsync_dir, map_same, recover, releaser,
-                     remove_quietly)  # fmt: skip
+                     remove_quietly, upgrade_data_file)  # fmt: skip
 from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, MemoryIndex, update_changes
 from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
                   release_frames, torn)  # fmt: skip
@@ -59,6 +59,14 @@ __all__ = ["Engine", "no_cyclic_gc"]
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (commit_memories)
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
+
+
+def _write_all(fd: int, data: Any) -> None:
+    """Write all of ``data`` at the end of the data file (``os.write`` may write a part).
+    The one place the engine's appends reach the file (a test splits a batch's write here)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 @at_fork
@@ -81,6 +89,7 @@ class _State(NamedTuple):
     valid_end: int
     uuid: bytes
     rebuilt: bool  # the index was rebuilt from the data file: worth a checkpoint
+    version: int = fmt.FORMAT_VERSION  # the data file header's (1: raised before a batch frame)
 
 
 class Engine:
@@ -254,7 +263,8 @@ class Engine:
             release_frames(exc)  # the map holds a descriptor of its own: see release_frames
             dat = index = None  # type: ignore[assignment]  # this frame is in the traceback too
             raise
-        return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None)
+        return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None,
+                      header.version)  # fmt: skip
 
     def _adopt_compacted_index(self) -> None:
         """Holding the writer lock, no compaction under way: a lone ``.idx.compact`` is the
@@ -295,7 +305,7 @@ class Engine:
             retired.fds.append(self._map_fd)
         self._fd, self._map_fd, self._dat, self.index = state.fd, state.map_fd, state.dat, state.memindex
         self.dat_end, self.valid_end, self.uuid = state.dat_end, state.valid_end, state.uuid
-        self._rebuilt = state.rebuilt
+        self._rebuilt, self.dat_version = state.rebuilt, state.version
         self.cache = ContentCache(self.cache.max_bytes)  # rows are numbered anew
         self.epoch += 1
         return retired
@@ -611,9 +621,12 @@ class Engine:
         if change is not None:
             update, _, update_crc = frame_changes(fmt.KIND_UPDATE, [change[1]])
             data += update
+        frame = self._batch_frame(n + (change is not None))
+        if frame:
+            data = frame + data
         start = self.dat_end
         rows["length"] = lengths
-        rows["offset"] = start + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
+        rows["offset"] = start + len(frame) + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
         # A large batch is written by the helper thread while this one copies its rows into the
         # tail, unread until added (Tail.stage): ~1.3 s each at 1 M, now side by side.
         writing = Beside(self._append, data) if len(data) >= WRITE_BESIDE_MIN else None
@@ -727,8 +740,7 @@ class Engine:
         start = self.dat_end
         view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self._fd, view) :]
+            _write_all(self._fd, view)
             if self.durability == "always" or (durable and self.durability == "batch"):
                 self.sync(self._fd)
         except BaseException:
@@ -740,6 +752,17 @@ class Engine:
                 self._commit = GroupCommit(self._fd, GROUP_COMMIT_SECONDS)
             self._commit.notify()
         return start
+
+    def _batch_frame(self, count: int) -> bytes:
+        """The batch frame to write before a write of ``count`` records (none for one):
+        readers then take all of them or none (docs/format.md). A version 1 data file's
+        header is raised to the current version first (holding the lock)."""
+        if count < 2:
+            return b""
+        if self.dat_version < fmt.FORMAT_VERSION:
+            upgrade_data_file(self._fd, self.dat_path)
+            self.dat_version = fmt.FORMAT_VERSION
+        return fmt.pack_batch_frame(count)
 
     def append_change(self, kind: int, payload: dict[str, Any]) -> int:
         """Append one update or forget record; returns its offset."""
@@ -756,8 +779,9 @@ class Engine:
         ids = index.column("id")[rows].tolist()
         flags = index.column("flags")
         data, lengths, crcs = frame_changes(fmt.KIND_FORGET, payloads or [{"i": mid, "t": now} for mid in ids])
-        start = self._append(data, durable=payloads is not None)
-        last = start + int(lengths[:-1].sum())
+        frame = self._batch_frame(len(ids))
+        start = self._append(frame + data if frame else data, durable=payloads is not None)
+        last = start + len(frame) + int(lengths[:-1].sum())
         for g in rows:
             self.note_change(g, index.row(g))
             if not flags[g] & fmt.FLAG_FORGOTTEN:  # (an erase of a memory forgotten before)

@@ -93,7 +93,7 @@ def erased_record(
     payload = payload or _payload(mid, None, None, size)
     if payload is None:  # a stored payload is never this short (add writes more)
         raise ValueError(f"a record of {length} bytes cannot hold an erased record")
-    head = fmt.RECORD_HEADER.pack(fmt.RECORD_MAGIC, fmt.FORMAT_VERSION, kind, dim, size, size, 0)
+    head = fmt.RECORD_HEADER.pack(fmt.RECORD_MAGIC, fmt.RECORD_VERSION, kind, dim, size, size, 0)
     body = bytes(2 * dim) + payload
     crc = zlib.crc32(body, zlib.crc32(head[: fmt.RECORD_CRC_AT]))
     return head[: fmt.RECORD_CRC_AT] + crc.to_bytes(4, "little") + body

@@ -7,6 +7,8 @@ Used by the storage engine (``fastmem._engine``) and by maintenance (``fastmem._
 from __future__ import annotations
 
 import ctypes
+import errno
+import fcntl
 import mmap
 import os
 import threading
@@ -237,3 +239,23 @@ def create_data_file(fd: int, size: int, dim: int, identity: tuple[str, int] | N
     os.write(fd, header)
     os.fsync(fd)
     fsync_dir(path)
+
+
+def upgrade_data_file(fd: int, path: str) -> None:
+    """Holding the writer lock: raise the header of the data file open as ``fd`` (opened
+    with ``O_APPEND``) to ``FORMAT_VERSION``, with the same fields, and make it durable:
+    before the first batch frame is written, so that a release that reads version 1 only
+    refuses the file (``FormatVersionError``) instead of misreading its frames. The 64
+    bytes are written in place, in the first sector (one write: a power loss leaves the
+    old header or the new one, and either reads the same records)."""
+    head = fmt.unpack_dat_header(os.pread(fd, fmt.DAT_HEADER_SIZE, 0), path)
+    if head.version == fmt.FORMAT_VERSION:
+        return
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~os.O_APPEND)  # else pwrite appends (Linux)
+    try:
+        if os.pwrite(fd, fmt.upgrade_dat_header(head), 0) != fmt.DAT_HEADER_SIZE:
+            raise OSError(errno.EIO, "the data file's header was written in part", path)
+    finally:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    os.fsync(fd)

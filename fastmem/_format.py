@@ -31,7 +31,11 @@ import numpy as np
 
 from .errors import CorruptIndexError, CorruptionError, CorruptRecordError, FormatVersionError
 
-FORMAT_VERSION = 1  # of the data file and its records
+# The data file's version (its header): 2 added batch frames (KIND_BATCH). A version 1 file
+# is read as it is and raised to 2 by the first writer that opens it (``upgrade_dat_header``).
+FORMAT_VERSION = 2
+DAT_VERSIONS = (1, 2)
+RECORD_VERSION = 1  # the version byte of every record: the record layout is unchanged
 # The index file's version: 2 added the commit slots and deltas (incremental checkpoints);
 # version 1 files (no slots) are read, and replaced by version 2 at the next checkpoint.
 IDX_VERSION = 2
@@ -73,6 +77,15 @@ KIND_MEMORY = 1
 KIND_UPDATE = 2
 KIND_FORGET = 3
 RECORD_KINDS = (KIND_MEMORY, KIND_UPDATE, KIND_FORGET)
+# A batch frame: written before the records of one write of several (an add_many, a forget
+# of many), it says how many follow. A reader takes them only once all are there and valid
+# (a write under way, or cut short by a crash, is not read in part); the scans
+# (``scan_records``) give the records and leave the frame out. Its payload is not msgpack:
+# the count, u64 (``BATCH_FRAME``). No vector. A frame never follows another frame directly.
+KIND_BATCH = 4
+BATCH_COUNT = struct.Struct("<Q")
+BATCH_FRAME_SIZE = RECORD_HEADER_SIZE + BATCH_COUNT.size  # 28
+MAX_BATCH = (1 << 32) - 1  # records a frame may name
 
 # Documented limits; the scan refuses any length beyond them before reading it.
 MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of a memory's text
@@ -167,6 +180,7 @@ class DatHeader(NamedTuple):
     next_id: int = 0
     compacted_end: int = 0
     embedder: bytes = bytes(4)
+    version: int = FORMAT_VERSION  # of the file read (1: no batch frames in it yet)
 
 
 def embedder_fingerprint(name: str, dim: int) -> bytes:
@@ -197,14 +211,20 @@ def unpack_dat_header(buf: Any, path: str) -> DatHeader:
     )
     if crc != crc32(bytes(buf[: DAT_HEADER_SIZE - 4])):  # damage first: a flipped version is damage
         raise CorruptionError(f"{path}: the file header is damaged", path=path, offset=0)
-    if version != FORMAT_VERSION:
+    if version not in DAT_VERSIONS:
         raise FormatVersionError(
-            f"{path} has format version {version}; this fastmem reads version "
-            f"{FORMAT_VERSION}: install a fastmem release that reads it"
+            f"{path} has format version {version}; this fastmem reads versions "
+            f"{DAT_VERSIONS[0]} to {FORMAT_VERSION}: install a fastmem release that reads it"
         )
     if size != DAT_HEADER_SIZE or dim > MAX_DIM or next_id > MAX_ID:
         raise CorruptionError(f"{path}: the file header is damaged", path=path, offset=0)
-    return DatHeader(uuid, dim, created, next_id, compacted_end, embedder)
+    return DatHeader(uuid, dim, created, next_id, compacted_end, embedder, version)
+
+
+def upgrade_dat_header(head: DatHeader) -> bytes:
+    """The 64 bytes of ``head`` as a version ``FORMAT_VERSION`` header (the same fields)."""
+    return pack_dat_header(head.uuid, head.dim, head.created, head.next_id, head.compacted_end,
+                           head.embedder)  # fmt: skip
 
 
 # --- records ---------------------------------------------------------------------------
@@ -275,15 +295,56 @@ def read_record(
         raise CorruptRecordError(
             f"{path}: the record at offset {offset} fails its checksum", path=path, offset=offset
         )
-    if view[4] != FORMAT_VERSION:  # checked after the CRC: a flipped version byte is damage
+    if view[4] != RECORD_VERSION:  # checked after the CRC: a flipped version byte is damage
         raise FormatVersionError(
             f"{path}: record at offset {offset} has format version {view[4]}; "
-            f"this fastmem reads version {FORMAT_VERSION}: install a release that reads it"
+            f"this fastmem reads version {RECORD_VERSION}: install a release that reads it"
         )
     payload = decode_payload(
         view[RECORD_HEADER_SIZE + 2 * head.dim :], head.payload_len, head.raw_len, offset, path
     )
     return head, payload
+
+
+def pack_batch_frame(count: int) -> bytes:
+    """The batch frame of a write of ``count`` records (2 to ``MAX_BATCH``)."""
+    if not 2 <= count <= MAX_BATCH:
+        raise ValueError(f"a batch frame names 2 to {MAX_BATCH} records, not {count}")
+    body = BATCH_COUNT.pack(count)
+    head = RECORD_HEADER.pack(RECORD_MAGIC, RECORD_VERSION, KIND_BATCH, 0, len(body), len(body), 0)
+    crc = crc32(body, crc32(head[:RECORD_CRC_AT]))
+    return head[:RECORD_CRC_AT] + struct.pack("<I", crc) + body
+
+
+def batch_count(buf: Any, offset: int, end: int) -> int:
+    """The count of the valid batch frame at ``offset`` of ``buf[:end]``, else 0."""
+    if offset < 0 or offset + BATCH_FRAME_SIZE > end:
+        return 0
+    frame = bytes(buf[offset : offset + BATCH_FRAME_SIZE])
+    if frame[:RECORD_CRC_AT] != _FRAME_HEAD or int.from_bytes(frame[16:20], "little") != crc32(
+        frame[RECORD_HEADER_SIZE:], crc32(_FRAME_HEAD)
+    ):
+        return 0
+    count = BATCH_COUNT.unpack_from(frame, RECORD_HEADER_SIZE)[0]
+    return count if 2 <= count <= MAX_BATCH else 0
+
+
+_FRAME_HEAD = RECORD_HEADER.pack(
+    RECORD_MAGIC, RECORD_VERSION, KIND_BATCH, 0, BATCH_COUNT.size, BATCH_COUNT.size, 0
+)[:RECORD_CRC_AT]
+
+
+def cut_short(buf: Any, offset: int, end: int) -> bool:
+    """Whether the bytes from ``offset`` to ``end`` are the start of a record the file does
+    not hold all of yet (nothing, less than a header, or a header claiming more bytes than
+    are there): where a batch's write under way, or cut short by a crash, stops."""
+    if offset + RECORD_HEADER_SIZE > end:
+        return True
+    if bytes(buf[offset : offset + 4]) != RECORD_MAGIC:
+        return False
+    dim = int.from_bytes(buf[offset + 6 : offset + 8], "little")
+    plen = int.from_bytes(buf[offset + 8 : offset + 12], "little")
+    return offset + record_size(dim, plen) > end
 
 
 def _no_ext(code: int, data: bytes) -> Any:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import _format as fmt
+from . import _kernels
 from .errors import DurabilityError, FastmemError, StoreFullError
 from .types import Memory
 
@@ -182,6 +183,8 @@ def torn_tail(tail: bytes, offset: int) -> bool:
     """
     if len(tail) < fmt.RECORD_HEADER_SIZE or tail.count(0) == len(tail):
         return True
+    if _batch_cut_short(tail):
+        return True
     if tail[:4] == fmt.RECORD_MAGIC:
         _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)
         if fmt.record_size(dim, plen) > len(tail):
@@ -192,6 +195,22 @@ def torn_tail(tail: bytes, offset: int) -> bool:
         if stop - at >= _LOST_PAGE_MIN and tail.count(0, at, stop) == stop - at:
             return True
         at, boundary = stop, boundary + PAGE
+    return False
+
+
+def _batch_cut_short(tail: bytes) -> bool:
+    """Whether ``tail`` is a batch frame followed by fewer whole records than it names,
+    the file ending in the next one: a batch's write cut short (the scans take none of it)."""
+    count = fmt.batch_count(tail, 0, len(tail))
+    at = fmt.BATCH_FRAME_SIZE
+    while count:
+        if fmt.cut_short(tail, at, len(tail)):
+            return True
+        info = _kernels.check_record(tail, at, len(tail))
+        if info is None or info[0] == fmt.KIND_BATCH:
+            return False  # damage inside a whole batch: kept, and reported
+        at += fmt.record_size(info[1], info[2])
+        count -= 1
     return False
 
 

@@ -189,25 +189,32 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
 def _scan_small(fd: int, start: int, end: int) -> tuple[np.ndarray, ...] | None:
     """:func:`scan_file`'s answer for a few bytes that hold whole valid records only (the
     usual catch-up: what another process appended since the last call), each checked by
-    the compiled record check; None for anything else (a record cut short or still being
-    written, damage, a cut file), which the full scan then reads again and places."""
+    the compiled record check, and whole batches (a batch frame and every record it names);
+    None for anything else (a record or batch cut short or still being written, damage, a
+    cut file), which the full scan then reads again and places."""
     buf = os.pread(fd, end - start, start)
     n = len(buf)
     if n < end - start:
         return None
     offsets, lengths, kinds, dims = [], [], [], []
     check, header = _kernels.check_record, fmt.RECORD_HEADER_SIZE
-    pos = 0
+    pos = batch = 0  # batch: the records the last batch frame names that are still to come
     while pos < n:
         info = check(buf, pos, n)
         if info is None:
-            return None
+            if batch or not (batch := fmt.batch_count(buf, pos, n)):
+                return None
+            pos += fmt.BATCH_FRAME_SIZE
+            continue
+        batch -= batch > 0
         kind, dim, plen, _ = info
         offsets.append(start + pos)
         lengths.append(header + 2 * dim + plen)  # fmt.record_size, inlined
         kinds.append(kind)
         dims.append(dim)
         pos += lengths[-1]
+    if batch:
+        return None
     return (np.array(offsets, dtype=np.int64), np.array(lengths, dtype=np.uint32),
             np.array(kinds, dtype=np.uint8), np.array(dims, dtype=np.uint16), _NO_BAD, _NO_BAD)  # fmt: skip
 

@@ -20,7 +20,8 @@ from _frames cimport _crc_update, fastmem_crc_init
 # Kept equal to fastmem._format by tests/test_heads.py (CONSTANTS below).
 cdef enum:
     DAT_HEADER_SIZE = 64
-    FORMAT_VERSION = 1
+    FORMAT_VERSION = 2  # the data file's; version 1 files are read too
+    DAT_VERSION_FIRST = 1
     MAX_DIM = 4096
     IDX_HEADER_SIZE = 4096
     IDX_HEADER_CRC_AT = 4092
@@ -40,7 +41,8 @@ cdef const char* IDX_MAGIC = b"FMEMINDX"
 cdef const char* SLOT_MAGIC = b"FMEMSLOT"
 cdef const char* DELTA_MAGIC = b"FMEMDLTA"
 
-CONSTANTS = dict(DAT_HEADER_SIZE=DAT_HEADER_SIZE, FORMAT_VERSION=FORMAT_VERSION, MAX_DIM=MAX_DIM,
+CONSTANTS = dict(DAT_HEADER_SIZE=DAT_HEADER_SIZE, FORMAT_VERSION=FORMAT_VERSION,
+                 DAT_VERSIONS=tuple(range(DAT_VERSION_FIRST, FORMAT_VERSION + 1)), MAX_DIM=MAX_DIM,
                  IDX_HEADER_SIZE=IDX_HEADER_SIZE, IDX_HEADER_CRC_AT=IDX_HEADER_CRC_AT,
                  IDX_VERSIONS=tuple(range(IDX_VERSION_FIRST, IDX_VERSION_LAST + 1)),
                  ROW_SIZE=ROW_SIZE, KEYWORD_VERSION=KEYWORD_VERSION, SLOT_SIZE=SLOT_SIZE,
@@ -100,12 +102,12 @@ def delta_header(object buf, Py_ssize_t at, object cls):
 cdef object _dat_header(const u8* p, i64 n, i64 at, object cls):
     if n < DAT_HEADER_SIZE or memcmp(p, DAT_MAGIC, 8) != 0:
         return None
-    if not _crc_ok(p, DAT_HEADER_SIZE - 4) or load_le16(p + 8) != FORMAT_VERSION:
+    if not _crc_ok(p, DAT_HEADER_SIZE - 4) or not DAT_VERSION_FIRST <= load_le16(p + 8) <= FORMAT_VERSION:
         return None
     if load_le16(p + 10) != DAT_HEADER_SIZE or load_le32(p + 28) > MAX_DIM or _le64(p + 40) > MAX_ID:
         return None
     return cls(_bytes(p + 12, 16), load_le32(p + 28), _f64(p + 32), _le64(p + 40),
-               _le64(p + 48), _bytes(p + 56, 4))
+               _le64(p + 48), _bytes(p + 56, 4), load_le16(p + 8))
 
 
 cdef object _idx_header(const u8* p, i64 n, i64 at, object cls):

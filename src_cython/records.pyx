@@ -14,8 +14,8 @@ from libc.stdlib cimport free, malloc, realloc
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize
 from cpython.exc cimport PyErr_SetFromErrno
 from posix.stat cimport struct_stat
-from _types cimport u8, u16, u32, i64
-from _bytes cimport load_le16, load_le32, store_le16, store_le32
+from _types cimport u8, u16, u32, u64, i64
+from _bytes cimport load_le16, load_le32, load_le64, store_le16, store_le32
 from _frames cimport (
     CRC_AT, FORMAT_VERSION, HEADER_SIZE, MAGIC_BYTE0, MAGIC_LE32, MAX_DIM, MAX_RAW_PAYLOAD,
     _crc_update, _framed_length, _record_length, fastmem_crc_init, fastmem_crc_use_clmul,
@@ -40,7 +40,7 @@ cdef extern from *:
     """
     int fastmem_fstat(int fd, struct_stat *st)
 
-CONSTANTS = dict(HEADER_SIZE=HEADER_SIZE, CRC_AT=CRC_AT, FORMAT_VERSION=FORMAT_VERSION,
+CONSTANTS = dict(HEADER_SIZE=HEADER_SIZE, CRC_AT=CRC_AT, RECORD_VERSION=FORMAT_VERSION,
                  MAX_DIM=MAX_DIM, MAX_RAW_PAYLOAD=MAX_RAW_PAYLOAD, MAGIC=b"\x8fFMR")
 
 fastmem_crc_init()
@@ -165,19 +165,63 @@ cdef i64 _candidate_length(_Prefix* pf, i64 pos, i64 end) noexcept nogil:
     return length
 
 
+cdef enum:
+    KIND_BATCH = 4  # fmt.KIND_BATCH: a batch frame, its payload the count (u64)
+    FRAME_SIZE = HEADER_SIZE + 8
+
+
+cdef inline i64 _batch_count(const u8* base, i64 pos, i64 end) noexcept nogil:
+    # fmt.batch_count: the count of the valid batch frame at pos, else 0.
+    cdef const u8* p = base + pos
+    cdef u32 crc
+    cdef u64 count
+    if pos + FRAME_SIZE > end:
+        return 0
+    if (load_le32(p) != MAGIC_LE32 or p[4] != FORMAT_VERSION or p[5] != KIND_BATCH
+            or load_le16(p + 6) != 0 or load_le32(p + 8) != 8 or load_le32(p + 12) != 8):
+        return 0
+    crc = _crc_update(0, p, CRC_AT)
+    crc = _crc_update(crc, p + HEADER_SIZE, 8)
+    if crc != load_le32(p + CRC_AT):
+        return 0
+    count = load_le64(p + HEADER_SIZE)
+    if count < 2 or count > 0xFFFFFFFFu:
+        return 0
+    return <i64>count
+
+
+CONSTANTS.update(KIND_BATCH=KIND_BATCH, BATCH_FRAME_SIZE=FRAME_SIZE)
+
+
+cdef inline bint _cut_short(const u8* base, i64 pos, i64 end) noexcept nogil:
+    # fmt.cut_short: the file does not hold all of the record starting at pos (yet).
+    cdef const u8* p = base + pos
+    if pos + HEADER_SIZE > end:
+        return True
+    if load_le32(p) != MAGIC_LE32:
+        return False
+    return pos + HEADER_SIZE + 2 * <i64>load_le16(p + 6) + <i64>load_le32(p + 8) > end
+
+
 def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     """Walk the records in ``buf[start:end]``; see fastmem._kernels_py.scan_records."""
     if not (0 <= start <= end <= buf.shape[0]):
         raise ValueError("scan range out of bounds")
-    cdef list good = [], bad = []
+    cdef list bad = []
     cdef i64 pos = start, length, nxt
     cdef i64 s = start, e = end
     cdef const u8* base = &buf[0] if buf.shape[0] else NULL
-    # Records are collected in chunks so that the GIL is released for the byte work.
-    cdef i64[:] offs = np.empty(4096, dtype=np.int64)
-    cdef i64[:] lens = np.empty(4096, dtype=np.int64)
-    cdef Py_ssize_t count
-    cdef i64 bad_start
+    # Records go into arrays that grow (with the GIL) as they fill; the byte work lets it go.
+    cdef Py_ssize_t cap = 4096, count = 0
+    offsets = np.empty(cap, dtype=np.int64)
+    lengths = np.empty(cap, dtype=np.int64)
+    cdef i64[::1] offs = offsets
+    cdef i64[::1] lens = lengths
+    cdef i64 bad_start, bad_end
+    # The batch being walked: its frame's offset, the records it still names, and where
+    # its records start in offs (dropped again when the file ends before its last one).
+    cdef i64 frame_at = -1, remaining = 0
+    cdef Py_ssize_t mark = 0
     cdef _Prefix prefix
     prefix.base = base
     prefix.ring = <u32*>malloc(RING * sizeof(u32))
@@ -186,36 +230,54 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     _prefix_reset(&prefix, s)
     try:
         while pos < e:
-            count = 0
             bad_start = -1
             with nogil:
-                while pos < e and count < 4096:
+                while pos < e and count < cap:
                     length = _record_length(base, pos, e)
+                    if length == 0 and remaining:
+                        remaining = 0
+                        if _cut_short(base, pos, e):  # the batch is not all there: none of it
+                            count = mark
+                            bad_start, bad_end, pos = frame_at, e, e
+                            break
+                        continue  # damage inside a whole batch: its other records are kept
                     if length == 0:
+                        remaining = _batch_count(base, pos, e)
+                        if remaining:
+                            frame_at, mark = pos, count
+                            pos += FRAME_SIZE
+                            continue
                         bad_start = pos
                         nxt = pos + 1
                         while nxt < e:
-                            if base[nxt] == MAGIC_BYTE0 and _candidate_length(&prefix, nxt, e):
+                            if base[nxt] == MAGIC_BYTE0 and (_candidate_length(&prefix, nxt, e)
+                                                             or _batch_count(base, nxt, e)):
                                 break
                             nxt += 1
                         pos = nxt if nxt < e else e
+                        bad_end = pos
                         break
                     offs[count] = pos
                     lens[count] = length
                     count += 1
                     pos += length
-            if count:
-                good.append((np.asarray(offs[:count]).copy(), np.asarray(lens[:count]).copy()))
+                    if remaining:
+                        remaining -= 1
             if bad_start >= 0:
-                bad.append((bad_start, pos))
+                bad.append((bad_start, bad_end))
+            if count == cap:
+                cap *= 2
+                offsets = np.resize(offsets, cap)
+                lengths = np.resize(lengths, cap)
+                offs = offsets
+                lens = lengths
+        if remaining:  # the file ends where the batch's next record would start
+            count = mark
+            bad.append((frame_at, e))
     finally:
         free(prefix.ring)
-    if good:
-        offsets = np.concatenate([g[0] for g in good])
-        lengths = np.concatenate([g[1] for g in good]).astype(np.uint32)
-    else:
-        offsets = np.empty(0, dtype=np.int64)
-        lengths = np.empty(0, dtype=np.uint32)
+    offsets = offsets[:count].copy()
+    lengths = lengths[:count].astype(np.uint32)
     arr = np.frombuffer(buf, dtype=np.uint8)
     kinds = arr[offsets + 5] if offsets.size else np.empty(0, dtype=np.uint8)
     dims = (arr[offsets + 6].astype(np.uint16) | (arr[offsets + 7].astype(np.uint16) << 8)

@@ -69,7 +69,7 @@ def test_random_bytes_raise_only_fastmem_errors(mode, body):
 
 
 def _record(payload: bytes, dim: int = 0) -> bytes:
-    head = fmt.RECORD_MAGIC + bytes([fmt.FORMAT_VERSION, fmt.KIND_MEMORY])
+    head = fmt.RECORD_MAGIC + bytes([fmt.RECORD_VERSION, fmt.KIND_MEMORY])
     head += struct.pack("<HII", dim, len(payload), len(payload))
     body = bytes(2 * dim) + payload
     return head + struct.pack("<I", zlib.crc32(body, zlib.crc32(head))) + body
@@ -125,7 +125,7 @@ def test_replay_refuses_out_of_range_fields(tmp_path, field):
     path = str(tmp_path / "s")
     with fastmem.open(path, embedder=None):
         pass
-    head = fmt.RECORD_MAGIC + bytes([fmt.FORMAT_VERSION, fmt.KIND_MEMORY]) + struct.pack("<HII", 0, len(stored), raw)
+    head = fmt.RECORD_MAGIC + bytes([fmt.RECORD_VERSION, fmt.KIND_MEMORY]) + struct.pack("<HII", 0, len(stored), raw)
     record = head + struct.pack("<I", zlib.crc32(stored, zlib.crc32(head))) + stored
     with open(path + ".dat", "ab") as f:
         f.write(record)

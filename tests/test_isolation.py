@@ -188,7 +188,7 @@ def test_an_extension_type_in_a_stored_record_is_damage(tmp_path):
     with fastmem.open(path, embedder=None):
         pass
     stored = msgpack.packb({"i": 0, "t": 1.0, "x": "hi", "m": {"e": msgpack.ExtType(7, b"payload")}})
-    head = fmt.RECORD_MAGIC + bytes([fmt.FORMAT_VERSION, fmt.KIND_MEMORY]) + struct.pack(
+    head = fmt.RECORD_MAGIC + bytes([fmt.RECORD_VERSION, fmt.KIND_MEMORY]) + struct.pack(
         "<HII", 0, len(stored), len(stored)
     )
     with open(path + ".dat", "ab") as f:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _items
+from fastmem import _items, _kernels
 from fastmem import _kernels_py as ref
 
 ext = pytest.importorskip("fastmem._ext.items")
@@ -56,6 +56,19 @@ def test_a_mix_of_items_writes_the_bytes_fastmem_wrote_before(tmp_path, backend,
     for name in ("store.dat", "store.idx"):
         want = (FIXTURES / "add_many" / name).read_bytes()
         assert (tmp_path / name).read_bytes() == want, f"{name} ({backend})"
+    # Its records are the item-by-item path's: the same file without its batch frames.
+    assert _as_v1((tmp_path / "store.dat").read_bytes()) == (FIXTURES / "add_many" / "store-v1.dat").read_bytes()
+
+
+def _as_v1(data: bytes) -> bytes:
+    """A data file as data file version 1 wrote it: its batch frames left out."""
+    h = fmt.unpack_dat_header(data, "")
+    out = [fmt.pack_dat_header(h.uuid, h.dim, h.created, h.next_id, h.compacted_end, h.embedder)]
+    out[0] = out[0][:8] + (1).to_bytes(2, "little") + out[0][10:60]
+    out[0] += fmt.crc32(out[0]).to_bytes(4, "little")
+    offsets, lengths = _kernels.scan_records(data, fmt.DAT_HEADER_SIZE, len(data))[:2]
+    out += [data[o : o + n] for o, n in zip(offsets.tolist(), lengths.tolist())]
+    return b"".join(out)
 
 
 # --- both backends: the same results, or the same error -----------------------------------

@@ -33,7 +33,8 @@ def test_compiled_constants_match_the_format():
     c = ext.CONSTANTS
     assert c["HEADER_SIZE"] == fmt.RECORD_HEADER_SIZE
     assert c["CRC_AT"] == fmt.RECORD_CRC_AT
-    assert c["FORMAT_VERSION"] == fmt.FORMAT_VERSION
+    assert c["RECORD_VERSION"] == fmt.RECORD_VERSION
+    assert (c["KIND_BATCH"], c["BATCH_FRAME_SIZE"]) == (fmt.KIND_BATCH, fmt.BATCH_FRAME_SIZE)
     assert c["MAX_DIM"] == fmt.MAX_DIM
     assert c["MAX_RAW_PAYLOAD"] == fmt.MAX_RAW_PAYLOAD
     assert c["MAGIC"] == fmt.RECORD_MAGIC

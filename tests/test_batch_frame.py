@@ -1,0 +1,195 @@
+"""A multi-record write (``add_many``, ``forget_many``) is atomic to readers: another handle
+catching up while the write is under way sees all of it or none of it (the batch frame,
+docs/format.md). The writer's bytes are written in two steps here, with the check of a
+second handle between them, through the engine's one write function."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import fastmem
+from fastmem import _engine
+from fastmem import _format as fmt
+from fastmem import _kernels
+from fastmem.errors import FormatVersionError, RecoveryWarning
+
+QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
+                         "policy": fastmem.ContextPolicy(preload=0, recent=0)}  # fmt: skip
+
+
+def _items(n: int, tag: str = "batch") -> list[dict[str, Any]]:
+    return [{"text": f"{tag} memory {i} " + "words " * 40, "embedding": np.ones(8) + i}
+            for i in range(n)]  # fmt: skip
+
+
+def _split_writes(monkeypatch: pytest.MonkeyPatch, at: Callable[[bytes], int],
+                  between: Callable[[], None]) -> list[int]:  # fmt: skip
+    """Make the engine's writes of more than one record go in two steps: the first
+    ``at(bytes)`` bytes, then ``between()``, then the rest. Returns the sizes written."""
+    real = _engine._write_all
+    sizes: list[int] = []
+
+    def split(fd: int, data: Any) -> None:
+        view = memoryview(data)
+        sizes.append(len(view))
+        if len(view) < 2 * fmt.RECORD_HEADER_SIZE:
+            real(fd, view)
+            return
+        cut = at(bytes(view))
+        real(fd, view[:cut])
+        between()
+        real(fd, view[cut:])
+
+    monkeypatch.setattr(_engine, "_write_all", split)
+    return sizes
+
+
+def _ids(store: fastmem.MemoryStore) -> list[str]:
+    return store.ids()
+
+
+@pytest.mark.parametrize("where", ["half", "after-first-record", "one-byte-short"])
+def test_a_reader_sees_a_batch_whole_or_not_at_all(
+    store_path: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    writer = fastmem.open(store_path, durability="none", **QUIET)
+    writer.add("before", embedding=np.ones(8))
+    reader = fastmem.open(store_path, readonly=True, **QUIET)
+    assert len(_ids(reader)) == 1
+    seen: list[int] = []
+
+    def at(data: bytes) -> int:
+        if where == "half":
+            return len(data) // 2
+        if where == "one-byte-short":
+            return len(data) - 1
+        # just past the first memory record (and the frame before it, if there is one)
+        pos = 0
+        while True:
+            _, _, kind, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(data, pos)
+            pos += fmt.record_size(dim, plen)
+            if kind == fmt.KIND_MEMORY:
+                return pos
+
+    def between() -> None:
+        seen.append(len(_ids(reader)))
+
+    _split_writes(monkeypatch, at, between)
+    writer.add_many(_items(50))
+    assert seen == [1], "the reader saw part of the batch while it was being written"
+    assert len(_ids(reader)) == 51
+    assert reader.verify().ok
+    writer.close()
+    reader.close()
+
+
+def test_a_forget_of_many_is_whole_or_nothing(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = fastmem.open(store_path, durability="none", **QUIET)
+    ids = writer.add_many(_items(20))
+    reader = fastmem.open(store_path, readonly=True, **QUIET)
+    seen: list[int] = []
+    _split_writes(monkeypatch, lambda data: len(data) // 2, lambda: seen.append(len(_ids(reader))))
+    writer.forget_many(ids[:10], erase=False)
+    assert seen == [20]
+    assert len(_ids(reader)) == 10
+    writer.close()
+    reader.close()
+
+
+def test_a_batch_cut_short_by_a_crash_is_dropped_quietly(store_path: str) -> None:
+    """A batch whose last records never reached the file (the writer was killed mid-write)
+    is a torn append: the next writer cuts all of it, with no RecoveryWarning, and no
+    reader ever took part of it."""
+    with fastmem.open(store_path, durability="none", **QUIET) as s:
+        s.add("before", embedding=np.ones(8))
+    start = os.path.getsize(store_path + ".dat")
+    index = Path(store_path + ".idx").read_bytes()  # the index before the batch: no crash
+    with fastmem.open(store_path, durability="none", **QUIET) as s:  # leaves a later one
+        s.add_many(_items(30))
+    Path(store_path + ".idx").write_bytes(index)
+    data = Path(store_path + ".dat").read_bytes()
+    # cut at the end of a record in the middle of the batch: whole records only remain
+    offsets = _kernels.scan_records(data, start, len(data))[0]
+    cut = int(offsets[len(offsets) // 2])
+    with open(store_path + ".dat", "r+b") as f:
+        f.truncate(cut)
+    with fastmem.open(store_path, readonly=True, **QUIET) as r:
+        assert len(r.ids()) == 1
+        assert r.verify().ok  # a torn tail is not damage
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecoveryWarning)
+        with fastmem.open(store_path, **QUIET) as s:
+            assert len(s.ids()) == 1
+            assert s.verify().ok
+            new = s.add_many(_items(3, "later"))
+    assert os.path.getsize(store_path + ".dat") > start
+    with fastmem.open(store_path, readonly=True, **QUIET) as r:
+        assert r.ids() == [r.ids()[0], *new]
+        assert r.verify().ok
+
+
+def test_a_damaged_record_inside_a_whole_batch_keeps_the_others(store_path: str) -> None:
+    """Bit rot in an acknowledged batch: the batch's other records are kept (as any other
+    records are), the damage is reported."""
+    with fastmem.open(store_path, durability="none", **QUIET) as s:
+        s.add("before", embedding=np.ones(8))
+        start = os.path.getsize(store_path + ".dat")
+        s.add_many(_items(10))
+        s.add("after", embedding=np.ones(8))
+    data = bytearray(Path(store_path + ".dat").read_bytes())
+    offsets = _kernels.scan_records(bytes(data), start, len(data))[0]
+    data[int(offsets[4]) + 30] ^= 0x40
+    Path(store_path + ".dat").write_bytes(bytes(data))
+    Path(store_path + ".idx").unlink()
+    with pytest.warns(RecoveryWarning), fastmem.open(store_path, readonly=True, **QUIET) as r:
+        assert len(r.ids()) == 1 + 9 + 1
+        report = r.verify()
+        assert not report.ok and [p.offset for p in report.problems] == [int(offsets[4])]
+
+
+def test_the_frame_is_honoured_by_the_scan_twins() -> None:
+    """The compiled scan and its numpy reference agree on a frame that is whole, cut short
+    and followed by damage."""
+    from fastmem import _kernels_py
+
+    frame = fmt.pack_batch_frame(2)
+    stored, raw = fmt.encode_payload({"i": 1, "t": 0.0})
+    one = _kernels_py.frame_records(fmt.KIND_FORGET, [stored] * 2,
+                                    np.array([raw] * 2, dtype=np.uint32), None, None)[0]  # fmt: skip
+    head = bytes(fmt.DAT_HEADER_SIZE)
+    cases = [head + frame + one, head + frame + one[:-3], head + frame + one[: len(one) // 2],
+             head + frame + one + frame, head + frame + bytes(7) + one]  # fmt: skip
+    first, size = fmt.DAT_HEADER_SIZE + fmt.BATCH_FRAME_SIZE, len(one) // 2
+    want_good = [[first, first + size], [], [], [first, first + size],
+                 [first + 7, first + 7 + size]]  # fmt: skip
+    for data, good in zip(cases, want_good):
+        got = [_kernels.scan_records(data, fmt.DAT_HEADER_SIZE, len(data)),
+               _kernels_py.scan_records(data, fmt.DAT_HEADER_SIZE, len(data))]  # fmt: skip
+        for a, b in zip(*got):
+            assert a.tolist() == b.tolist()
+        assert got[0][0].tolist() == good
+
+
+def test_an_older_fastmem_refuses_a_store_with_frames(store_path: str) -> None:
+    with fastmem.open(store_path, **QUIET) as s:
+        s.add_many(_items(3))
+    head = Path(store_path + ".dat").read_bytes()[: fmt.DAT_HEADER_SIZE]
+    assert int.from_bytes(head[8:10], "little") == fmt.FORMAT_VERSION == 2
+    # what the previous release checks: the data file's version is the one it reads
+    with pytest.raises(FormatVersionError):
+        _read_as_version(head, 1)
+
+
+def _read_as_version(head: bytes, version: int) -> None:
+    """The header check of a release that reads data file version ``version`` only."""
+    if int.from_bytes(head[8:10], "little") != version:
+        raise FormatVersionError("not a version this release reads")
