@@ -483,6 +483,10 @@ def _repair(engine: Engine) -> RepairReport:
             if regions:
                 damaged_path = f"{engine.dat_path}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
                 _keep_damaged(damaged_path, dat, regions)
+            # Access statistics live only in the index: the one built from the data file takes
+            # them from the handle's (other processes' merged into it first)
+            _stats.merge_from_file(engine.index, engine.idx_path, engine.uuid, dat, end)
+            _stats.merge(index, engine.index)
             snap = _Snapshot(engine, index)
             engine.stop_change_log()  # all of the repair holds the lock: nothing changes
             fd, _ = _new_store(engine, dat, end, snap)

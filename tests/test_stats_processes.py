@@ -142,3 +142,15 @@ def test_a_compaction_killed_between_its_renames_loses_no_counts(tmp_path) -> No
     with fastmem.open(path, embedder=None):  # a writer's open: the recovery rule, if needed
         pass
     assert _stats(path, ids[:3]) == [(5, 1000.0), (3, 2000.0), (1, 1500.0)]
+
+
+def test_a_repair_keeps_the_counts(store_path: str) -> None:
+    """A repair builds its index from the data file, which holds no access statistics: they
+    come from the index it replaces (and another process's checkpoint since)."""
+    ids = _store(store_path)
+    repairer = fastmem.open(store_path, embedder=None)
+    repairer.record_access([ids[2]], now=1500.0)
+    assert _other(store_path, [ids[1]], 3, 2000.0, "checkpoint") == 0
+    assert repairer.repair().ok
+    repairer.close()
+    assert _stats(store_path, ids[1:3]) == [(3, 2000.0), (1, 1500.0)]
