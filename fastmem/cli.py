@@ -431,19 +431,21 @@ def _open_readonly(args: argparse.Namespace, embedder: Any = None, preload: bool
     return fastmem.open(_require_store(args), readonly=True, embedder=embedder, policy=policy)
 
 
-def _query_embedder(out: _Out, without: str = "keyword search only") -> Any:
+def _query_embedder(out: _Out, without: str = "keyword search only", one_shot: bool = False) -> Any:
     """The embedder searches, contexts and imports use: the default model (unless
     ``FASTMEM_EMBEDDER=none``), or ``None`` with a note (``without``: what that means)
-    when it is not installed."""
+    when it is not installed. ``one_shot``: a model of its own that loads onnxruntime only
+    if asked to (a search or context embeds its one question in numpy, see
+    ``MiniLM.encode_query_now``: ~35 ms of CPU against ~150 for onnxruntime's load)."""
     choice = os.environ.get("FASTMEM_EMBEDDER", "default")
     if choice not in ("default", "none"):
         raise CliError(f"FASTMEM_EMBEDDER must be 'default' or 'none', not {choice!r}", EXIT_USAGE)
     if choice == "none":
         return None
-    from .embed import default_embedder
+    from .embed import MiniLM, default_embedder
 
     try:
-        return default_embedder()
+        return MiniLM(background=False) if one_shot else default_embedder()
     except EmbedderUnavailableError as exc:
         out.note(f"{without}: {_one_line(exc)}")
         return None
@@ -452,7 +454,7 @@ def _query_embedder(out: _Out, without: str = "keyword search only") -> Any:
 def _open_for_query(args: argparse.Namespace, out: _Out) -> Any:
     """A read-only store for search and context, with the embedder ready when the store
     has vectors (a command line waits for full quality rather than answer degraded)."""
-    embedder = _query_embedder(out)
+    embedder = _query_embedder(out, one_shot=True)
     try:
         store = _open_readonly(args, embedder, preload=True)
     except EmbedderMismatchError as exc:
@@ -460,7 +462,10 @@ def _open_for_query(args: argparse.Namespace, out: _Out) -> Any:
         return _open_readonly(args, None, preload=True)
     if embedder is not None and len(store) and _has_vectors(store):
         try:
-            embedder.wait()
+            if getattr(args, "mode", "hybrid") == "vector" or (
+                args.query.strip() and embedder.encode_query_now(args.query) is None
+            ):
+                embedder.wait()  # onnxruntime's load: a text the numpy path refuses
         except BaseException:
             store.close()
             raise

@@ -78,6 +78,9 @@ _PACKAGED_MODEL = os.path.join(os.path.dirname(os.path.realpath(__file__)), "mod
 ONNX_SHA256 = "0963d7e3a6c608d4ccebc4aee97b7acff4745f0e37e6098e8aaa14a12af88279"
 ONNX_DATA_SHA256 = "1a4c28772392f9e676f8b3f8ab92f82571338b68dc55aae3a22527f243582b3a"
 ONNX_DATA_FILE = "model.onnx.data"
+# What the numpy query path reads beside the graph (tools/build_query_table.py): the
+# weights' offsets in model.onnx.data, and the vocabulary, whose sha256 the table names.
+INT8_TABLE_SHA256 = "362ea685972e323ddcdbaad8de44a5a64741c2de8da2076917edace3a4510fe5"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as sentence-transformers does
 BATCH = 32  # texts per forward pass of the numpy runtime, sorted by length so padding stays small
 # Up to this many tokens in all (a query, a few short texts), the numpy model runs on one BLAS
@@ -220,17 +223,18 @@ def _check_onnx_folder(path: str | os.PathLike[str] | None) -> str:
 
 
 def ready_within(embedder: Any, timeout: float) -> bool:
-    """Whether ``embedder`` can embed now, waiting up to ``timeout`` seconds for one that is
-    loading. Never raises: a model that failed to load is ``False`` (the caller answers
-    without vectors; ``encode`` would raise the reason). An embedder with no ``ready``
-    attribute is always ready.
+    """Whether ``embedder`` can embed a query now, waiting up to ``timeout`` seconds for one
+    that is loading. Never raises: a model that failed to load is ``False`` (the caller
+    answers without vectors; ``encode`` would raise the reason). An embedder with no
+    ``ready`` attribute is always ready; one whose ``query_ready`` is true (the default
+    model, which embeds a query in numpy while onnxruntime loads) does not wait.
 
     What ``context()`` uses so that a store opened a moment ago answers with vectors rather
-    than keyword-only: the default model is ready ~0.1 s after ``open()``.
+    than keyword-only.
     """
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
         raise InvalidInputError(f"timeout must be a number of seconds >= 0, not {timeout!r}")
-    if getattr(embedder, "ready", True):
+    if getattr(embedder, "ready", True) or getattr(embedder, "query_ready", False):
         return True
     wait = getattr(embedder, "wait", None)
     if wait is None:
@@ -325,6 +329,23 @@ class _Side:
         return self._value
 
 
+class _OnDemand:
+    """A load begun by its first caller (``join``: in the caller's thread; ``hurry``: in a
+    thread of its own), never before: what a model built with ``background=False`` uses."""
+
+    def __init__(self, target: Callable[[], None]) -> None:
+        self._target = target
+        self._claim = threading.Lock()
+
+    def join(self) -> None:
+        if self._claim.acquire(blocking=False):
+            self._target()
+
+    def hurry(self) -> None:
+        if self._claim.acquire(blocking=False):
+            threading.Thread(target=self._target, name="fastmem-embedder", daemon=True).start()
+
+
 class _BackgroundModel:
     """What both runtimes share: a load in a background thread, ``ready``/``wait``, input
     checks and the query cache. Subclasses set ``name`` and implement ``_load_model`` and
@@ -353,7 +374,8 @@ class _BackgroundModel:
         self._started = Flag()
         self._forks = forks()
         _loading.add(self)
-        self._loader = Background(self._load, "fastmem-embedder")
+        deferred = getattr(self, "_deferred", False)
+        self._loader = _OnDemand(self._load) if deferred else Background(self._load, "fastmem-embedder")
 
     def _after_fork(self) -> None:
         """In a forked child (see ``_after_fork_in_child``)."""
@@ -444,6 +466,25 @@ class _BackgroundModel:
         raise NotImplementedError
 
 
+def _one_blas_thread() -> Any:
+    """BLAS limited to one thread for the numpy query path's small products (a query's
+    ~10 x 384 rows): on a busy 2-core machine a product waiting for BLAS's second thread
+    made a query 5-30x slower (23 ms against 120-680). Needs threadpoolctl; without it,
+    BLAS's own threads."""
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:
+            _blas = False
+        else:
+            _blas = ThreadpoolController()  # finds the BLAS libraries once (~3 ms)
+    return nullcontext() if _blas is False else _blas.limit(limits=1, user_api="blas")
+
+
+_blas: Any = None  # the process's ThreadpoolController, or False without threadpoolctl
+
+
 def _unit(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
@@ -474,6 +515,14 @@ class MiniLM(_BackgroundModel):
         query_cache: how many query vectors ``encode_query`` keeps.
         threads: threads that embed a list of texts (default: 2, or 1 on a 1-core machine).
         name: the identity recorded in stores (default :data:`INT8_NAME`).
+        background: load onnxruntime in a background thread from construction on (the
+            default); ``False``: only when ``encode``/``wait`` first needs it (a one-shot
+            command that asks one question embeds it in numpy and never loads it).
+
+    Until onnxruntime has loaded, :meth:`encode_query_now` embeds a query in numpy from
+    the same packaged weights (``fastmem._minilm_int8``: cosine to onnxruntime's vector
+    ≥ 0.99, mean 0.9994), which ``context()`` and ``search()`` use rather than wait; the
+    documents a store writes are always embedded by onnxruntime.
     """
 
     name = INT8_NAME
@@ -487,6 +536,7 @@ class MiniLM(_BackgroundModel):
         query_cache: int = 1024,
         threads: int | None = None,
         name: str | None = None,
+        background: bool = True,
     ) -> None:
         if threads is not None and (
             isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 64
@@ -503,7 +553,92 @@ class MiniLM(_BackgroundModel):
         self._session: Any = None
         self._pool: Any = None
         self.runtime = ""
+        self._deferred = not background
+        # The numpy query path: the packaged build only (another folder's graph may differ).
+        self._quick: Any = None
+        self._quick_state = "unloaded" if self._where == _PACKAGED_MODEL else "unavailable"
+        self._checks: tuple[int, _Side] | None = None  # (forks(), the checksums' job)
+        # Held while the numpy path embeds a query: onnxruntime's load waits for it before
+        # it begins (its import and session hold the GIL for tens of milliseconds: a query
+        # computed beside them took 160 ms instead of 37 here).
+        self._quick_busy = threading.Lock()
+        self._early: dict[str, np.ndarray] = {}  # the numpy path's last few query vectors
         self._start(query_cache)
+
+    @property
+    def query_ready(self) -> bool:
+        """Whether a query can be embedded now without waiting for onnxruntime: it has
+        loaded, or the numpy query path can run (the packaged model, not found damaged)."""
+        return self.ready or self._quick_state in ("unloaded", "ready")
+
+    def encode_query_now(self, text: str) -> np.ndarray | None:
+        """``text``'s vector without waiting for onnxruntime's load: onnxruntime's (cached,
+        as :meth:`encode_query`) once it has loaded, until then the numpy query path's;
+        ``None`` when neither can now (a character the numpy tokenizer refuses, a folder
+        other than the packaged one, damaged files: then wait for :meth:`encode_query`)."""
+        if not isinstance(text, str):
+            raise InvalidTypeError("encode_query_now takes a string")
+        if self.ready:
+            return self.encode_query(text)
+        with self._quick_busy:
+            if self.ready:  # loaded while this thread waited for another query
+                return self.encode_query(text)
+            vec = self._early.get(text)
+            if vec is not None:
+                return vec
+            quick = self._quick_model()
+            if quick is None:
+                return None
+            from ._wordpiece import UnsupportedText
+
+            try:
+                ids = quick.ids(text)
+            except UnsupportedText:
+                return None
+            with _one_blas_thread():
+                pooled = quick.pooled(ids)
+        problem = self._checksums().result() if self._verify else None
+        if problem is not None:  # the weights just read are not fastmem's build
+            self._quick_state = "unavailable"
+            return None
+        vec = _unit(pooled[None])[0]
+        vec.flags.writeable = False
+        with self._lock:  # kept apart from encode_query's cache: onnxruntime's vectors go there
+            if len(self._early) >= 16:
+                self._early.clear()
+            self._early[text] = vec
+        return vec
+
+    def _quick_model(self) -> Any:
+        """The numpy query path, loaded at its first use (~10 ms); ``None`` if unavailable."""
+        if self._quick_state == "ready":
+            return self._quick
+        if self._quick_state == "unavailable":
+            return None
+        if self._verify:
+            self._checksums()  # begun at once: it runs beside the query's forward pass
+        with self._lock:
+            if self._quick_state == "unloaded":
+                from ._minilm_int8 import Int8Query
+
+                try:
+                    self._quick = Int8Query(
+                        self._where, table_sha256=INT8_TABLE_SHA256 if self._verify else None,
+                        data_sha256=ONNX_DATA_SHA256 if self._verify else None,
+                    )  # fmt: skip
+                except (OSError, ValueError, KeyError, TypeError):
+                    self._quick_state = "unavailable"  # onnxruntime's load reports damage
+                else:
+                    self._quick_state = "ready"
+            return self._quick
+
+    def _checksums(self) -> _Side:
+        """The packaged graph's and weights' checksums, computed once per process in a
+        thread of their own, for onnxruntime's load and the numpy query path alike."""
+        with self._lock:
+            if self._checks is None or self._checks[0] != forks():  # a fork: the thread is gone
+                self._checks = (forks(), _Side(self._checksum_problem))
+            return self._checks[1]
 
     @property
     def path(self) -> Path:  # type: ignore[override]
@@ -527,8 +662,10 @@ class MiniLM(_BackgroundModel):
         # parse of the tokenizer's 30k-word vocabulary let the GIL go), onnxruntime's import
         # (a 35 MB library: ~35 ms holding the GIL) and its session here. One after another
         # they took ~150 ms (tokenizer ~25, read and checksum ~30 beside the session).
-        checks = _Side(self._checksum_problem) if self._verify else None
+        checks = self._checksums() if self._verify else None
         tokenizer = _Side(_load_tokenizer, self.path / "tokenizer.json")
+        with self._quick_busy:  # a query being embedded in numpy goes first (see __init__)
+            pass
         try:
             try:
                 import onnxruntime as ort

@@ -112,16 +112,33 @@ class Ranked(NamedTuple):
     keyword: float  # BM25 score (0: no keyword match)
 
 
-def embed_query(embedder: Embedder | None, query: str) -> tuple[np.ndarray | None, bool]:
+def embed_query(
+    embedder: Embedder | None, query: str, wait: float = 0.0
+) -> tuple[np.ndarray | None, bool]:
     """``(vector, degraded)`` for :func:`rank`: the query's embedding (``None`` without an
     embedder or a query), or ``degraded`` when the model has not loaded yet. Made before
     the caller takes the store's lock: a slow model must not hold up the handle's other
-    threads (as ``add_many`` embeds before it writes)."""
+    threads (as ``add_many`` embeds before it writes).
+
+    A model still loading that can embed a query meanwhile (``encode_query_now``: the
+    default model, in numpy) does so: not degraded. If it cannot (a text its numpy
+    tokenizer refuses), the model is waited for up to ``wait`` seconds."""
     if embedder is None or not query.strip():
         return None, False
     if not getattr(embedder, "ready", True):
-        return None, True
+        now = getattr(embedder, "encode_query_now", None)
+        vector = now(query) if now is not None else None
+        if vector is not None:
+            return np.asarray(vector), False
+        if not (wait and _ready_within(embedder, wait)):
+            return None, True
     return query_vector(embedder, query), False
+
+
+def _ready_within(embedder: Embedder, wait: float) -> bool:
+    from .embed import ready_within
+
+    return ready_within(embedder, wait) and bool(getattr(embedder, "ready", True))
 
 
 def rank(
