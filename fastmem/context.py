@@ -20,7 +20,6 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
@@ -71,16 +70,24 @@ DENSITY_TOKENS = 64
 EXCERPT_MARK = "(excerpt) "
 ELLIPSIS = "…"
 
-@dataclass(slots=True)
 class Candidate:
-    """A memory the packer may use, best first within its level."""
+    """A memory the packer may use, best first within its level. (A plain class: a
+    dataclass compiles its generated methods at every import of fastmem.)"""
 
-    item: ContextItem
-    tokens: int  # of ``item.text``, in the context's encoding
-    priority: float  # higher goes in first
-    alternative: tuple[str, int] | None = None  # (summary, tokens) to use if the text won't fit
-    excerpt: Callable[[str], str | None] | None = None  # the text is too long: its passage
-    whole: bool = False  # with ``excerpt``: the whole text (``tokens``) if it fits, else the passage
+    __slots__ = ("alternative", "excerpt", "item", "priority", "tokens", "whole")
+
+    def __init__(
+        self,
+        item: ContextItem,
+        tokens: int,  # of ``item.text``, in the context's encoding
+        priority: float,  # higher goes in first
+        alternative: tuple[str, int] | None = None,  # (summary, tokens) if the text won't fit
+        excerpt: Callable[[str], str | None] | None = None,  # the text is too long: its passage
+        whole: bool = False,  # with ``excerpt``: the whole text (``tokens``) if it fits, else
+        # the passage
+    ) -> None:
+        self.item, self.tokens, self.priority = item, tokens, priority
+        self.alternative, self.excerpt, self.whole = alternative, excerpt, whole
 
 
 PINNED_HEADER = "## Pinned"
