@@ -26,6 +26,13 @@ NEVER = (
     "fastmem._demo", "ray", "langgraph", "langchain_core", "agents", "google.adk",
     "autogen_core", "autogen_agentchat", "llama_index", "starlette", "uvicorn", "mcp",
 )  # fmt: skip
+# Standard library modules that only some calls need, imported where they are first used:
+# the import never loads them (neither numpy's import nor the interpreter's start does).
+STDLIB_LATER = {
+    "glob": "a writer's sweep of the files aside that killed checkpoints left",
+    "bisect": "recent(before=...)",
+    "base64": "exporting metadata that holds bytes",
+}
 # Every package outside the standard library that the import may load.
 THIRD_PARTY = {"fastmem", "numpy", "lz4", "msgpack"}
 # What the interpreter and the build add by themselves: the editable install's finder,
@@ -75,6 +82,13 @@ def test_import_fastmem_loads_no_package_beyond_numpy_lz4_and_msgpack():
     outside = {m.split(".")[0] for m in names} - set(sys.stdlib_module_names)
     unexpected = {m for m in outside - THIRD_PARTY if not m.startswith(RUNTIME_PREFIXES)}
     assert unexpected == set()
+
+
+def test_import_fastmem_loads_no_standard_module_that_only_some_calls_need():
+    """Each would cost every fresh process its load; the calls that need one import it
+    (what the import costs: benchmarks/cold_start.py)."""
+    names = modules_after("import fastmem")["modules"]
+    assert sorted(m for m in STDLIB_LATER if loaded(names, m)) == []
 
 
 def test_the_numpy_reference_kernels_load_only_without_the_compiled_ones():
