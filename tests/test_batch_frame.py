@@ -179,17 +179,37 @@ def test_the_frame_is_honoured_by_the_scan_twins() -> None:
         assert got[0][0].tolist() == good
 
 
-def test_an_older_fastmem_refuses_a_store_with_frames(store_path: str) -> None:
+def test_a_store_with_frames_says_version_2(store_path: str) -> None:
+    """The previous release reads data file version 1 only and refuses any other with
+    FormatVersionError (at open, before any record): a store that may hold frames says 2."""
     with fastmem.open(store_path, **QUIET) as s:
         s.add_many(_items(3))
     head = Path(store_path + ".dat").read_bytes()[: fmt.DAT_HEADER_SIZE]
     assert int.from_bytes(head[8:10], "little") == fmt.FORMAT_VERSION == 2
-    # what the previous release checks: the data file's version is the one it reads
-    with pytest.raises(FormatVersionError):
-        _read_as_version(head, 1)
+    damaged = head[:8] + (3).to_bytes(2, "little") + head[10:60]
+    with pytest.raises(FormatVersionError):  # and this release refuses a later one
+        fmt.unpack_dat_header(damaged + fmt.crc32(damaged).to_bytes(4, "little"), "x")
 
 
-def _read_as_version(head: bytes, version: int) -> None:
-    """The header check of a release that reads data file version ``version`` only."""
-    if int.from_bytes(head[8:10], "little") != version:
-        raise FormatVersionError("not a version this release reads")
+def test_a_store_of_the_previous_version_is_raised_by_its_first_batch(tmp_path: Path) -> None:
+    """A version 1 data file (written by the release before batch frames) opens and reads;
+    the first batch written to it raises its header to version 2 first (same fields), so
+    that the previous release refuses it from then on instead of misreading a frame."""
+    import shutil
+
+    fixtures = Path(__file__).parent / "fixtures" / "v1"
+    for name in ("store.dat", "store.idx"):
+        shutil.copy(fixtures / name, tmp_path / name)
+    path = str(tmp_path / "store")
+    before = Path(path + ".dat").read_bytes()
+    assert fmt.unpack_dat_header(before, "").version == 1
+    with fastmem.open(path, **QUIET) as s:
+        s.add("one record: no frame", embedding=np.ones(8))
+        assert fmt.unpack_dat_header(Path(path + ".dat").read_bytes(), "").version == 1
+        ids = s.add_many(_items(3))
+    after = Path(path + ".dat").read_bytes()
+    new, old = fmt.unpack_dat_header(after, ""), fmt.unpack_dat_header(before, "")
+    assert new.version == 2 and new._replace(version=1) == old
+    assert after[fmt.DAT_HEADER_SIZE : len(before)] == before[fmt.DAT_HEADER_SIZE :]
+    with fastmem.open(path, readonly=True, **QUIET) as r:
+        assert r.verify().ok and len(r) == 5 + 1 + 3 and r.get(ids[2]).text.startswith("batch memory 2")
