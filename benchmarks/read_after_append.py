@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 import fastmem
+from fastmem import _replay
 
 WRITER = textwrap.dedent("""
     import sys
@@ -59,6 +60,10 @@ WRITER = textwrap.dedent("""
 """)
 
 
+def _no_plain_run(self: _replay.Replayer, *args: object) -> int:
+    return 0  # every record the general way
+
+
 def build(path: str, n: int) -> None:
     rng = np.random.default_rng(0)
     with fastmem.open(path, embedder=None, summarizer=None, durability="none") as store:
@@ -78,6 +83,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--memories", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--replay", choices=("plain", "general", "both"), default="plain",
+                        help="how this process applies the other's memory record: 'plain' (the "
+                             "compiled run, fastmem's), 'general' (record by record, as before "
+                             "it), 'both' (alternated call by call)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "store")
@@ -95,11 +104,16 @@ def main() -> None:
             "search": lambda mid, word: reader.search(word, k=5, mode="keyword"),
             "search_vector": lambda mid, word: reader.search(vector, k=5),
         }
-        after: dict[str, list[float]] = {name: [] for name in calls}
-        alone: dict[str, list[float]] = {name: [] for name in calls}
+        ways = ("general", "plain") if args.replay == "both" else (args.replay,)
+        plain_run = _replay.Replayer._plain_run
+        after = {(way, name): [] for way in ways for name in calls}
+        alone = {(way, name): [] for way in ways for name in calls}
         for r in range(args.rounds):
-            for name, call in calls.items():
-                word = f"zq{name}{r}x"
+            for (name, call), way in ((c, w) for c in calls.items() for w in ways):
+                # The way this process applies the other's memory record: the compiled run
+                # of plain records (fastmem's), or record by record (as before it).
+                _replay.Replayer._plain_run = plain_run if way == "plain" else _no_plain_run
+                word = f"zq{name}{way}{r}x"
                 for appended in (True, False):
                     # Either way this process waits on the pipe for the writer's answer: the
                     # call after the wait finds the same cold caches, appended or not.
@@ -118,18 +132,19 @@ def main() -> None:
                         assert got[0].id == mid
                     else:
                         assert any(hit.id == mid for hit in got), (mid, got)
-                    (after if appended else alone)[name].append(took)
+                    (after if appended else alone)[way, name].append(took)
         writer.stdin.close()
         writer.wait()
         reader.close()
     report = {}
-    for name in calls:
-        extra = [a - b for a, b in zip(after[name], alone[name])]
-        report[name] = {"extra": percentiles(extra), "after_append": percentiles(after[name]),
-                        "nothing_appended": percentiles(alone[name])}  # fmt: skip
+    for way, name in after:
+        extra = [a - b for a, b in zip(after[way, name], alone[way, name])]
+        report[f"{name} ({way} replay)"] = {
+            "extra": percentiles(extra), "after_append": percentiles(after[way, name]),
+            "nothing_appended": percentiles(alone[way, name])}  # fmt: skip
     print(json.dumps({"memories": args.memories, "rounds": args.rounds, **report}, indent=1))
     for name, r in report.items():
-        print(f"{name:7s} extra after another process's add: p50 {r['extra']['p50_us']:7.1f} µs, "
+        print(f"{name:22s} extra after another process's add: p50 {r['extra']['p50_us']:7.1f} µs, "
               f"p95 {r['extra']['p95_us']:7.1f} µs (with nothing appended: p50 {r['nothing_appended']['p50_us']:.1f}, "
               f"p95 {r['nothing_appended']['p95_us']:.1f} µs)")
 

@@ -770,19 +770,26 @@ class MemoryIndex:
         self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
         quantized: tuple[np.ndarray, np.ndarray] | None = None,
         terms: tuple[np.ndarray, ...] | None = None, staged: bool = False,
+        forgotten: int | None = None,
     ) -> None:  # fmt: skip
         """Add rows (``INDEX_DTYPE``, ids above every existing one), their float16 vectors
         (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search).
 
         ``quantized`` (:func:`quantize_rows` of the vectors) and ``terms``
         (``_keyword.tokenize`` of the texts), when given, were made before the writer lock.
-        After :meth:`stage` of the same rows and vectors, ``staged=True`` takes them."""
+        After :meth:`stage` of the same rows and vectors, ``staged=True`` takes them.
+        ``forgotten=0``: no row is forgotten (a replay's plain rows; spares the flags' scan,
+        which on a few rows costs more than the rest of the append)."""
         self.pinned = None
-        self.keyword.add(len(self), texts, (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0, terms)
+        if forgotten == 0:
+            dead = np.zeros(len(rows), dtype=bool)
+        else:
+            dead = (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0
+        self.keyword.add(len(self), texts, dead, terms)
         if not staged:
             self.stage(rows, vectors16, quantized)
         self.tail.publish(len(rows))
-        self.live += int(np.count_nonzero((rows["flags"] & fmt.FLAG_FORGOTTEN) == 0))
+        self.live += len(rows) if forgotten == 0 else int(np.count_nonzero(~dead))
         self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
 
     def stage(

@@ -846,7 +846,7 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
                 dims: np.ndarray, first: int, stop: int, next_id: int, dim: int,
                 type_codes: dict[str, int], defaults: dict[str, float], user_default: float,
                 sessions: dict[Any, int], session_hash: Callable[[str], int], rows: Any,
-                vectors: Any) -> tuple[int, list[str]]:
+                vectors: Any) -> tuple[int, list[str], int]:
     """Index rows of the scanned records ``first:stop`` of ``buf`` (a replay of what other
     processes appended), up to the first record that is not the plain case.
 
@@ -861,8 +861,9 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
     to its vector's halves or zeros; ``sessions`` caches ``session_hash`` of each session.
 
     Returns:
-        How many records were the plain case (rows set), and their texts. The caller takes
-        the next record the general way (which names what is wrong with it, if anything).
+        How many records were the plain case (rows set), their texts, and how many of them
+        have a vector. The caller takes the next record the general way (which names what
+        is wrong with it, if anything).
 
     Raises:
         ValueError: ``first:stop`` is not a range of the records, or ``rows`` or ``vectors``
@@ -954,4 +955,4 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
         count = int(bad[0]) if len(bad) else count
         halves[:count] = got[:count]
     out[:count] = np.array(found[:count], dtype=INDEX_DTYPE)
-    return count, texts[:count]
+    return count, texts[:count], sum(at >= 0 for at in vector_at[:count]) if dim else 0

@@ -286,17 +286,18 @@ class Replayer:
         stop = min(n, first + _FLUSH_ROWS)
         rows = np.empty(stop - first, dtype=fmt.INDEX_DTYPE)
         vectors = np.empty((stop - first, index.dim), dtype=np.uint16)
-        count, texts = _kernels.memory_rows(
+        count, texts, vectored = _kernels.memory_rows(
             self.dat, offsets, lengths, kinds, dims, first, stop, index.next_id, index.dim,
             index.type_codes, fmt.DEFAULT_IMPORTANCE, fmt.DEFAULT_USER_TYPE_IMPORTANCE,
             self.sessions, session_hash, rows, vectors,
         )  # fmt: skip
         if not count:
             return 0
-        rows = rows[:count]
-        has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0 if index.dim else None
-        index.append(rows, vectors[:count].view("<f2") if has is not None and has.any() else None,
-                     texts)  # fmt: skip
+        rows, vectors = rows[:count], vectors[:count]
+        # Every row with its vector (the usual case): quantized here, without the mask.
+        quantized = _kernels.quantize_half(vectors) if vectored == count else None
+        index.append(rows, vectors.view("<f2") if vectored else None, texts, quantized=quantized,
+                     forgotten=0)  # fmt: skip
         last = first + count - 1
         off = int(offsets[last])
         crc_at = off + fmt.RECORD_CRC_AT

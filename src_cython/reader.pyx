@@ -528,7 +528,7 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
     """Index rows of the plain memory records among the scanned records ``first:stop``; see
     fastmem._kernels_py.memory_rows for the contract."""
     cdef Py_buffer view, rows_view, vec_view
-    cdef Py_ssize_t j, count = 0, k
+    cdef Py_ssize_t j, count = 0, k, vectored = 0
     cdef i64 off, length, end
     cdef const u8* p
     cdef const u16* half
@@ -653,6 +653,7 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
                     vec = <u16*>vec_view.buf + count * dim
                     if d:
                         memcpy(vec, p + HEADER_SIZE, 2 * dim)
+                        vectored += 1
                     else:
                         memset(vec, 0, 2 * dim)
                 texts.append(text)
@@ -663,7 +664,7 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
     finally:
         PyBuffer_Release(&rows_view)
         PyBuffer_Release(&view)
-    return count, texts
+    return count, texts, vectored
 
 
 cdef bint _plain_fields(dict payload):

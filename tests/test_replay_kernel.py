@@ -53,10 +53,14 @@ def _kernel_rows(fn, dat, scanned, first, stop, next_id, dim, type_codes):
     rows = np.full(stop - first, 0xAB, dtype=np.uint8).repeat(80).view(fmt.INDEX_DTYPE)
     vectors = np.full((stop - first, dim), 0xABAB, dtype=np.uint16)
     sessions: dict = {None: 0}
-    count, texts = fn(dat, offsets, lengths, kinds, dims, first, stop, next_id, dim,
+    count, texts, vectored = fn(dat, offsets, lengths, kinds, dims, first, stop, next_id, dim,
                       dict(type_codes), fmt.DEFAULT_IMPORTANCE, fmt.DEFAULT_USER_TYPE_IMPORTANCE,
                       sessions, _replay.session_hash, rows, vectors)  # fmt: skip
-    return count, texts, rows[:count].tobytes(), vectors[:count].tobytes()
+    if dim:
+        assert vectored == int(((rows[:count]["flags"] & fmt.FLAG_HAS_VECTOR) != 0).sum())
+    else:
+        assert vectored == 0
+    return count, texts, vectored, rows[:count].tobytes(), vectors[:count].tobytes()
 
 
 def _same(dat, scanned, first=0, stop=None, next_id=0, dim=DIM, type_codes=None):
