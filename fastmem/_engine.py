@@ -217,8 +217,16 @@ class Engine:
             # may be the old data file's: its check (the last record it covers, at its
             # offset, with its CRC) passes when the compaction only reordered the records,
             # and every offset it holds is the old file's (an erase then wrote over live
-            # records). Not read then: the index is built from this data file.
-            mid_swap = not locked and os.path.exists(self.idx_path + COMPACT_SUFFIX)
+            # records). Not read then: the index is built from this data file. Only a lone
+            # one: with ``.dat.compact`` beside it (a compaction writing its files, or killed
+            # before its commit) the index under the name is this data file's (a compaction
+            # renames a lone one into place before it writes its own; looked for second, so
+            # that a commit in between counts as mid-swap).
+            mid_swap = (
+                not locked
+                and os.path.exists(self.idx_path + COMPACT_SUFFIX)
+                and not os.path.exists(self.dat_path + COMPACT_SUFFIX)
+            )
             try:
                 if mid_swap:
                     index, reason = None, None
