@@ -299,13 +299,12 @@ class Engine:
             os.close(fd)  # replaced yet again before its map: the state is a newer file's
         return state
 
-    def _adopt(self, state: _State, carry: bool = True) -> Retired:
+    def _adopt(self, state: _State, saved: _stats.Touches | None = None) -> Retired:
         """Continue on ``state``, all at once; returns the old files' objects to release.
-        The accesses no index file holds yet go along (``carry``; not when this handle's
-        own compaction wrote them into the new index)."""
+        The accesses no index file holds yet go along, less ``saved`` (those this handle's
+        own compaction wrote into the new index)."""
         old = getattr(self, "index", None)
-        if carry:
-            _stats.carry(old, state.memindex)
+        _stats.carry(old, state.memindex, saved)
         retired = Retired([old, self._dat, self.cache], [])
         if self._fd >= 0 and self._fd != state.fd:
             retired.fds.append(self._fd)
@@ -318,13 +317,14 @@ class Engine:
         self.epoch += 1
         return retired
 
-    def swap_to(self, fd: int, *, committed: bool) -> Retired:
+    def swap_to(self, fd: int, *, committed: bool, saved: _stats.Touches | None = None) -> Retired:
         """Continue on the data file open as ``fd`` (the one now under the store's name),
         which the engine owns from here on. The new state is built before anything is
         changed: if that fails, ``fd`` is closed and the handle stays on its old files,
         unless ``committed`` (a compaction renamed the new files into place: the old ones
         are no longer the store), in which case the handle is closed; either way the
-        error is raised. Returns the old files' objects, for the caller to release."""
+        error is raised. ``saved``: the accesses the new index holds (see ``_adopt``).
+        Returns the old files' objects, for the caller to release."""
         self._stop_commit()
         try:
             state = self._build(fd, None, locked=committed)
@@ -335,7 +335,7 @@ class Engine:
             raise
         if state.fd != fd:
             os.close(fd)
-        return self._adopt(state, carry=not committed)
+        return self._adopt(state, saved)
 
     def _check_embedder(self, header: fmt.DatHeader) -> None:
         """Refuse an embedder whose vectors would not compare with the stored ones."""

@@ -173,6 +173,9 @@ class _Snapshot:
     def fill(self) -> None:
         """Read the rows (outside the lock)."""
         index, n_base = self.index, self.index.n_base
+        # The accesses counted so far, which the new index holds: those counted later are
+        # carried to it at the swap (``Engine.swap_to``).
+        self.touches = dict(index.touches)
         base, tail = index.base_rows, index.tail.rows[: self.n - n_base]
         columns = {
             name: np.concatenate([base[name], tail[name]])
@@ -335,12 +338,13 @@ def _write_index(engine: Engine, fd: int, end: int, snap: _Snapshot) -> None:
         mm.close()
 
 
-def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
+def _commit(engine: Engine, fd: int, tail: bytes, saved: _stats.Touches) -> Retired:
     """Append ``tail`` to the new data file, rename both files into place, and continue on
     them. ``fd`` (the new data file) is this function's from the call on: closed on any
     failure; before the commit point the new files are removed too, after it the handle
     is closed (its old files are no longer the store). The caller holds the engine's lock,
-    and calls ``_after_commit`` once it has let it go, with what this returns."""
+    and calls ``_after_commit`` once it has let it go, with what this returns. ``saved``:
+    the handle's accesses the new index holds (the others go along to it)."""
     committed = False
     try:
         if tail:
@@ -370,7 +374,7 @@ def _commit(engine: Engine, fd: int, tail: bytes) -> Retired:
             remove_compaction_files(engine.dat_path, engine.idx_path)
         raise
     try:
-        retired = engine.swap_to(fd, committed=True)
+        retired = engine.swap_to(fd, committed=True, saved=saved)
     except BaseException:
         if old_idx >= 0:
             os.close(old_idx)
@@ -435,7 +439,7 @@ def _compact(engine: Engine) -> CompactReport:
                     raise CorruptionError(f"{engine.dat_path} was damaged during compaction")
                 tail = engine.read_since(dat_end)
                 fd, new_fd = -1, fd  # _commit owns it from here, whatever happens
-                retired = _commit(engine, new_fd, tail)
+                retired = _commit(engine, new_fd, tail, snap.touches)
                 memories = engine.index.live
             lock_seconds = max(lock_seconds, time.perf_counter() - held)
             del dat  # the old map's last reference is the retired one
@@ -490,7 +494,7 @@ def _repair(engine: Engine) -> RepairReport:
             snap = _Snapshot(engine, index)
             engine.stop_change_log()  # all of the repair holds the lock: nothing changes
             fd, _ = _new_store(engine, dat, end, snap)
-            retired = _commit(engine, fd, b"")
+            retired = _commit(engine, fd, b"", engine.index.touches)
             memories = engine.index.live
         del dat, index
         _after_commit(engine, retired)
@@ -516,7 +520,7 @@ def reembed(engine: Engine, embedder: Embedder, identity: tuple[str, int]) -> in
         fd, _ = _new_store(engine, dat, engine.dat_end, snap, embedder, identity)
         engine.identity = identity  # the new header's: the swap checks it
         try:
-            retired = _commit(engine, fd, b"")
+            retired = _commit(engine, fd, b"", engine.index.touches)
         except BaseException:
             engine.identity = before
             raise

@@ -20,7 +20,10 @@ import numpy as np
 from ._index import MemoryIndex
 from .errors import CorruptionError, FormatVersionError
 
-__all__ = ["carry", "merge", "merge_from_file"]
+__all__ = ["Touches", "carry", "merge", "merge_from_file"]
+
+# A process's accesses that no index file holds yet: id -> (count, last access)
+Touches = dict[int, tuple[int, float]]
 
 
 def merge_from_file(index: MemoryIndex, path: str, uuid: bytes, dat: Any, dat_end: int) -> None:
@@ -82,17 +85,21 @@ def merge(index: MemoryIndex, disk: MemoryIndex) -> None:
             index.stats_changed = True
 
 
-def carry(old: MemoryIndex | None, new: MemoryIndex) -> None:
+def carry(old: MemoryIndex | None, new: MemoryIndex, saved: Touches | None = None) -> None:
     """Add the accesses ``old`` counted that no index file holds yet (its ``touches``) to
     ``new``, an index the handle continues on that was loaded or built without them (another
     process's compaction followed, a rebuild from the data file): its rows' counts add up,
     the last access is the later one, and ``new`` keeps them as its own ``touches`` for the
-    next checkpoint's merge. Ids ``new`` does not hold (compacted away) are left out."""
+    next checkpoint's merge. Ids ``new`` does not hold (compacted away) are left out.
+    ``saved``: ``old``'s touches as this handle's compaction read them into ``new``; only
+    the accesses counted since go along."""
     if old is None or old is new or not old.touches:
         return
+    saved = saved or {}
     nb = new.n_base
     for mid, (count, last) in old.touches.items():
-        g = new.find(mid)
+        count -= saved.get(mid, (0, 0.0))[0]
+        g = new.find(mid) if count > 0 else -1
         if g < 0:
             continue
         seg, i = (new.base_rows, g) if g < nb else (new.tail.rows, g - nb)

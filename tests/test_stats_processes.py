@@ -154,3 +154,26 @@ def test_a_repair_keeps_the_counts(store_path: str) -> None:
     assert repairer.repair().ok
     repairer.close()
     assert _stats(store_path, ids[1:3]) == [(3, 2000.0), (1, 1500.0)]
+
+
+def test_accesses_during_this_process_compaction_are_kept(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accesses counted while this process's compaction writes its files (after its
+    snapshot read the counts) are not in its new index: they stay this process's own."""
+    from fastmem import _maintenance
+
+    ids = _store(store_path)
+    store = fastmem.open(store_path, embedder=None)
+    store.record_access([ids[1]], now=1000.0)  # before the snapshot: in the new index
+    real = _maintenance._write_index
+
+    def write_index(*args: object, **kwargs: object) -> None:
+        store.record_access([ids[1], ids[2]], now=2000.0)  # after it
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(_maintenance, "_write_index", write_index)
+    store.compact()
+    monkeypatch.undo()
+    store.close()
+    assert _stats(store_path, ids[1:3]) == [(2, 2000.0), (1, 2000.0)]

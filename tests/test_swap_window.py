@@ -56,13 +56,13 @@ def test_a_reader_opening_during_a_compaction_loads_the_index(store_path: str, m
     real_commit = _maintenance._commit
     opened: list[Any] = []
 
-    def commit(engine: Any, fd: int, tail: bytes) -> Any:
+    def commit(engine: Any, *args: Any) -> Any:
         assert os.path.exists(store_path + ".dat.compact")
         assert os.path.exists(store_path + ".idx.compact")
         reader = fastmem.open(store_path, readonly=True, **QUIET)
         opened.append((reader._engine.index.file is not None, [m.id for m in reader]))
         reader.close()
-        return real_commit(engine, fd, tail)
+        return real_commit(engine, *args)
 
     monkeypatch.setattr(_maintenance, "_commit", commit)
     with fastmem.open(store_path, **QUIET) as writer:
