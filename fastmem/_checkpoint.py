@@ -43,6 +43,10 @@ What keeps it safe:
   (``Engine.finish_checkpoint``): nothing changes a frozen row in place. A write that
   finds others' records to apply while the thread still writes lets the writer lock go
   before it waits (``Engine.writing``): no process waits for the checkpoint's write.
+- **Access statistics.** The engine merges other processes' counts into the index before
+  it freezes the copy, as every checkpoint does (``fastmem._stats``). A file published and
+  replaced by another process before this one adopts it held this process's accesses: the
+  other process merged them, so they stop being this process's own (:meth:`Background.adopt`).
 - **Continuing on the new file.** :meth:`Background.adopt` loads the file published and
   moves the rows added since the freeze into it as its tail; it gives up (the engine keeps
   its index, which still holds every row) when the file under the name is no longer that
