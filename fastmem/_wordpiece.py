@@ -25,7 +25,8 @@ a letter, neither dropped nor split off). A text is refused (:class:`Unsupported
 one of its characters could be classed differently by them: one assigned after Unicode 3.2
 (the oldest tables ``unicodedata`` carries) that is not a letter, number, symbol or spacing
 mark today (a newer punctuation mark, format character or nonspacing mark), or one whose
-category changed since 3.2. The caller then uses ``tokenizers``. Every other code point was
+category changed since 3.2 in a way that changes what the tokenizer does with it (a letter
+that became a mark; not a connector that became other punctuation). The caller then uses ``tokenizers``. Every other code point was
 compared with ``tokenizers``' ids, alone and between letters (``tests/test_wordpiece.py``).
 """
 
@@ -55,6 +56,14 @@ ASCII_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
 
 class UnsupportedText(ValueError):
     """A text this tokenizer cannot promise to split as ``tokenizers`` does."""
+
+
+def _role(category: str) -> str:
+    """What the normalizer and pre-tokenizer do with a character of this category: split it
+    off (punctuation), drop it (control, format, private use, nonspacing mark) or keep it."""
+    if category[0] == "P":
+        return "P"
+    return category if category in OTHER or category == "Mn" else "keep"
 
 
 def _is_cjk(code: int) -> bool:
@@ -165,7 +174,7 @@ class WordPiece:
             if 0xD800 <= code <= 0xDFFF:
                 raise UnsupportedText("a lone surrogate has no UTF-8 form")
             now, then = unicodedata.category(c), unicodedata.ucd_3_2_0.category(c)
-            if now != then if then != "Cn" else now not in PLAIN:
+            if _role(now) != _role(then) if then != "Cn" else now not in PLAIN:
                 raise UnsupportedText(
                     f"U+{code:04X}'s Unicode properties may differ in tokenizers' tables"
                 )

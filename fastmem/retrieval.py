@@ -662,6 +662,14 @@ def has_identifier(query: str) -> bool:
 
 
 def query_vector(embedder: Embedder, query: str) -> np.ndarray:
+    """The query's vector; from a model still loading, its numpy query path's when it has one
+    (a context's second ranking, see ``context.answer``, must not wait for onnxruntime
+    when its first did not), else the model's (which waits for the load)."""
+    if not getattr(embedder, "ready", True):
+        now = getattr(embedder, "encode_query_now", None)
+        vector = now(query) if now is not None else None
+        if vector is not None:
+            return np.asarray(vector)
     encode_query = getattr(embedder, "encode_query", None)
     if encode_query is not None:
         return np.asarray(encode_query(query))
