@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple, NoReturn
 
@@ -42,14 +42,31 @@ from ._checkpoint import Background, frozen, remove_orphans
 from ._files import (COMPACT_SUFFIX, Retired, create_data_file, fsync_dir, map_same, recover, releaser,
                      remove_quietly, upgrade_data_file)  # fmt: skip
 from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, MemoryIndex, update_changes
-from ._io import (ContentCache, GroupCommit, lock_holder, map_data, mapped_errors, no_cyclic_gc,
-                  release_frames, torn)  # fmt: skip
+from ._io import (
+    ContentCache,
+    GroupCommit,
+    lock_holder,
+    map_data,
+    mapped_errors,
+    no_cyclic_gc,
+    release_frames,  # fmt: skip
+    torn,
+)
 from ._items import Batch, MemoryErased, decode_memory, f32, frame_batch, frame_changes, parse_id
 from ._threads import Beside, at_fork, forks
 from .errors import (
-    CorruptionError, DimensionMismatchError,
-    DurabilityError, EmbedderMismatchError, FormatVersionError, ReadOnlyError, RecoveryWarning,
-    StoreClosedError, StoreForkedError, StoreLockedError, StoreNotFoundError, UnknownMemoryError,
+    CorruptionError,
+    DimensionMismatchError,
+    DurabilityError,
+    EmbedderMismatchError,
+    FormatVersionError,
+    ReadOnlyError,
+    RecoveryWarning,
+    StoreClosedError,
+    StoreForkedError,
+    StoreLockedError,
+    StoreNotFoundError,
+    UnknownMemoryError,
 )  # fmt: skip
 from .namespaces import make_private_dirs
 from .types import Memory
@@ -58,7 +75,31 @@ __all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (commit_memories)
+PACK_BLOCK = 8192  # memories a larger batch packs and writes at a time (_commit_blocks)
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
+
+
+class _Block:
+    """Memories ``lo:hi`` of a :class:`Batch`, as ``frame_batch`` reads them (a large batch
+    is packed a block at a time). Its sessions are those the block uses, renumbered: each
+    block hashes only its own."""
+
+    def __init__(self, batch: Batch, lo: int, hi: int) -> None:
+        self.payloads = batch.payloads[lo:hi]
+        self.type_names, self.type_index = batch.type_names, batch.type_index[lo:hi]
+        self.importance, self.flags = batch.importance[lo:hi], batch.flags[lo:hi]
+        self.timestamps = batch.timestamps[lo:hi]
+        self.text_tokens, self.summary_tokens = batch.text_tokens[lo:hi], batch.summary_tokens[lo:hi]
+        index = np.asarray(batch.session_index[lo:hi])
+        used = np.unique(index)
+        used = used[used > 0]
+        number = np.zeros(len(batch.sessions) + 1, dtype=index.dtype)
+        number[used] = np.arange(1, len(used) + 1)
+        self.session_index = number[index]
+        self.sessions = [batch.sessions[i - 1] for i in used.tolist()]
+
+    def __len__(self) -> int:
+        return len(self.payloads)
 
 
 def _write_all(fd: int, data: Any) -> None:
@@ -625,6 +666,8 @@ class Engine:
                 )
         first_id = index.next_id
         n_types = len(index.user_types)
+        if n > PACK_BLOCK and change is None:  # (a link is add's: one memory)
+            return self._commit_blocks(batch, vectors16, first_id, n_types)
         rows, data, lengths, crcs = frame_batch(batch, index, first_id, vectors16)
         if change is not None:
             update, _, update_crc = frame_changes(fmt.KIND_UPDATE, [change[1]])
@@ -662,6 +705,51 @@ class Engine:
                 self.note_change(g, index.row(g))
                 index.change(g, update_changes(index.row(g)[F_FLAGS], payload, at))
                 index.note_applied(at, len(update), int(update_crc[0]))
+        except BaseException:
+            self._undo_append(start)
+            raise
+        self.valid_end = self.dat_end
+        if index.tail.n >= index.tail_limit():
+            self._checkpoint_beside()
+        return _kernels.memory_ids(first_id, n)
+
+    def _commit_blocks(
+        self, batch: Batch, vectors16: np.ndarray | None, first_id: int, n_types: int
+    ) -> list[str]:
+        """``commit_memories`` of a large batch: packed and written ``PACK_BLOCK`` memories at
+        a time, after one batch frame, under the one lock hold (readers take all of it or
+        none); its packed bytes never exist whole (a million memories' are ~1 GB, whose page
+        faults cost more than the packing). Then applied to the index, as one step."""
+        index, n, start = self.index, len(batch), self.dat_end
+        rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
+        last: list[int] = []  # offset, length and CRC of the last record written
+
+        def blocks() -> Iterator[bytes]:
+            yield self._batch_frame(n)
+            at = start + fmt.BATCH_FRAME_SIZE
+            for lo in range(0, n, PACK_BLOCK):
+                hi = min(n, lo + PACK_BLOCK)
+                block, data, lengths, crcs = frame_batch(
+                    _Block(batch, lo, hi), index, first_id + lo, None if vectors16 is None else vectors16[lo:hi]
+                )  # fmt: skip
+                block["length"] = lengths
+                block["offset"] = at + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))
+                rows[lo:hi] = block
+                last[:] = [int(block["offset"][-1]), int(lengths[-1]), int(crcs[-1])]
+                at += len(data)
+                yield data
+
+        try:
+            self._append_blocks(blocks())
+        except BaseException:
+            if self.dat_end == start:
+                index.drop_types_since(n_types)
+            else:
+                self._undo_append(start)
+            raise
+        try:
+            index.append(rows, vectors16, batch.texts, quantized=batch.quantized, terms=batch.terms)
+            index.note_applied(*last)
         except BaseException:
             self._undo_append(start)
             raise
@@ -745,16 +833,23 @@ class Engine:
     def _append(self, data: bytes, durable: bool = False) -> int:
         """Append whole records; on failure (of the write, or of the sync that makes it
         durable) the file is cut back and nothing is applied: nothing was acknowledged."""
+        return self._append_blocks((data,), durable)
+
+    def _append_blocks(self, blocks: Iterable[bytes], durable: bool = False) -> int:
+        """``_append`` of the bytes ``blocks`` yields, one after the other (a large batch,
+        packed a block at a time); a failure in making a block cuts back what was written."""
         start = self.dat_end
-        view = memoryview(data)
+        written = 0
         try:
-            _write_all(self._fd, view)
+            for data in blocks:
+                _write_all(self._fd, data)
+                written += len(data)
             if self.durability == "always" or (durable and self.durability == "batch"):
                 self.sync(self._fd)
         except BaseException:
             self._cut_back(start)
             raise
-        self.dat_end = start + len(data)
+        self.dat_end = start + written
         if self.durability == "batch":
             if self._commit is None:
                 self._commit = GroupCommit(self._fd, GROUP_COMMIT_SECONDS)

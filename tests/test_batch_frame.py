@@ -15,9 +15,8 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem import _engine
+from fastmem import _engine, _kernels
 from fastmem import _format as fmt
-from fastmem import _kernels
 from fastmem.errors import FormatVersionError, RecoveryWarning
 
 QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
@@ -150,7 +149,9 @@ def test_a_damaged_record_inside_a_whole_batch_keeps_the_others(store_path: str)
     data[int(offsets[4]) + 30] ^= 0x40
     Path(store_path + ".dat").write_bytes(bytes(data))
     Path(store_path + ".idx").unlink()
-    with pytest.warns(RecoveryWarning), fastmem.open(store_path, readonly=True, **QUIET) as r:
+    with pytest.warns(RecoveryWarning):
+        r = fastmem.open(store_path, readonly=True, **QUIET)
+    with r:
         assert len(r.ids()) == 1 + 9 + 1
         report = r.verify()
         assert not report.ok and [p.offset for p in report.problems] == [int(offsets[4])]
@@ -213,3 +214,80 @@ def test_a_store_of_the_previous_version_is_raised_by_its_first_batch(tmp_path: 
     assert after[fmt.DAT_HEADER_SIZE : len(before)] == before[fmt.DAT_HEADER_SIZE :]
     with fastmem.open(path, readonly=True, **QUIET) as r:
         assert r.verify().ok and len(r) == 5 + 1 + 3 and r.get(ids[2]).text.startswith("batch memory 2")
+
+
+def _mixed(n: int) -> list[dict[str, Any]]:
+    types = [None, "fact", "journal", "plan", "ñote"]
+    return [{"text": f"mixed {i} " + "x" * (i % 300), "type": types[i % 5],
+             "session": None if i % 3 == 0 else f"s{i % 7}", "timestamp": 1e9 + i,
+             "importance": (i % 10) / 10, "pinned": i % 4 == 0,
+             "metadata": {"n": i} if i % 6 == 0 else None,
+             "embedding": np.ones(8) + (i % 13)} for i in range(n)]  # fmt: skip
+
+
+def test_a_batch_packed_in_blocks_writes_the_bytes_of_one_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large batch is packed and written a block at a time: the files are the same as
+    when it is packed whole, and a reader between two blocks sees none of it."""
+    files = []
+    for block in (10**9, 7):
+        monkeypatch.setattr(_engine, "PACK_BLOCK", block)
+        path = str(tmp_path / f"s{block}")
+        with fastmem.open(path, durability="none", **QUIET) as s:
+            s.add("before", embedding=np.ones(8), timestamp=1e9)
+            with mock_time():
+                s.add_many(_mixed(100))
+                s.add_many(_mixed(30))
+            with fastmem.open(path, readonly=True, **QUIET) as r:  # the rows as written
+                assert r.verify().ok and len(r) == 131
+                files.append([Path(path + ".dat").read_bytes()[fmt.DAT_HEADER_SIZE :],
+                              [tuple(m)[:-1] for m in r], r.vector("m100").tolist()])  # fmt: skip
+    assert files[0] == files[1]
+    path = str(tmp_path / "s7")
+
+    writer = fastmem.open(path, durability="none", **QUIET)
+    reader = fastmem.open(path, readonly=True, **QUIET)
+    seen: list[int] = []
+    real = _engine._write_all
+
+    def blockwise(fd: int, data: Any) -> None:
+        real(fd, data)
+        seen.append(len(reader.ids()))
+
+    monkeypatch.setattr(_engine, "_write_all", blockwise)
+    writer.add_many(_mixed(20))
+    assert seen == [131, 131, 131, 151]  # after the frame, each block; whole after the last
+    writer.close()
+    reader.close()
+
+
+def test_a_block_that_fails_to_pack_cuts_the_batch_back(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_engine, "PACK_BLOCK", 5)
+    real = _engine.frame_batch
+    calls = []
+
+    def failing(batch: Any, *args: Any) -> Any:
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise MemoryError("no memory for the third block")
+        return real(batch, *args)
+
+    with fastmem.open(store_path, durability="none", **QUIET) as s:
+        s.add("before", embedding=np.ones(8))
+        size = os.path.getsize(store_path + ".dat")
+        monkeypatch.setattr(_engine, "frame_batch", failing)
+        with pytest.raises(MemoryError):
+            s.add_many(_mixed(12))
+        assert os.path.getsize(store_path + ".dat") == size and len(s) == 1
+        monkeypatch.setattr(_engine, "frame_batch", real)
+        assert s.add_many(_mixed(12))[0] == "m1"  # the ids the failed call did not take
+        assert s.verify().ok and len(s) == 13 and s.types().get("ñote") == 2
+
+
+def mock_time() -> Any:
+    from unittest import mock
+
+    return mock.patch("fastmem.store.time.time", return_value=1_767_300_000.0)
