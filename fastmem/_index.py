@@ -850,13 +850,15 @@ class MemoryIndex:
     ) -> tuple[int, int]:
         scanned = _kernels.scan_records(dat, start, end) if fd is None else scan_file(fd, start, end)
         offsets, lengths, kinds, dims, bad_starts, bad_ends = scanned
-        problems += [
-            Problem("dat", int(s), f"{int(e) - int(s)} damaged bytes") for s, e in zip(bad_starts, bad_ends)
-        ]
-        self.damaged += [(int(s), int(e)) for s, e in zip(bad_starts, bad_ends)]
+        if len(bad_starts):
+            spans = list(zip(bad_starts.tolist(), bad_ends.tolist()))
+            problems += [Problem("dat", s, f"{e - s} damaged bytes") for s, e in spans]
+            self.damaged += spans
+        n = len(offsets)
+        if not n:
+            return start, 0
         Replayer(self, dat, path, problems, sort, erased).run(offsets, lengths, kinds, dims)
-        valid_end = int(offsets[-1] + lengths[-1]) if len(offsets) else start
-        return max(valid_end, start), len(offsets)
+        return max(int(offsets[n - 1]) + int(lengths[n - 1]), start), n
 
 
 

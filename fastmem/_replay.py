@@ -23,6 +23,7 @@ _SCAN_CHUNK = 1 << 22  # bytes scan_file copies at once (more for a longer recor
 # (~20 numpy calls, its buffers) was most of a catch-up on one record another process added.
 _SMALL_SCAN = 1 << 16
 _NO_BAD = np.zeros(0, dtype=np.int64)
+_PLAIN_RETRY = 8  # records the general way after one the compiled run left to it
 
 # Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
@@ -245,16 +246,19 @@ class Replayer:
             fmt.KIND_FORGET: self._forget,
         }
         dat, raw_len_at = self.dat, fmt.RECORD_RAW_LEN_AT
-        n, at = len(offsets), 0
+        n, at, retry = len(offsets), 0, 0
         columns = zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist())
         for j, (off, length, kind, dim) in enumerate(columns):
             if j < at:
                 continue  # applied by the compiled path
             # The compiled kernel only: its numpy reference is slower than the general way.
-            if kind == fmt.KIND_MEMORY and not self.sort and _kernels.BACKEND == "cython":
+            # After a record it left, the next few go the general way: records that are
+            # seldom plain (another writer's fields) do not pay for a try each.
+            if kind == fmt.KIND_MEMORY and not self.sort and j >= retry and _kernels.BACKEND == "cython":
                 at = j + self._plain_run(offsets, lengths, kinds, dims, j, n)
                 if at > j:
                     continue
+                retry = j + _PLAIN_RETRY
             try:
                 # The scan has checked lengths and CRC; only decoding is left.
                 start = fmt.payload_start(off, dim)
