@@ -75,7 +75,10 @@ __all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
 WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (commit_memories)
-PACK_BLOCK = 8192  # memories a larger batch packs and writes at a time (_commit_blocks)
+# Memories a larger batch packs and writes at a time (_commit_blocks): ~2 MB of records at
+# 384 dimensions, which the allocator reuses block after block. Blocks of 8,192 (~7 MB,
+# fresh pages each time) cost 4x the system time in the writes (benchmarks/add_many_big.py).
+PACK_BLOCK = 2048
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
 
 
@@ -716,10 +719,11 @@ class Engine:
     def _commit_blocks(
         self, batch: Batch, vectors16: np.ndarray | None, first_id: int, n_types: int
     ) -> list[str]:
-        """``commit_memories`` of a large batch: packed and written ``PACK_BLOCK`` memories at
-        a time, after one batch frame, under the one lock hold (readers take all of it or
-        none); its packed bytes never exist whole (a million memories' are ~1 GB, whose page
-        faults cost more than the packing). Then applied to the index, as one step."""
+        """``commit_memories`` of a batch of more than ``PACK_BLOCK`` memories: packed and
+        written a block at a time, after one batch frame, under the one lock hold (readers
+        take all of it or none); its packed bytes never exist whole (a million memories'
+        are ~1 GB, whose fresh pages cost more system time than the packing takes). Then
+        applied to the index, as one step."""
         index, n, start = self.index, len(batch), self.dat_end
         rows = np.zeros(n, dtype=fmt.INDEX_DTYPE)
         last: list[int] = []  # offset, length and CRC of the last record written
