@@ -19,8 +19,8 @@ On keyword-only stores with given 384-d vectors (no model: the write path alone)
   1, 10, 100 or 10,000 memories with vectors: the replay of what others wrote, p50 of
   ``--follow-rounds`` rounds (fewer for 10,000). With ``--baseline``, side by side.
 
-``--only SECTION`` runs one section. ``--replay both`` runs each writer count twice, one
-right after the other: each writer applying the others' plain memory records with the
+``--only SECTION`` runs one section. ``--replay both`` runs each writer count (and
+``follow``) twice, one right after the other: each writer applying the others' plain memory records with the
 compiled run (``plain``, what fastmem does) and record by record (``general``, as before
 it); each ratio is against the single writer of the same way.
 
@@ -149,9 +149,12 @@ FRESH = textwrap.dedent("""
 
 
 FOLLOW = textwrap.dedent("""
-    import json, statistics, sys, time
+    import json, os, statistics, sys, time
     import numpy as np
     import fastmem
+    from fastmem import _replay
+    if os.environ.get("FASTMEM_BENCH_REPLAY") == "general":  # no compiled run of plain records
+        _replay.Replayer._plain_run = lambda self, *args: 0
     path, rounds = sys.argv[1], int(sys.argv[2])
     rng = np.random.default_rng(0)
     vectors = rng.standard_normal((10000, 384)).astype(np.float32)
@@ -174,8 +177,10 @@ FOLLOW = textwrap.dedent("""
 """)
 
 
-def follow(work: str, checkout: str | None, rounds: int) -> dict[str, float]:
-    p = _python(FOLLOW, os.path.join(work, "follow"), str(rounds), checkout=checkout, stdout=subprocess.PIPE)
+def follow(work: str, checkout: str | None, rounds: int, replay: str = "plain") -> dict[str, float]:
+    os.environ["FASTMEM_BENCH_REPLAY"] = replay
+    p = _python(FOLLOW, os.path.join(work, f"follow-{replay}"), str(rounds), checkout=checkout,
+                stdout=subprocess.PIPE)  # fmt: skip
     out, _ = p.communicate()
     return json.loads(out)
 
@@ -222,7 +227,9 @@ def main() -> None:
         if run("freshness"):
             report["freshness"] = freshness(work)
         if run("follow"):
-            report["follow"] = follow(work, None, args.follow_rounds)
+            if args.replay == "both":
+                report["follow_general"] = follow(work, None, args.follow_rounds, "general")
+            report["follow"] = follow(work, None, args.follow_rounds, "plain" if args.replay == "both" else args.replay)
             if args.baseline:
                 report["follow_baseline"] = follow(base, args.baseline, args.follow_rounds)
     print(json.dumps(report, indent=1))
