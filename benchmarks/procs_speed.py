@@ -99,7 +99,9 @@ SINGLE = textwrap.dedent("""
 """)
 
 
-def _python(code: str, *args: str, checkout: str | None = None, **kw: object) -> subprocess.Popen[str]:
+def _python(
+    code: str, *args: str, checkout: str | None = None, **kw: object
+) -> subprocess.Popen[str]:
     env = dict(os.environ, FASTMEM_EMBEDDER="none")
     if checkout:
         env["PYTHONPATH"] = checkout
@@ -108,12 +110,16 @@ def _python(code: str, *args: str, checkout: str | None = None, **kw: object) ->
 
 
 def single(work: str, checkout: str | None) -> dict[str, float]:
-    p = _python(SINGLE, os.path.join(work, "single"), "20000", checkout=checkout, stdout=subprocess.PIPE)
+    p = _python(
+        SINGLE, os.path.join(work, "single"), "20000", checkout=checkout, stdout=subprocess.PIPE
+    )
     out, _ = p.communicate()
     return json.loads(out)
 
 
-def writers(work: str, count: int, batches: int, replay: str = "plain", round_: int = 0) -> dict[str, float]:
+def writers(
+    work: str, count: int, batches: int, replay: str = "plain", round_: int = 0
+) -> dict[str, float]:
     path = os.path.join(work, f"writers-{count}-{replay}-{round_}")
     os.environ["FASTMEM_BENCH_REPLAY"] = replay
     procs = [_python(WRITER, path, str(batches), str(seed), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -197,8 +203,12 @@ def main() -> None:
     parser.add_argument("--baseline", help="another checkout to measure 'single' and 'follow' on")
     parser.add_argument("--follow-rounds", type=int, default=400)
     parser.add_argument("--only", choices=("single", "writers", "freshness", "follow"))
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="writers: rounds of every configuration; the median run is reported")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="writers: rounds of every configuration; the median run is reported",
+    )
     parser.add_argument("--replay", choices=("plain", "general", "both"), default="plain",
                         help="writers: how each applies the others' memory records: 'plain' "
                              "(the compiled run, as fastmem does), 'general' (record by record, "
@@ -229,11 +239,15 @@ def main() -> None:
         if run("follow"):
             if args.replay == "both":
                 report["follow_general"] = follow(work, None, args.follow_rounds, "general")
-            report["follow"] = follow(work, None, args.follow_rounds, "plain" if args.replay == "both" else args.replay)
+            report["follow"] = follow(
+                work, None, args.follow_rounds, "plain" if args.replay == "both" else args.replay
+            )
             if args.baseline:
                 report["follow_baseline"] = follow(base, args.baseline, args.follow_rounds)
     print(json.dumps(report, indent=1))
-    one = {w["replay"]: w["memories_per_s"] for w in report.get("writers", []) if w["processes"] == 1}  # type: ignore[attr-defined]
+    one = {
+        w["replay"]: w["memories_per_s"] for w in report.get("writers", []) if w["processes"] == 1
+    }  # type: ignore[attr-defined]
     for w in report.get("writers", []):  # type: ignore[attr-defined]
         print(f"{w['processes']} writer(s), {w['replay']} replay: {w['memories_per_s']:,.0f} memories/s "
               f"({w['memories_per_s'] / one.get(w['replay'], float('nan')):.2f}x one), lock wait p50 {w['lock_wait_p50_ms']:.3f} ms, "

@@ -137,16 +137,18 @@ def main() -> None:
         writer.wait()
         reader.close()
     report = {}
-    for way, name in after:
-        extra = [a - b for a, b in zip(after[way, name], alone[way, name])]
+    for (way, name), took in after.items():
+        extra = [a - b for a, b in zip(took, alone[way, name])]
         report[f"{name} ({way} replay)"] = {
-            "extra": percentiles(extra), "after_append": percentiles(after[way, name]),
+            "extra": percentiles(extra), "after_append": percentiles(took),
             "nothing_appended": percentiles(alone[way, name])}  # fmt: skip
     print(json.dumps({"memories": args.memories, "rounds": args.rounds, **report}, indent=1))
     for name, r in report.items():
-        print(f"{name:22s} extra after another process's add: p50 {r['extra']['p50_us']:7.1f} µs, "
-              f"p95 {r['extra']['p95_us']:7.1f} µs (with nothing appended: p50 {r['nothing_appended']['p50_us']:.1f}, "
-              f"p95 {r['nothing_appended']['p95_us']:.1f} µs)")
+        print(
+            f"{name:22s} extra after another process's add: p50 {r['extra']['p50_us']:7.1f} µs, "
+            f"p95 {r['extra']['p95_us']:7.1f} µs (with nothing appended: p50 {r['nothing_appended']['p50_us']:.1f}, "
+            f"p95 {r['nothing_appended']['p95_us']:.1f} µs)"
+        )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,15 @@ def _frame(records: list[tuple[int, dict | bytes, np.ndarray | None]], compress:
         if compress:
             packed = lz4.block.compress(raw, store_size=False)
             stored = packed if len(packed) < len(raw) else raw
-        vectors = None if vector is None else np.asarray(vector, dtype=np.float16).view(np.uint16)[None, :]
+        vectors = (
+            None
+            if vector is None
+            else np.asarray(vector, dtype=np.float16).view(np.uint16)[None, :]
+        )
         has = None if vector is None else np.ones(1, dtype=np.uint8)
-        framed, _, _ = ref.frame_records(kind, [stored], np.array([len(raw)], dtype=np.uint32), vectors, has)
+        framed, _, _ = ref.frame_records(
+            kind, [stored], np.array([len(raw)], dtype=np.uint32), vectors, has
+        )
         parts.append(framed)
     dat = bytes(fmt.DAT_HEADER_SIZE) + b"".join(parts)
     scanned = ref.scan_records(dat, fmt.DAT_HEADER_SIZE, len(dat))
@@ -229,7 +235,9 @@ def test_random_streams_replay_as_the_general_replay_does(steps, compress):
             payload = _memory(mid) if plain else {"i": mid, **_memory(mid), **fields}
             records.append((kind, payload, FINITE if vector else None))
         else:
-            records.append((kind, {"i": max(mid - gap, 0), **({"p": 0.5} if plain else fields)}, None))
+            records.append(
+                (kind, {"i": max(mid - gap, 0), **({"p": 0.5} if plain else fields)}, None)
+            )
     dat, scanned = _frame(records, compress)
     for first in range(len(records)):
         _same(dat, scanned, first=first, next_id=first)
