@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from test_stats_processes import backend, small_limit  # noqa: F401 - fixtures: one run, a small tail
 
 import fastmem
 from fastmem import _index
@@ -38,17 +39,6 @@ _KILLED_ERASER = textwrap.dedent(
     store.forget(sys.argv[2])
     """
 )
-
-
-@pytest.fixture(autouse=True)
-def backend() -> str:
-    """The processes run the default kernels: one run is enough."""
-    return fastmem.BACKEND
-
-
-@pytest.fixture(autouse=True)
-def small_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_index, "CHECKPOINT_TAIL_ROWS", 512)
 
 
 def _kill_an_eraser(path: str, mid: str) -> None:

@@ -128,18 +128,19 @@ def test_a_compaction_killed_before_its_rename_after_one_killed_between(tmp_path
         writer.close()
 
 
-# A compaction in a process of its own, SIGKILLed between its two renames; first it counts
-# ``times`` accesses to each of ``ids`` at ``when`` (its compaction's index holds them).
+# A compaction in a process of its own, SIGKILLed at the rename of its ``name`` + .compact
+# into place; first it counts ``times`` accesses to each of ``ids`` at ``when`` (its
+# compaction's index holds them).
 _KILLED_COMPACTION = """
 import os, signal, sys
 import fastmem
-path, ids, times, when = sys.argv[1:5]
+path, name, ids, times, when = sys.argv[1:6]
 store = fastmem.open(path, embedder=None, durability="none")
 for _ in range(int(times)):
     store.record_access([i for i in ids.split(",") if i], now=float(when))
 real = os.replace
 def replace(src, dst):
-    if src.endswith(".idx.compact"):
+    if src.endswith(name + ".compact"):
         os.kill(os.getpid(), signal.SIGKILL)
     real(src, dst)
 os.replace = replace
@@ -148,11 +149,14 @@ store.compact()
 
 
 def compaction_killed_in_another_process(path: str, ids: tuple[str, ...] = (), times: int = 0,
-                                         when: float = 0.0) -> None:  # fmt: skip
+                                         when: float = 0.0, at: str = ".idx") -> None:  # fmt: skip
     """Compact ``path`` in a process that counts accesses first (see above) and is SIGKILLed
-    between the compaction's renames: its index is left waiting under ``.idx.compact``."""
+    at the rename of its new ``at`` file (``".idx"``: between the compaction's renames, its
+    index left waiting under ``.idx.compact``; ``".dat"``: before its commit, both of its
+    files left beside the store's)."""
     env = dict(os.environ, FASTMEM_EMBEDDER="none")
-    args = [sys.executable, "-c", _KILLED_COMPACTION, path, ",".join(ids), str(times), str(when)]
+    args = [sys.executable, "-c", _KILLED_COMPACTION, path, at, ",".join(ids), str(times)]
+    args.append(str(when))
     assert subprocess.run(args, check=False, env=env, timeout=120).returncode == -signal.SIGKILL
     assert os.path.exists(path + ".idx" + _maintenance.COMPACT_SUFFIX)
 

@@ -11,36 +11,16 @@ the name is the data file's: it is loaded, not rebuilt by a full replay of the d
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 from typing import Any
 
 import pytest
+from test_erase_stale import compaction_killed_in_another_process
 
 import fastmem
 from fastmem import _maintenance
 
 QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
                          "policy": fastmem.ContextPolicy(preload=0, recent=0)}  # fmt: skip
-
-# A compaction in a process of its own, SIGKILLed at its commit point (before the rename of
-# its data file): both of its files are left beside the store's.
-_KILLED_BEFORE_COMMIT = textwrap.dedent(
-    """
-    import os, signal, sys
-    import fastmem
-    store = fastmem.open(sys.argv[1], embedder=None)
-    real = os.replace
-    def replace(src, dst):
-        if src.endswith(".dat.compact"):
-            os.kill(os.getpid(), signal.SIGKILL)
-        real(src, dst)
-    os.replace = replace
-    store.compact()
-    """
-)
 
 
 def _store(path: str) -> list[str]:
@@ -72,11 +52,8 @@ def test_a_reader_opening_during_a_compaction_loads_the_index(store_path: str, m
 
 def test_a_reader_after_a_compaction_killed_before_commit_loads_the_index(store_path: str) -> None:
     ids = _store(store_path)
-    env = dict(os.environ, FASTMEM_EMBEDDER="none")
-    args = [sys.executable, "-c", _KILLED_BEFORE_COMMIT, store_path]
-    assert subprocess.run(args, check=False, env=env, timeout=120).returncode == -signal.SIGKILL
-    for left in (".dat.compact", ".idx.compact"):
-        assert os.path.exists(store_path + left)
+    compaction_killed_in_another_process(store_path, at=".dat")
+    assert os.path.exists(store_path + ".dat.compact")
     with fastmem.open(store_path, readonly=True, **QUIET) as reader:
         assert reader._engine.index.file is not None  # loaded, not rebuilt
         assert [m.id for m in reader] == ids and reader.verify().ok
