@@ -24,6 +24,10 @@ _SCAN_CHUNK = 1 << 22  # bytes scan_file copies at once (more for a longer recor
 _SMALL_SCAN = 1 << 16
 _NO_BAD = np.zeros(0, dtype=np.int64)
 _PLAIN_RETRY = 8  # records the general way after one the compiled run left to it
+# Records one compiled call decodes at most (~2 µs each): the call holds the GIL, and the
+# process's other threads (a server's requests, a checkpoint's writer) wait no longer than
+# a few milliseconds for it, as they would for Python's own switch interval.
+_PLAIN_ROWS = 2048
 
 # Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
@@ -258,7 +262,8 @@ class Replayer:
                 at = j + self._plain_run(offsets, lengths, kinds, dims, j, n)
                 if at > j:
                     continue
-                retry = j + _PLAIN_RETRY
+                if not (dim and not self.index.dim):  # (the first vector sets the dimension)
+                    retry = j + _PLAIN_RETRY
             try:
                 # The scan has checked lengths and CRC; only decoding is left.
                 start = fmt.payload_start(off, dim)
@@ -287,7 +292,7 @@ class Replayer:
         many (0: record ``first`` is not the plain case, and the general way takes it)."""
         self._flush()  # the rows before them go first (and their ids set next_id)
         index = self.index
-        stop = min(n, first + _FLUSH_ROWS)
+        stop = min(n, first + _PLAIN_ROWS)
         rows = np.empty(stop - first, dtype=fmt.INDEX_DTYPE)
         vectors = np.empty((stop - first, index.dim), dtype=np.uint16)
         count, texts, vectored = _kernels.memory_rows(

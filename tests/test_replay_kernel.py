@@ -79,10 +79,10 @@ def _same(dat, scanned, first=0, stop=None, next_id=0, dim=DIM, type_codes=None)
     return got[0]
 
 
-def _general(dat, scanned, plain: bool, monkeypatch=None):
-    """The index a replay of all the records makes (``plain``: with the compiled kernel,
-    else record by record) and its problems."""
-    index = MemoryIndex(0, b"u" * 16)
+def _general(dat, scanned, plain: bool, dim: int = 0):
+    """The index (of vectors of ``dim``: 0, set by the first) a replay of all the records
+    makes (``plain``: with the compiled kernel, else record by record) and its problems."""
+    index = MemoryIndex(dim, b"u" * 16)
     problems: list = []
     backend = _kernels.BACKEND
     _kernels.BACKEND = "cython" if plain else "python"  # what Replayer.run asks
@@ -242,3 +242,31 @@ def test_random_streams_replay_as_the_general_replay_does(steps, compress):
     for first in range(len(records)):
         _same(dat, scanned, first=first, next_id=first)
     assert _state(*_general(dat, scanned, True)) == _state(*_general(dat, scanned, False))
+
+
+def test_a_long_run_is_decoded_in_calls_of_a_bounded_size(monkeypatch):
+    # Each compiled call holds the GIL: a long run is cut into calls of _PLAIN_ROWS records.
+    calls = []
+    real = _kernels.memory_rows
+
+    def counted(*args):
+        calls.append(args[6] - args[5])  # stop - first
+        return real(*args)
+
+    monkeypatch.setattr(_replay, "_PLAIN_ROWS", 3)
+    monkeypatch.setattr(_kernels, "memory_rows", counted)
+    records = [
+        (fmt.KIND_MEMORY, _memory(i, s=f"s{i % 2}"), FINITE if i % 3 else None) for i in range(8)
+    ]
+    dat, scanned = _frame(records)
+    plain = _general(dat, scanned, True, DIM)
+    assert calls == [3, 3, 2]
+    assert _state(*plain) == _state(*_general(dat, scanned, False, DIM))
+    assert plain[0].tail.n == 8
+    # A fresh index: the first vector sets the dimension the general way, then runs again.
+    calls.clear()
+    records = [(fmt.KIND_MEMORY, _memory(i), FINITE) for i in range(8)]
+    dat, scanned = _frame(records)
+    plain = _general(dat, scanned, True)
+    assert calls == [3, 3, 3, 1]
+    assert _state(*plain) == _state(*_general(dat, scanned, False))
