@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from ._bert import gelu as _gelu
+from ._bert import layer_norm as _layer_norm
+from ._bert import linear as _linear
 from ._threads import Background, Flag, ForkGate, at_fork, forks
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
@@ -331,7 +334,7 @@ class _Side:
 
 class _OnDemand:
     """A load begun by its first caller (``join``: in the caller's thread; ``hurry``: in a
-    thread of its own), never before: what a model built with ``background=False`` uses."""
+    thread of its own), not before: a model built with ``background=False``."""
 
     def __init__(self, target: Callable[[], None]) -> None:
         self._target = target
@@ -466,25 +469,6 @@ class _BackgroundModel:
         raise NotImplementedError
 
 
-def _one_blas_thread() -> Any:
-    """BLAS limited to one thread for the numpy query path's small products (a query's
-    ~10 x 384 rows): on a busy 2-core machine a product waiting for BLAS's second thread
-    made a query 5-30x slower (23 ms against 120-680). Needs threadpoolctl; without it,
-    BLAS's own threads."""
-    global _blas
-    if _blas is None:
-        try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            _blas = False
-        else:
-            _blas = ThreadpoolController()  # finds the BLAS libraries once (~3 ms)
-    return nullcontext() if _blas is False else _blas.limit(limits=1, user_api="blas")
-
-
-_blas: Any = None  # the process's ThreadpoolController, or False without threadpoolctl
-
-
 def _unit(vectors: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(vectors, axis=1, keepdims=True)
     return (vectors / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
@@ -519,10 +503,9 @@ class MiniLM(_BackgroundModel):
             default); ``False``: only when ``encode``/``wait`` first needs it (a one-shot
             command that asks one question embeds it in numpy and never loads it).
 
-    Until onnxruntime has loaded, :meth:`encode_query_now` embeds a query in numpy from
-    the same packaged weights (``fastmem._minilm_int8``: cosine to onnxruntime's vector
-    ≥ 0.99, mean 0.9994), which ``context()`` and ``search()`` use rather than wait; the
-    documents a store writes are always embedded by onnxruntime.
+    Until onnxruntime has loaded, ``context()`` and ``search()`` embed their query in numpy
+    (:meth:`encode_query_now`; cosine to onnxruntime's ≥ 0.99, mean 0.9994); documents are
+    always embedded by onnxruntime.
     """
 
     name = INT8_NAME
@@ -558,9 +541,8 @@ class MiniLM(_BackgroundModel):
         self._quick: Any = None
         self._quick_state = "unloaded" if self._where == _PACKAGED_MODEL else "unavailable"
         self._checks: tuple[int, _Side] | None = None  # (forks(), the checksums' job)
-        # Held while the numpy path embeds a query: onnxruntime's load waits for it before
-        # it begins (its import and session hold the GIL for tens of milliseconds: a query
-        # computed beside them took 160 ms instead of 37 here).
+        # Held while the numpy path embeds a query: onnxruntime's load (whose import and session
+        # hold the GIL for tens of ms) begins after it (a query beside them: 160 ms, not 37).
         self._quick_busy = threading.Lock()
         self._early: dict[str, np.ndarray] = {}  # the numpy path's last few query vectors
         self._start(query_cache)
@@ -578,10 +560,8 @@ class MiniLM(_BackgroundModel):
         other than the packaged one, damaged files: then wait for :meth:`encode_query`)."""
         if not isinstance(text, str):
             raise InvalidTypeError("encode_query_now takes a string")
-        if self.ready:
-            return self.encode_query(text)
         with self._quick_busy:
-            if self.ready:  # loaded while this thread waited for another query
+            if self.ready:  # loaded (perhaps while this thread waited for another query)
                 return self.encode_query(text)
             vec = self._early.get(text)
             if vec is not None:
@@ -593,10 +573,9 @@ class MiniLM(_BackgroundModel):
 
             try:
                 ids = quick.ids(text)
-            except UnsupportedText:
+            except UnsupportedText:  # onnxruntime's tokenizer can take it: wait for it
                 return None
-            with _one_blas_thread():
-                pooled = quick.pooled(ids)
+            pooled = quick.pooled(ids)
         problem = self._checksums().result() if self._verify else None
         if problem is not None:  # the weights just read are not fastmem's build
             self._quick_state = "unavailable"
@@ -616,7 +595,7 @@ class MiniLM(_BackgroundModel):
         if self._quick_state == "unavailable":
             return None
         if self._verify:
-            self._checksums()  # begun at once: it runs beside the query's forward pass
+            self._checksums()  # begun now: it runs beside the forward pass
         with self._lock:
             if self._quick_state == "unloaded":
                 from ._minilm_int8 import Int8Query
@@ -633,8 +612,7 @@ class MiniLM(_BackgroundModel):
             return self._quick
 
     def _checksums(self) -> _Side:
-        """The packaged graph's and weights' checksums, computed once per process in a
-        thread of their own, for onnxruntime's load and the numpy query path alike."""
+        """The graph's and weights' checksums, once, in a thread: for both runtimes."""
         with self._lock:
             if self._checks is None or self._checks[0] != forks():  # a fork: the thread is gone
                 self._checks = (forks(), _Side(self._checksum_problem))
@@ -885,34 +863,6 @@ class NumpyMiniLM(_BackgroundModel):
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
-
-
-def _linear(x: np.ndarray, w: dict[str, np.ndarray], name: str) -> np.ndarray:
-    # One 2-d product: a 3-d one would run a small BLAS call per text.
-    out = x.reshape(-1, x.shape[-1]) @ w[name + ".weight_t"]
-    out += w[name + ".bias"]
-    return out.reshape(*x.shape[:-1], out.shape[-1])
-
-
-def _layer_norm(x: np.ndarray, w: dict[str, np.ndarray], name: str) -> np.ndarray:
-    mean = x.mean(axis=-1, keepdims=True)
-    centred = x - mean
-    var = (centred * centred).mean(axis=-1, keepdims=True)
-    return centred / np.sqrt(var + np.float32(1e-12)) * w[name + ".weight"] + w[name + ".bias"]
-
-
-def _gelu(x: np.ndarray) -> np.ndarray:
-    """BERT's exact GELU, x·Φ(x), with erf from Abramowitz and Stegun 7.1.26 (error < 1.5e-7):
-    numpy has no erf, and the tanh approximation is not what the model was trained with."""
-    z = np.abs(x) * np.float32(1 / math.sqrt(2))
-    t = 1 / (1 + np.float32(0.3275911) * z)
-    poly = t * (
-        np.float32(0.254829592)
-        + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)
-        + t * (np.float32(-1.453152027) + t * np.float32(1.061405429))))
-    )  # fmt: skip
-    erf = (1 - poly * np.exp(-z * z)) * np.sign(x)
-    return x * np.float32(0.5) * (1 + erf)
 
 
 def _read_safetensors(data: bytes) -> dict[str, np.ndarray]:

@@ -31,7 +31,7 @@ from ._stopwords import QUERY_STOP_WORDS
 from ._threads import at_fork
 from ._vectors import quantize, to_float16
 from .embed import Embedder
-from .errors import CorruptIndexError, CorruptRecordError
+from .errors import CorruptIndexError, CorruptRecordError, EmbedderUnavailableError
 from .types import DAY, ContextPolicy
 
 __all__ = [
@@ -136,9 +136,14 @@ def embed_query(
 
 
 def _ready_within(embedder: Embedder, wait: float) -> bool:
-    from .embed import ready_within
-
-    return ready_within(embedder, wait) and bool(getattr(embedder, "ready", True))
+    """Whether the model itself (not its numpy query path) is ready within ``wait`` s."""
+    wait_for = getattr(embedder, "wait", None)
+    if wait_for is not None:
+        try:
+            wait_for(wait)
+        except EmbedderUnavailableError:
+            return False
+    return bool(getattr(embedder, "ready", True))
 
 
 def rank(
