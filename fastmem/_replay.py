@@ -172,6 +172,16 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
         last = len(buf) < want or start + want == end  # short: cut since ``end`` was taken
         offsets, lengths, kinds, dims, bad_starts, bad_ends = _kernels.scan_records(buf, 0, len(buf))
         stop = len(buf)
+        at = int(bad_starts[-1]) if not last and len(bad_starts) and bad_ends[-1] == len(buf) else -1
+        count = fmt.batch_count(buf, at, len(buf)) if at >= 0 else 0
+        batch = _scan_batch(fd, start + at, end, count) if count else None
+        if batch is not None:  # the chunk ends inside a whole batch, or one the file ends inside
+            keep = offsets < at
+            parts.append((offsets[keep] + start, lengths[keep], kinds[keep], dims[keep],
+                          bad_starts[:-1] + start, bad_ends[:-1] + start))  # fmt: skip
+            parts.append(batch[0])
+            start, chunk = batch[1], _SCAN_CHUNK
+            continue
         if not last:
             if not len(offsets):  # one record (or damaged region) longer than the chunk
                 chunk *= 2
@@ -189,6 +199,35 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
     if not parts:
         return _kernels.scan_records(b"", 0, 0)
     return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+def _scan_batch(fd: int, frame_at: int, end: int, count: int) -> tuple[tuple[np.ndarray, ...], int] | None:
+    """For :func:`scan_file`: the batch whose frame (naming ``count`` records) is at
+    ``frame_at``, read a chunk at a time (one ``add_many`` may be a gigabyte, more than a
+    reader should copy at once). Returns the scan's columns and where to go on: its records
+    and the batch's end when all of them are there and valid; a damaged region from the
+    frame to ``end`` when the file ends first (none of it is taken, as ``scan_records``
+    does); None when a record inside is damaged (the caller scans those bytes whole)."""
+    parts, pos, left = [], frame_at + fmt.BATCH_FRAME_SIZE, count
+    while left:
+        want = min(_SCAN_CHUNK, end - pos)
+        buf = os.pread(fd, want, pos) if want > 0 else b""
+        offsets, lengths, kinds, dims, bad_starts, _ = _kernels.scan_records(buf, 0, len(buf))
+        if len(bad_starts):  # only whole records from the chunk's start
+            keep = offsets < bad_starts[0]
+            offsets, lengths, kinds, dims = offsets[keep], lengths[keep], kinds[keep], dims[keep]
+        take = min(left, len(offsets))
+        if not take:  # (a record is shorter than a chunk: this one is cut short, or damaged)
+            if len(buf) < want or pos + want == end:
+                if fmt.cut_short(buf, 0, len(buf)):
+                    frame = np.array([frame_at], dtype=np.int64)
+                    return _kernels.scan_records(b"", 0, 0)[:4] + (frame, np.array([end])), end
+            return None
+        parts.append((offsets[:take] + pos, lengths[:take], kinds[:take], dims[:take]))
+        left -= take
+        pos += int(offsets[take - 1]) + int(lengths[take - 1])
+    columns = tuple(np.concatenate(column) for column in zip(*parts))
+    return (*columns, _NO_BAD, _NO_BAD), pos
 
 
 def _scan_small(fd: int, start: int, end: int) -> tuple[np.ndarray, ...] | None:

@@ -291,3 +291,51 @@ def mock_time() -> Any:
     from unittest import mock
 
     return mock.patch("fastmem.store.time.time", return_value=1_767_300_000.0)
+
+
+@pytest.mark.parametrize("case", ["whole", "cut", "damaged", "cut-at-a-record"])
+def test_the_catch_up_reads_a_big_batch_a_chunk_at_a_time(
+    store_path: str, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A reader far behind reads a batch larger than its scan's chunk a chunk at a time
+    (not the whole batch in one read), with the full scan's answer, whether the batch is
+    whole, cut short or damaged inside."""
+    from fastmem import _replay
+
+    with fastmem.open(store_path, durability="none", **QUIET) as s:
+        s.add("before", embedding=np.ones(8))
+        start = os.path.getsize(store_path + ".dat")
+        s.add_many(_mixed(2000))  # ~250 KB: past the small scan's 64 KiB
+        s.add_many(_mixed(3))
+        s.add("after", embedding=np.ones(8))
+    data = bytearray(Path(store_path + ".dat").read_bytes())
+    offsets = _kernels.scan_records(bytes(data), start, len(data))[0]
+    if case == "cut":
+        data = data[: int(offsets[1500]) + 50]
+    elif case == "cut-at-a-record":
+        data = data[: int(offsets[1500])]
+    elif case == "damaged":
+        data[int(offsets[200]) + 25] ^= 1
+    Path(store_path + ".dat").write_bytes(bytes(data))
+    chunk = 8192
+    monkeypatch.setattr(_replay, "_SCAN_CHUNK", chunk)
+    reads: list[int] = []
+    real = os.pread
+
+    def pread(fd: int, n: int, at: int) -> bytes:
+        reads.append(n)
+        return real(fd, n, at)
+
+    monkeypatch.setattr(_replay.os, "pread", pread)
+    fd = os.open(store_path + ".dat", os.O_RDONLY)
+    try:
+        got = _replay.scan_file(fd, start, len(data))
+    finally:
+        os.close(fd)
+    monkeypatch.undo()
+    want = _kernels.scan_records(bytes(data), start, len(data))
+    for a, b in zip(got, want):
+        assert a.tolist() == b.tolist()
+    assert len(got[0]) == {"whole": 2004, "cut": 0, "cut-at-a-record": 0, "damaged": 2003}[case]
+    if case != "damaged":  # (damage inside: those bytes are scanned whole, as before)
+        assert max(reads) <= chunk
