@@ -218,10 +218,9 @@ def _scan_batch(fd: int, frame_at: int, end: int, count: int) -> tuple[tuple[np.
             offsets, lengths, kinds, dims = offsets[keep], lengths[keep], kinds[keep], dims[keep]
         take = min(left, len(offsets))
         if not take:  # (a record is shorter than a chunk: this one is cut short, or damaged)
-            if len(buf) < want or pos + want == end:
-                if fmt.cut_short(buf, 0, len(buf)):
-                    frame = np.array([frame_at], dtype=np.int64)
-                    return _kernels.scan_records(b"", 0, 0)[:4] + (frame, np.array([end])), end
+            if (len(buf) < want or pos + want == end) and fmt.cut_short(buf, 0, len(buf)):
+                frame = np.array([frame_at], dtype=np.int64)
+                return _kernels.scan_records(b"", 0, 0)[:4] + (frame, np.array([end])), end
             return None
         parts.append((offsets[:take] + pos, lengths[:take], kinds[:take], dims[:take]))
         left -= take
