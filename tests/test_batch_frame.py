@@ -339,3 +339,14 @@ def test_the_catch_up_reads_a_big_batch_a_chunk_at_a_time(
     assert len(got[0]) == {"whole": 2004, "cut": 0, "cut-at-a-record": 0, "damaged": 2003}[case]
     if case != "damaged":  # (damage inside: those bytes are scanned whole, as before)
         assert max(reads) <= chunk
+
+
+def test_an_erase_never_writes_over_a_batch_frame() -> None:
+    """A pending erase whose span names a batch frame (a damaged forget record, or one of
+    another data file) does not own it: an erase writes over memory and update records only."""
+    from fastmem import _erase
+
+    frame = fmt.pack_batch_frame(5)
+    for kind in (fmt.KIND_MEMORY, fmt.KIND_UPDATE):
+        assert not _erase._owned(frame, len(frame), kind, 0)
+        assert not _erase._owned(frame, len(frame), kind, 5)
