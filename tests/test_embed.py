@@ -261,9 +261,12 @@ def test_ready_within_waits_for_a_loading_model_and_never_raises(model, tmp_path
             gate.wait(60)
             super()._load_model()
 
-    loading = Loading()
-    assert not loading.ready
+    # A folder of its own has no numpy query path: a query must wait for onnxruntime.
+    loading = Loading(copy_onnx(model, tmp_path / "plain"))
+    assert not loading.ready and not loading.query_ready
     assert embed.ready_within(loading, 0.05) is False
+    packaged = embed.MiniLM(background=False)  # its queries are embedded in numpy meanwhile
+    assert not packaged.ready and embed.ready_within(packaged, 0) is True
     threading.Timer(0.05, gate.set).start()
     assert embed.ready_within(loading, 30) is True and loading.ready
     assert embed.ready_within(object(), 0) is True  # no ready attribute: always ready
@@ -504,7 +507,9 @@ def test_a_default_store_embeds_and_records_its_model(model, store_path, monkeyp
         assert len(store) == 3  # keyword-only use of a store with vectors is fine
 
 
-def test_a_store_ranks_by_keywords_until_the_model_is_ready(model, store_path):
+def test_a_store_ranks_by_keywords_until_the_model_is_ready(model, store_path, tmp_path):
+    """A model without a numpy query path (a folder of its own) while it loads: keywords,
+    recency and importance, degraded. The packaged one embeds the query in numpy: full."""
     with fastmem.open(store_path, embedder=model, durability="none") as store:
         store.add_many([{"text": f"note {i} about the garden"} for i in range(20)])
     gate = threading.Event()
@@ -514,7 +519,10 @@ def test_a_store_ranks_by_keywords_until_the_model_is_ready(model, store_path):
             gate.wait(60)
             super()._load()
 
-    with fastmem.open(store_path, embedder=Loading()) as store:
+    with fastmem.open(store_path, embedder=Loading(), readonly=True) as store:
+        context = store.context("garden", budget=100)
+        assert not context.degraded and not store._embedder.ready
+    with fastmem.open(store_path, embedder=Loading(copy_onnx(model, tmp_path / "plain"))) as store:
         context = store.context("garden", budget=100)
         assert context.degraded and "garden" in context.text
         assert store.search("garden", k=3)  # hybrid: keywords alone meanwhile
