@@ -671,11 +671,11 @@ class Engine:
         n_types = len(index.user_types)
         if n > PACK_BLOCK and change is None:  # (a link is add's: one memory)
             return self._commit_blocks(batch, vectors16, first_id, n_types)
+        frame = self._batch_frame(n + (change is not None))  # (first: it may write the header)
         rows, data, lengths, crcs = frame_batch(batch, index, first_id, vectors16)
         if change is not None:
             update, _, update_crc = frame_changes(fmt.KIND_UPDATE, [change[1]])
             data += update
-        frame = self._batch_frame(n + (change is not None))
         if frame:
             data = frame + data
         start = self.dat_end

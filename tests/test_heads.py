@@ -66,6 +66,7 @@ def test_compiled_constants_match_the_format():
     c = ext.CONSTANTS
     assert (c["DAT_HEADER_SIZE"], c["FORMAT_VERSION"], c["MAX_DIM"]) == (
         fmt.DAT_HEADER_SIZE, fmt.FORMAT_VERSION, fmt.MAX_DIM)  # fmt: skip
+    assert c["DAT_VERSIONS"] == fmt.DAT_VERSIONS
     assert (c["IDX_HEADER_SIZE"], c["IDX_HEADER_CRC_AT"], c["IDX_VERSIONS"]) == (
         fmt.IDX_HEADER_SIZE, fmt.IDX_HEADER_CRC_AT, fmt.IDX_VERSIONS)  # fmt: skip
     assert (c["ROW_SIZE"], c["KEYWORD_VERSION"], c["MAX_ID"]) == (
@@ -100,6 +101,12 @@ def store_files(tmp_path_factory):
 def _where(idx):
     h = fmt.unpack_idx_header(idx, "")
     return fmt.slots_at(fmt.header_layout(h))
+
+
+def test_a_version_1_data_file_header_reads_the_same_and_says_so():
+    v1 = (Path(__file__).parent / "fixtures" / "v1" / "store.dat").read_bytes()
+    assert _same("dat_header", v1) == fmt.unpack_dat_header(v1, "")
+    assert _same("dat_header", v1).version == 1
 
 
 def test_the_headers_of_a_store_with_a_delta(store_files):
