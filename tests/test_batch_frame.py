@@ -350,3 +350,29 @@ def test_an_erase_never_writes_over_a_batch_frame() -> None:
     for kind in (fmt.KIND_MEMORY, fmt.KIND_UPDATE):
         assert not _erase._owned(frame, len(frame), kind, 0)
         assert not _erase._owned(frame, len(frame), kind, 5)
+
+
+def test_a_failed_raise_of_the_header_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The header of a version 1 file cannot be written (an I/O error): the batch raises,
+    nothing is appended, the file stays version 1, and the next batch raises it."""
+    import errno
+    import shutil
+
+    for name in ("store.dat", "store.idx"):
+        shutil.copy(Path(__file__).parent / "fixtures" / "v1" / name, tmp_path / name)
+    path = str(tmp_path / "store")
+    size = os.path.getsize(path + ".dat")
+
+    def failing(fd: int, data: bytes, at: int) -> int:
+        raise OSError(errno.EIO, "injected")
+
+    with fastmem.open(path, **QUIET) as s:
+        monkeypatch.setattr(os, "pwrite", failing)
+        with pytest.raises(OSError, match="injected"):
+            s.add_many(_mixed(3))
+        monkeypatch.undo()
+        assert os.path.getsize(path + ".dat") == size and len(s) == 5
+        assert fmt.unpack_dat_header(Path(path + ".dat").read_bytes(), "").version == 1
+        s.add_many(_mixed(3))
+        assert s.verify().ok and len(s) == 8  # (appended at the end: O_APPEND is back)
+    assert fmt.unpack_dat_header(Path(path + ".dat").read_bytes(), "").version == 2
