@@ -15,7 +15,6 @@ tiktoken. Level 2,
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 import re
 import time
@@ -644,6 +643,8 @@ def _candidates(
     A memory replaced by a newer one (``add``'s ``supersedes``) gives its place to the newest
     live version (:func:`~fastmem._supersede.newest`), which then goes in only once; when
     that version went in already or is in ``exclude``, the old one is left out."""
+    import heapq  # here, not at import (with the helper thread's queue, open() loads it)
+
     index = engine.index
     order = sorted(levels, key=lambda g: -levels[g][1])
     vectors, has_vector = index.unit_vectors(np.array(order, dtype=np.int64))
