@@ -9,6 +9,7 @@ so that it turns into a failure (XPASS) the day the fix lands and the mark must 
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import struct
@@ -298,3 +299,117 @@ def test_power_cuts_then_a_write_keep_batches_whole_and_the_write(
     for seed in (1, 2, 3):
         failures += _after_cuts(tmp_path / f"seed{seed}", seed, cuts=60)
     assert not failures, failures[:5]
+
+
+# --- a block that fails mid-batch (ENOSPC), an upgrade that fails -----------------------
+
+
+def _blocked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastmem import _engine
+
+    monkeypatch.setattr(_engine, "PACK_BLOCK", 7)  # 30 memories: the frame and 5 blocks
+
+
+def _texts(store: fastmem.MemoryStore) -> list[str]:
+    return [m.text for m in store]
+
+
+@pytest.mark.parametrize("fail_at", [1, 2, 4])  # the frame's write, the first block's, the third's
+def test_a_block_whose_write_fails_leaves_nothing_and_the_ids_again(
+    store_path: str, monkeypatch: pytest.MonkeyPatch, fail_at: int
+) -> None:
+    from faults import Faults
+
+    _blocked(monkeypatch)
+    with fastmem.open(store_path, durability="none", **QUIET) as s:
+        s.add("acknowledged", embedding=np.ones(8))
+        size = os.path.getsize(store_path + ".dat")
+        with fastmem.open(store_path, readonly=True, **QUIET) as reader:
+            with (
+                Faults(fail_at=fail_at, errno_=errno.ENOSPC, only=("write",)) as faults,
+                pytest.raises(fastmem.StoreFullError),
+            ):
+                s.add_many([{"text": f"never {i}", "type": "new kind", "embedding": np.ones(8)}
+                                for i in range(30)])  # fmt: skip
+            assert faults.fired is not None
+            assert os.path.getsize(store_path + ".dat") == size
+            assert _texts(s) == _texts(reader) == ["acknowledged"]
+            assert s.add_many([{"text": f"after {i}"} for i in range(30)])[0] == "m1"
+            assert len(reader) == 31 and "new kind" not in s.types()
+        assert s.verify().ok
+
+
+def test_a_short_block_write_whose_cut_back_fails_is_never_seen(
+    store_path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The third block's write is short (half of it reaches the file), then the disk is
+    full and the cut back fails too: the file holds the frame, two whole blocks and half a
+    record; a reader takes none of it, and the writer cuts it when it closes."""
+    from faults import Faults
+
+    _blocked(monkeypatch)
+    s = fastmem.open(store_path, durability="none", **QUIET)
+    s.add("acknowledged", embedding=np.ones(8))
+    size = os.path.getsize(store_path + ".dat")
+    reader = fastmem.open(store_path, readonly=True, **QUIET)
+    with Faults(
+        fail_at=4, errno_=errno.ENOSPC, only=("write", "ftruncate"), short=True, sticky=True
+    ) as faults:
+        faults.errnos = {"ftruncate": errno.EIO}
+        with pytest.raises(fastmem.DurabilityError):
+            s.add_many([{"text": f"never {i}", "embedding": np.ones(8)} for i in range(30)])
+    assert os.path.getsize(store_path + ".dat") > size  # the failed write is still there
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RecoveryWarning either
+        assert _texts(reader) == ["acknowledged"]
+        assert reader.verify().ok  # an append under way (or cut short): not damage
+        with fastmem.open(store_path, readonly=True, **QUIET) as fresh:
+            assert _texts(fresh) == ["acknowledged"]
+    s.close()
+    assert os.path.getsize(store_path + ".dat") == size
+    reader.close()
+
+
+def _v1_store(tmp_path: Path) -> str:
+    import shutil
+
+    fixtures = Path(__file__).parent / "fixtures" / "v1"
+    for name in ("store.dat", "store.idx"):
+        shutil.copy(fixtures / name, tmp_path / name)
+    path = str(tmp_path / "store")
+    assert fmt.unpack_dat_header(Path(path + ".dat").read_bytes(), "").version == 1
+    return path
+
+
+@pytest.mark.parametrize("kind", ["write", "fsync"])  # the header's pwrite, its fsync
+def test_an_upgrade_that_fails_writes_no_frame(tmp_path: Path, kind: str) -> None:
+    """The header's rewrite (or its sync) fails: the batch is not written (a version 1
+    header never precedes a frame on disk), the error is raised, and the next batch
+    raises the header and is written."""
+    from faults import Faults
+
+    path = _v1_store(tmp_path)
+    before = Path(path + ".dat").read_bytes()
+    with fastmem.open(path, durability="none", **QUIET) as s:
+        n = len(s)
+        with (
+            Faults(fail_at=1, errno_=errno.EIO, only=(kind,)) as faults,
+            pytest.raises(fastmem.DurabilityError),  # named, as every failed write
+        ):
+            s.add_many(_two())
+        assert faults.fired is not None
+        data = Path(path + ".dat").read_bytes()
+        assert len(data) == len(before) and fmt.KIND_BATCH not in _kinds(data)
+        assert len(s) == n
+        ids = s.add_many(_two())
+        assert fmt.unpack_dat_header(Path(path + ".dat").read_bytes(), "").version == 2
+    with fastmem.open(path, readonly=True, **QUIET) as r:
+        assert r.verify().ok and len(r) == n + 2 and ids[0] in r.ids()
+
+
+def _two() -> list[dict[str, Any]]:
+    return [{"text": f"two {i}", "embedding": np.ones(8)} for i in range(2)]
+
+
+def _kinds(data: bytes) -> list[int]:
+    return [data[off + 5] for off, _ in _records_after(data, fmt.DAT_HEADER_SIZE)]
