@@ -413,3 +413,33 @@ def _two() -> list[dict[str, Any]]:
 
 def _kinds(data: bytes) -> list[int]:
     return [data[off + 5] for off, _ in _records_after(data, fmt.DAT_HEADER_SIZE)]
+
+
+# --- bit rot in the file's last batch is not a torn append ------------------------------
+
+
+@pytest.mark.parametrize("index", ["kept", "rebuilt"])
+def test_bit_rot_in_the_last_record_of_the_last_batch_keeps_the_others(
+    tmp_path: Path, backend: str, index: str
+) -> None:
+    """The last write of the file is a whole, synced (acknowledged) batch; one bit of its
+    last record's text flips: not a torn append (no record claims bytes the file lacks, no
+    page of zeros). The batch's other records stay readable, before and after repair(), the
+    damage is reported and nothing is cut. (A rule that drops a batch whose damage has
+    nothing valid after it must still tell bit rot from lost pages.)"""
+    path = str(tmp_path / "s")
+    _, records = _store_with_a_batch(path, texts=3)
+    data = bytearray(Path(path + ".dat").read_bytes())
+    last, length = records[-1]
+    assert last + length == len(data)
+    data[last + length - 100] ^= 0x04  # inside the text, far from the header's lengths
+    Path(path + ".dat").write_bytes(bytes(data))
+    if index == "rebuilt":
+        os.remove(path + ".idx")
+    with _open(path, durability="always") as s:
+        assert {"m0", "m1", "m2"} <= set(s.ids())
+        assert s.get("m2").text.startswith("batch 1 ")
+        assert not s.verify().ok
+        assert os.path.getsize(path + ".dat") == len(data)
+        s.repair()
+        assert s.ids() == ["m0", "m1", "m2"] and s.verify().ok
