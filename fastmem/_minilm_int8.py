@@ -138,22 +138,57 @@ class Int8Query:
 
 
 def _one_blas_thread() -> Any:
-    """BLAS limited to one thread for the numpy query path's small products (a query's
-    ~10 x 384 rows): on a busy 2-core machine a product waiting for BLAS's second thread
-    made a query 5-30x slower (23 ms against 120-680). Needs threadpoolctl; without it,
-    BLAS's own threads."""
+    """BLAS limited to one thread for the small products of a query (~10 x 384 rows): with
+    OpenBLAS's threads a query took 50-110 ms of CPU here, on one 8.5 ms. numpy's own
+    OpenBLAS is set directly (ctypes: ~1 ms the first time); another BLAS through
+    threadpoolctl when it is installed (~4-10 ms to import); else BLAS's own threads."""
     global _blas
     if _blas is None:
+        _blas = _bundled_openblas() or _threadpoolctl() or False
+    return nullcontext() if _blas is False else _blas()
+
+
+_blas: Any = None  # what _one_blas_thread calls for a context manager, or False
+
+
+def _bundled_openblas() -> Any:
+    """The one-thread context of the OpenBLAS inside numpy's wheel (numpy.libs), if that
+    is the BLAS numpy uses."""
+    import glob
+
+    try:
+        blas = np.__config__.CONFIG["Build Dependencies"]["blas"]["name"]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs", "libscipy_openblas64_*.so*"))
+    if blas != "scipy-openblas" or len(libs) != 1:
+        return None
+    import ctypes
+    from contextlib import contextmanager
+
+    lib = ctypes.CDLL(libs[0])  # already loaded by numpy: the same library
+    get, set_ = lib.scipy_openblas_get_num_threads64_, lib.scipy_openblas_set_num_threads64_
+    get.restype = ctypes.c_int
+
+    @contextmanager
+    def one_thread() -> Any:
+        before = get()
+        set_(1)
         try:
-            from threadpoolctl import ThreadpoolController
-        except ImportError:
-            _blas = False
-        else:
-            _blas = ThreadpoolController()  # finds the BLAS libraries once (~3 ms)
-    return nullcontext() if _blas is False else _blas.limit(limits=1, user_api="blas")
+            yield
+        finally:
+            set_(before)
+
+    return one_thread
 
 
-_blas: Any = None  # the process's ThreadpoolController, or False without threadpoolctl
+def _threadpoolctl() -> Any:
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:
+        return None
+    controller = ThreadpoolController()
+    return lambda: controller.limit(limits=1, user_api="blas")
 
 
 def _quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32]:

@@ -258,6 +258,7 @@ _loading: set[Any] = set()
 _models: weakref.WeakSet[Any] = weakref.WeakSet()  # every model of the process (for a fork)
 _load_gate = ForkGate()
 _exiting = False
+QUIET = 0.2  # seconds onnxruntime's load waits after a query the numpy path answered
 EXIT_WAIT = 10.0  # seconds: a load takes ~0.1-0.5 s; a hung one must not hold the exit forever
 
 
@@ -265,6 +266,7 @@ def _finish_loads() -> None:
     global _exiting
     _exiting = True  # before reading _started: a load either sees this or is waited for
     for model in list(_loading):
+        getattr(model, "_urgent", Flag()).set()  # a load waiting for quiet gives up at once
         if model._forks == forks() and model._started.is_set():
             model._loaded.wait(EXIT_WAIT)
 
@@ -403,6 +405,7 @@ class _BackgroundModel:
             isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0
         ):
             raise InvalidInputError(f"timeout must be None or seconds >= 0, not {timeout!r}")
+        getattr(self, "_urgent", Flag()).set()  # a caller waits: no quiet period (MiniLM)
         if timeout is None:
             # join() runs the load in this thread if the starter has not begun it yet,
             # rather than waiting out the starter's delay.
@@ -545,6 +548,11 @@ class MiniLM(_BackgroundModel):
         # hold the GIL for tens of ms) begins after it (a query beside them: 160 ms, not 37).
         self._quick_busy = threading.Lock()
         self._early: dict[str, np.ndarray] = {}  # the numpy path's last few query vectors
+        # When the numpy path last answered: onnxruntime's load waits for QUIET seconds after
+        # it (the caller's context is still ranking; a process that exits meanwhile never
+        # loads onnxruntime), unless a caller waits for the model (_urgent).
+        self._quiet_from: float | None = None
+        self._urgent = Flag()
         self._start(query_cache)
 
     @property
@@ -576,6 +584,7 @@ class MiniLM(_BackgroundModel):
             except UnsupportedText:  # onnxruntime's tokenizer can take it: wait for it
                 return None
             pooled = quick.pooled(ids)
+            self._quiet_from = time.monotonic()
         problem = self._checksums().result() if self._verify else None
         if problem is not None:  # the weights just read are not fastmem's build
             self._quick_state = "unavailable"
@@ -640,10 +649,16 @@ class MiniLM(_BackgroundModel):
         # parse of the tokenizer's 30k-word vocabulary let the GIL go), onnxruntime's import
         # (a 35 MB library: ~35 ms holding the GIL) and its session here. One after another
         # they took ~150 ms (tokenizer ~25, read and checksum ~30 beside the session).
-        checks = self._checksums() if self._verify else None
-        tokenizer = _Side(_load_tokenizer, self.path / "tokenizer.json")
         with self._quick_busy:  # a query being embedded in numpy goes first (see __init__)
             pass
+        while self._quiet_from is not None and not _exiting:
+            left = self._quiet_from + QUIET - time.monotonic()
+            if left <= 0 or self._urgent.wait(left):
+                break
+        if _exiting:
+            raise EmbedderUnavailableError("the interpreter is exiting")
+        checks = self._checksums() if self._verify else None
+        tokenizer = _Side(_load_tokenizer, self.path / "tokenizer.json")
         try:
             try:
                 import onnxruntime as ort
@@ -736,6 +751,8 @@ class MiniLM(_BackgroundModel):
         return _unit(out)
 
     def _after_fork(self) -> None:
+        self._quick_busy = threading.Lock()  # a parent's thread may have held it
+        self._urgent = Flag()
         super()._after_fork()
         self._pool = None  # its threads are the parent's
 
