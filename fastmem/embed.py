@@ -24,7 +24,6 @@ import importlib.util
 import math
 import os
 import stat
-import struct
 import threading
 import time
 import weakref
@@ -38,6 +37,7 @@ import numpy as np
 from ._bert import gelu as _gelu
 from ._bert import layer_norm as _layer_norm
 from ._bert import linear as _linear
+from ._bert import read_safetensors as _read_safetensors
 from ._threads import Background, Flag, ForkGate, at_fork, forks
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
@@ -90,7 +90,6 @@ BATCH = 32  # texts per forward pass of the numpy runtime, sorted by length so p
 # thread: waking BLAS threads for such small products costs more than they save, and on a
 # busy machine a product waiting for a second thread took 30x longer (0.4 ms -> 14 ms).
 SINGLE_THREAD_TOKENS = 512
-MAX_SAFETENSORS_HEADER = 1 << 20
 INSTALL_HINT = "pip install fastmem (onnxruntime and tokenizers are among its dependencies)"
 
 _MODEL_FILES = ("model.safetensors", "tokenizer.json")
@@ -880,40 +879,6 @@ class NumpyMiniLM(_BackgroundModel):
         return (pooled / np.maximum(norms, 1e-12)).astype(np.float32)
 
 
-
-
-def _read_safetensors(data: bytes) -> dict[str, np.ndarray]:
-    """The float32 tensors of a safetensors file (weights of linear layers pre-transposed).
-
-    The format is an 8-byte little-endian header length, a JSON header naming each
-    tensor's dtype, shape and byte range, then the bytes; each is checked before use.
-    """
-    if len(data) < 8:
-        raise EmbedderUnavailableError("model.safetensors is too short")
-    (size,) = struct.unpack_from("<Q", data, 0)
-    if not 2 <= size <= min(MAX_SAFETENSORS_HEADER, len(data) - 8):
-        raise EmbedderUnavailableError("model.safetensors has a bad header length")
-    import json  # here: only the float32 model's weights need it
-
-    try:
-        header = json.loads(data[8 : 8 + size])
-    except ValueError as exc:
-        raise EmbedderUnavailableError(f"model.safetensors has a bad header: {exc}") from None
-    body = memoryview(data)[8 + size :]
-    tensors: dict[str, np.ndarray] = {}
-    for name, info in header.items():
-        if name == "__metadata__" or info.get("dtype") != "F32":
-            continue  # position_ids (I64) is not needed
-        start, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if not 0 <= start <= end <= len(body) or end - start != 4 * math.prod(shape):
-            raise EmbedderUnavailableError(f"model.safetensors: {name} has a bad byte range")
-        array = np.frombuffer(body[start:end], dtype="<f4").reshape(shape)
-        if name.endswith(".weight") and len(shape) == 2 and "embeddings" not in name:
-            tensors[name[: -len(".weight")] + ".weight_t"] = np.ascontiguousarray(array.T)
-        else:
-            tensors[name] = array
-    return tensors
 
 
 # Embedders by the name they record in a store: what opens (and one day re-embeds) a store
