@@ -98,21 +98,49 @@ def check_covers(
             last = fmt.parse_record_header(dat, last_offset, dat_end, path)
         except CorruptRecordError:
             last = None
-        if last is None or last_offset + last.length != covered or (
-            last.crc != last_crc and not _erased(dat, last_offset, last.length)
+        if (
+            last is None
+            or last_offset + last.length != covered
+            or (
+                last.crc != last_crc
+                and not _erased(dat, last_offset, last.length, covered, dat_end)
+            )
         ):
             raise CorruptIndexError(f"{path} does not match its data file (stale)")
 
 
-def _erased(dat: Any, offset: int, length: int) -> bool:
+def _erased(dat: Any, offset: int, length: int, covered: int, dat_end: int) -> bool:
     """Whether the record at ``offset`` was erased in place since the index was written (its
     CRC changed with it): the forget record after it, which the index does not cover, is
-    replayed onto the index's row (fastmem._erase)."""
+    replayed onto the index's row (fastmem._erase). Also while the erase is under way (in
+    another process, or killed there): the record is half overwritten and fails its CRC, but
+    the forget record naming it was written first, after ``covered``."""
     try:
         header, payload = fmt.read_record(dat, offset, offset + length)
     except (CorruptionError, FormatVersionError):
-        return False
+        return _erase_named(dat, offset, length, covered, dat_end)
     return header.length == length and "e" in payload
+
+
+def _erase_named(dat: Any, offset: int, length: int, covered: int, dat_end: int) -> bool:
+    """Whether a forget record in ``dat[covered:dat_end]`` erases the record ``offset``,
+    ``length`` (its payload's ``e``: offsets and lengths). Read only when the last record an
+    index covers fails its CRC: the records since its checkpoint, a few as a rule."""
+    from . import _kernels  # here: _kernels_py imports this module
+
+    offsets, lengths, kinds, _, _, _ = _kernels.scan_records(dat, covered, dat_end)
+    forgets = kinds == fmt.KIND_FORGET
+    for at, n in zip(offsets[forgets].tolist(), lengths[forgets].tolist()):
+        try:
+            _, payload = fmt.read_record(dat, at, at + n)
+        except (CorruptionError, FormatVersionError):
+            continue
+        spans = payload.get("e") if isinstance(payload, dict) else None
+        if type(spans) is list and any(
+            spans[i : i + 2] == [offset, length] for i in range(0, len(spans) - 1, 2)
+        ):
+            return True
+    return False
 
 
 # The named tuples the compiled twin makes, in its order (heads.idx_open's ``types``).

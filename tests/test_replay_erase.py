@@ -46,9 +46,6 @@ def _vec(i: int) -> list[float]:
     return [1.0, float(i), 0.0, 0.0]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the half-overwritten record fails the staleness check: rebuilt, warned"
-)
 def test_an_open_while_the_last_record_the_index_covers_is_erased_loads_the_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
