@@ -40,7 +40,7 @@ from . import _erase, _forkexit, _kernels, _stats, _writelock  # noqa: F401 - _f
 from . import _format as fmt
 from ._checkpoint import Background, frozen, remove_orphans
 from ._files import (COMPACT_SUFFIX, Retired, create_data_file, fsync_dir, map_same, recover, releaser,
-                     remove_quietly, upgrade_data_file)  # fmt: skip
+                     kept_batch, remove_quietly, upgrade_data_file)  # fmt: skip
 from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, MemoryIndex, update_changes
 from ._io import (
     ContentCache,
@@ -591,7 +591,15 @@ class Engine:
         if torn(self.data(), self.valid_end, size):
             os.ftruncate(self._fd, self.valid_end)
             self.dat_end = self.valid_end
-        elif self._damage_reported != self.valid_end:
+            return
+        kept = kept_batch(self.index, self.data(), size)
+        if kept is not None:
+            # A batch at the end damaged otherwise than by a crash (bit rot): it was
+            # acknowledged, and its whole records are the store's as any others are (read
+            # from past its frame; readers take them once anything is appended after it).
+            end = self.index.replay(self.data(), kept + fmt.BATCH_FRAME_SIZE, size, self.dat_path)[1]
+            self.valid_end = max(self.valid_end, end)
+        if self._damage_reported != self.valid_end:
             self._damage_reported = self.valid_end
             warnings.warn(
                 f"fastmem found {size - self.valid_end} damaged bytes at the end of "

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import _format as fmt
 from ._index import MemoryIndex
-from ._io import map_data
+from ._io import map_data, torn_tail
 from ._threads import Background, at_fork
 from .errors import CorruptionError, DimensionMismatchError
 
@@ -43,7 +43,28 @@ def build_index(
     index = MemoryIndex(header.dim, header.uuid)
     index.set_compaction(header)
     problems, _, records = index.replay(dat, fmt.DAT_HEADER_SIZE, end, path, fd)
+    kept = kept_batch(index, dat, end, fd)
+    if kept is not None:  # its whole records are read as any others
+        more, _, n = index.replay(dat, kept + fmt.BATCH_FRAME_SIZE, end, path, fd)
+        problems = [p for p in problems if p.offset != kept] + more
+        records += n
     return index, problems, records
+
+
+def kept_batch(index: MemoryIndex, dat: Any, end: int, fd: int | None = None) -> int | None:
+    """The frame's offset when the data file ends with a batch that its scan took none of
+    (a record in it is not valid, nothing valid after it) and whose bytes do not look like
+    an interrupted append (``torn_tail``): bit rot in an acknowledged batch, whose whole
+    records are the store's. Its damaged region is taken off ``index.damaged``; the caller
+    replays from past the frame. None otherwise. ``fd``: read the bytes with ``pread``."""
+    if not index.damaged or index.damaged[-1][1] != end:
+        return None
+    start = index.damaged[-1][0]
+    tail = os.pread(fd, end - start, start) if fd is not None else bytes(dat[start:end])
+    if len(tail) != end - start or not fmt.batch_count(tail, 0, len(tail)) or torn_tail(tail, start):
+        return None
+    index.damaged.pop()
+    return start
 
 
 def remove_quietly(path: str) -> None:

@@ -334,19 +334,6 @@ _FRAME_HEAD = RECORD_HEADER.pack(
 )[:RECORD_CRC_AT]
 
 
-def cut_short(buf: Any, offset: int, end: int) -> bool:
-    """Whether the bytes from ``offset`` to ``end`` are the start of a record the file does
-    not hold all of yet (nothing, less than a header, or a header claiming more bytes than
-    are there): where a batch's write under way, or cut short by a crash, stops."""
-    if offset + RECORD_HEADER_SIZE > end:
-        return True
-    if bytes(buf[offset : offset + 4]) != RECORD_MAGIC:
-        return False
-    dim = int.from_bytes(buf[offset + 6 : offset + 8], "little")
-    plen = int.from_bytes(buf[offset + 8 : offset + 12], "little")
-    return offset + record_size(dim, plen) > end
-
-
 def _no_ext(code: int, data: bytes) -> Any:
     # fastmem never writes msgpack extension types: one in a payload is damage
     raise ValueError(f"msgpack extension type {code}")

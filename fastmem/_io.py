@@ -183,7 +183,7 @@ def torn_tail(tail: bytes, offset: int) -> bool:
     """
     if len(tail) < fmt.RECORD_HEADER_SIZE or tail.count(0) == len(tail):
         return True
-    if _batch_cut_short(tail):
+    if _torn_batch(tail, offset):
         return True
     if tail[:4] == fmt.RECORD_MAGIC:
         _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)
@@ -198,20 +198,21 @@ def torn_tail(tail: bytes, offset: int) -> bool:
     return False
 
 
-def _batch_cut_short(tail: bytes) -> bool:
-    """Whether ``tail`` is a batch frame followed by fewer whole records than it names,
-    the file ending in the next one: a batch's write cut short (the scans take none of it)."""
+def _torn_batch(tail: bytes, offset: int) -> bool:
+    """Whether ``tail`` is a batch frame, whole records of its batch, then nothing or bytes
+    that look like an interrupted append (the rules of :func:`torn_tail`): a batch's write
+    cut short by a crash. (The scans take none of a batch with nothing valid after it.)"""
     count = fmt.batch_count(tail, 0, len(tail))
+    if not count:
+        return False
     at = fmt.BATCH_FRAME_SIZE
-    while count:
-        if fmt.cut_short(tail, at, len(tail)):
-            return True
+    while count and at < len(tail):
         info = _kernels.check_record(tail, at, len(tail))
         if info is None or info[0] == fmt.KIND_BATCH:
-            return False  # damage inside a whole batch: kept, and reported
+            break
         at += fmt.record_size(info[1], info[2])
         count -= 1
-    return False
+    return count > 0 and (at == len(tail) or torn_tail(tail[at:], offset + at))
 
 
 class ContentCache:

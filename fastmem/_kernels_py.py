@@ -77,12 +77,23 @@ def _record_length(buf: Any, pos: int, end: int) -> int:
     return length
 
 
+def _valid_after(data: bytes, pos: int, end: int) -> bool:
+    """Whether a valid record or batch frame starts after ``pos`` (before ``end``)."""
+    nxt = data.find(RECORD_MAGIC, pos + 1, end)
+    while nxt != -1 and not (_record_length(data, nxt, end) or _format.batch_count(data, nxt, end)):
+        nxt = data.find(RECORD_MAGIC, nxt + 1, end)
+    return nxt != -1
+
+
 def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
     """Walk the records in ``buf[start:end]``, checking each one's lengths and CRC.
 
     Returns ``(offsets, lengths, kinds, dims, bad_starts, bad_ends)``: the valid records,
     and the damaged regions between them. A damaged region runs from the first byte that
-    does not start a valid record to the next byte that does (or to ``end``).
+    does not start a valid record to the next byte that does (or to ``end``). A batch frame
+    is not a record: the records it names are given when all are valid; when one is not
+    and no valid record or frame starts after it, none of them (the batch is the file's
+    tail: a damaged region from the frame to ``end``); otherwise those that are valid.
     """
     if not 0 <= start <= end <= len(buf):
         raise ValueError("scan range out of bounds")
@@ -104,7 +115,7 @@ def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
             while len(walked) < count and (length := _record_length(data, at, end)):
                 walked.append((at, length))
                 at += length
-            if len(walked) < count and _format.cut_short(data, at, end):
+            if len(walked) < count and not _valid_after(data, at, end):  # the file's tail
                 bad_starts.append(pos)
                 bad_ends.append(end)
                 break

@@ -474,15 +474,13 @@ def _repair(engine: Engine) -> RepairReport:
         with engine.writing():
             before = _sizes(engine)
             dat, end = engine.data(), engine.dat_end
-            index, problems, _ = build_index(dat, end, engine.dat_path)
-            found, _, _, _, bad_starts, bad_ends = _kernels.scan_records(dat, fmt.DAT_HEADER_SIZE, end)
-            regions = [(int(s), int(e) - int(s)) for s, e in zip(bad_starts, bad_ends)]
+            index, problems, records = build_index(dat, end, engine.dat_path)
+            regions = [(s, e - s) for s, e in index.damaged]  # (a last batch kept: its damage only)
             for p in problems:  # whole records the replay refused (e.g. they name a lost memory)
                 info = None if _in(p.offset, regions) else _kernels.check_record(dat, p.offset, end)
                 if info is not None:
                     regions.append((p.offset, fmt.record_size(info[1], info[2])))
             regions.sort()
-            records = len(found)
             damaged_path = None
             if regions:
                 damaged_path = f"{engine.dat_path}{DAMAGED_SUFFIX}{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"

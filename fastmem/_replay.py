@@ -206,19 +206,21 @@ def _scan_batch(fd: int, frame_at: int, end: int, count: int) -> tuple[tuple[np.
     ``frame_at``, read a chunk at a time (one ``add_many`` may be a gigabyte, more than a
     reader should copy at once). Returns the scan's columns and where to go on: its records
     and the batch's end when all of them are there and valid; a damaged region from the
-    frame to ``end`` when the file ends first (none of it is taken, as ``scan_records``
-    does); None when a record inside is damaged (the caller scans those bytes whole)."""
+    frame to ``end`` when one is not and nothing valid follows (none of it is taken, as
+    ``scan_records`` does); None when a record inside is damaged and something follows
+    (the caller scans those bytes whole)."""
     parts, pos, left = [], frame_at + fmt.BATCH_FRAME_SIZE, count
     while left:
         want = min(_SCAN_CHUNK, end - pos)
         buf = os.pread(fd, want, pos) if want > 0 else b""
         offsets, lengths, kinds, dims, bad_starts, _ = _kernels.scan_records(buf, 0, len(buf))
+        valid_after = len(offsets) > 0 or any(fmt.batch_count(buf, int(b), len(buf)) for b in bad_starts)
         if len(bad_starts):  # only whole records from the chunk's start
             keep = offsets < bad_starts[0]
             offsets, lengths, kinds, dims = offsets[keep], lengths[keep], kinds[keep], dims[keep]
         take = min(left, len(offsets))
         if not take:  # (a record is shorter than a chunk: this one is cut short, or damaged)
-            if (len(buf) < want or pos + want == end) and fmt.cut_short(buf, 0, len(buf)):
+            if (len(buf) < want or pos + want == end) and not valid_after:  # the file's tail
                 frame = np.array([frame_at], dtype=np.int64)
                 return _kernels.scan_records(b"", 0, 0)[:4] + (frame, np.array([end])), end
             return None

@@ -193,16 +193,6 @@ cdef inline i64 _batch_count(const u8* base, i64 pos, i64 end) noexcept nogil:
 CONSTANTS.update(KIND_BATCH=KIND_BATCH, BATCH_FRAME_SIZE=FRAME_SIZE)
 
 
-cdef inline bint _cut_short(const u8* base, i64 pos, i64 end) noexcept nogil:
-    # fmt.cut_short: the file does not hold all of the record starting at pos (yet).
-    cdef const u8* p = base + pos
-    if pos + HEADER_SIZE > end:
-        return True
-    if load_le32(p) != MAGIC_LE32:
-        return False
-    return pos + HEADER_SIZE + 2 * <i64>load_le16(p + 6) + <i64>load_le32(p + 8) > end
-
-
 def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     """Walk the records in ``buf[start:end]``; see fastmem._kernels_py.scan_records."""
     if not (0 <= start <= end <= buf.shape[0]):
@@ -236,11 +226,17 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
                     length = _record_length(base, pos, e)
                     if length == 0 and remaining:
                         remaining = 0
-                        if _cut_short(base, pos, e):  # the batch is not all there: none of it
+                        nxt = pos + 1
+                        while nxt < e:
+                            if base[nxt] == MAGIC_BYTE0 and (_candidate_length(&prefix, nxt, e)
+                                                             or _batch_count(base, nxt, e)):
+                                break
+                            nxt += 1
+                        if nxt >= e:  # nothing valid after: the batch is the file's tail, none of it
                             count = mark
                             bad_start, bad_end, pos = frame_at, e, e
                             break
-                        continue  # damage inside a whole batch: its other records are kept
+                        continue  # damage inside a batch, records after it: the others are kept
                     if length == 0:
                         remaining = _batch_count(base, pos, e)
                         if remaining:
