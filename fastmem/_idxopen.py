@@ -103,13 +103,13 @@ def check_covers(
             or last_offset + last.length != covered
             or (
                 last.crc != last_crc
-                and not _erased(dat, last_offset, last.length, covered, dat_end)
+                and not _erased(path, dat, last_offset, last.length, covered, dat_end)
             )
         ):
             raise CorruptIndexError(f"{path} does not match its data file (stale)")
 
 
-def _erased(dat: Any, offset: int, length: int, covered: int, dat_end: int) -> bool:
+def _erased(path: str, dat: Any, offset: int, length: int, covered: int, dat_end: int) -> bool:
     """Whether the record at ``offset`` was erased in place since the index was written (its
     CRC changed with it): the forget record after it, which the index does not cover, is
     replayed onto the index's row (fastmem._erase). Also while the erase is under way (in
@@ -118,29 +118,48 @@ def _erased(dat: Any, offset: int, length: int, covered: int, dat_end: int) -> b
     try:
         header, payload = fmt.read_record(dat, offset, offset + length)
     except (CorruptionError, FormatVersionError):
-        return _erase_named(dat, offset, length, covered, dat_end)
+        return _erase_named(path, dat, offset, length, covered, dat_end)
     return header.length == length and "e" in payload
 
 
-def _erase_named(dat: Any, offset: int, length: int, covered: int, dat_end: int) -> bool:
-    """Whether a forget record in ``dat[covered:dat_end]`` erases the record ``offset``,
-    ``length`` (its payload's ``e``: offsets and lengths). Read only when the last record an
-    index covers fails its CRC: the records since its checkpoint, a few as a rule."""
-    from . import _kernels  # here: _kernels_py imports this module
+def _erase_named(path: str, dat: Any, offset: int, length: int, covered: int, dat_end: int) -> bool:
+    """Whether a forget record in bytes ``covered:dat_end`` of the data file erases the
+    record ``offset``, ``length`` (its payload's ``e``: offsets and lengths). Read only when
+    the last record an index covers fails its CRC: the records since its checkpoint, a few
+    as a rule. Read with ``pread`` from the data file beside the index at ``path`` (when its
+    header is ``dat``'s): past its last whole record a writer may cut the file, and reading
+    a mapped page wholly past its end raises SIGBUS (``_replay.scan_file``)."""
+    import os
 
-    offsets, lengths, kinds, _, _, _ = _kernels.scan_records(dat, covered, dat_end)
-    forgets = kinds == fmt.KIND_FORGET
-    for at, n in zip(offsets[forgets].tolist(), lengths[forgets].tolist()):
-        try:
-            _, payload = fmt.read_record(dat, at, at + n)
-        except (CorruptionError, FormatVersionError):
-            continue
-        spans = payload.get("e") if isinstance(payload, dict) else None
-        if type(spans) is list and any(
-            spans[i : i + 2] == [offset, length] for i in range(0, len(spans) - 1, 2)
-        ):
-            return True
-    return False
+    from ._replay import scan_file  # here: the open of an index seldom needs it
+
+    if not path.endswith(".idx"):
+        return False
+    try:
+        fd = os.open(path[: -len(".idx")] + ".dat", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        if os.pread(fd, fmt.DAT_HEADER_SIZE, 0) != bytes(dat[: fmt.DAT_HEADER_SIZE]):
+            return False  # not the data file mapped (replaced meanwhile)
+        offsets, lengths, kinds, _, _, _ = scan_file(fd, covered, dat_end)
+        forgets = kinds == fmt.KIND_FORGET
+        for at, n in zip(offsets[forgets].tolist(), lengths[forgets].tolist()):
+            buf = bytes(fmt.DAT_HEADER_SIZE) + os.pread(fd, n, at)  # (records start after it)
+            try:
+                _, payload = fmt.read_record(buf, fmt.DAT_HEADER_SIZE, len(buf))
+            except (CorruptionError, FormatVersionError):
+                continue
+            spans = payload.get("e") if isinstance(payload, dict) else None
+            if type(spans) is list and any(
+                spans[i : i + 2] == [offset, length] for i in range(0, len(spans) - 1, 2)
+            ):
+                return True
+        return False
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 # The named tuples the compiled twin makes, in its order (heads.idx_open's ``types``).

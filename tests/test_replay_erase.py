@@ -136,3 +136,20 @@ def test_a_handle_that_met_a_record_mid_erase_agrees_with_the_data_file(
         problems += [str(p) for p in fresh.verify().problems]
         assert fresh.ids() == ["m0", "m2", "m3"]
     assert problems == []
+
+
+def test_a_damaged_last_covered_record_no_forget_names_is_still_stale(tmp_path: Path) -> None:
+    """The other side of the rule above: the last record the index covers fails its CRC and
+    no forget record after it names it (bit rot, or another file): rebuilt, and warned."""
+    path = str(tmp_path / "s")
+    with fastmem.open(path, dim=4, **QUIET) as writer:
+        writer.add("kept", embedding=_vec(0))
+        writer.add("damaged " + "d" * 300, embedding=_vec(1))
+    data = bytearray(Path(path + ".dat").read_bytes())
+    data[-50] ^= 0x01  # in the last record, which the index (written at close) ends with
+    Path(path + ".dat").write_bytes(bytes(data))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fastmem.open(path, readonly=True, **QUIET) as reader:
+            assert reader.ids() == ["m0"]
+    assert any("stale" in str(w.message) for w in caught), [str(w.message) for w in caught]
