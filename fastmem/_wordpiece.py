@@ -85,7 +85,7 @@ class WordPiece:
         self._unk = self.ids[UNK]
         self._special = {token: self.ids[token] for token in SPECIAL}
         self._checked: set[str] = set()  # characters that passed _check
-        self._known: dict[str, tuple[str, ...]] = {}  # a word's pieces, once cut
+        self._known: dict[str, tuple[int, ...]] = {}  # a word's pieces, once cut
 
     @classmethod
     def from_file(cls, path: str, **kwargs: int) -> WordPiece:
@@ -94,7 +94,7 @@ class WordPiece:
             vocab = f.read().split("\n")
         if vocab and vocab[-1] == "":
             vocab.pop()
-        return cls(vocab, **kwargs)  # type: ignore[arg-type]
+        return cls(vocab, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         """``text``'s ids, ``[CLS]`` first and ``[SEP]`` last, at most ``max_tokens``.
@@ -204,10 +204,10 @@ class WordPiece:
     def _word_ids(self, word: str) -> tuple[int, ...]:
         known = self._known.get(word)
         if known is not None:
-            return known  # type: ignore[return-value]
+            return known
         ids = self._cut(word)
         if len(self._known) < 10_000:
-            self._known[word] = ids  # type: ignore[assignment]
+            self._known[word] = ids
         return ids
 
     def _cut(self, word: str) -> tuple[int, ...]:
