@@ -443,3 +443,85 @@ def test_bit_rot_in_the_last_record_of_the_last_batch_keeps_the_others(
         assert os.path.getsize(path + ".dat") == len(data)
         s.repair()
         assert s.ids() == ["m0", "m1", "m2"] and s.verify().ok
+
+
+# --- maintenance on a store with frames ---------------------------------------------------
+
+
+def _framed_store(path: str) -> list[str]:
+    """Batches added, forgotten as a batch with and without erasing, single records
+    between: every kind of write there is, frames before the multi-record ones."""
+    with fastmem.open(path, durability="none", dim=8, **QUIET) as s:
+        s.add("alone", embedding=np.ones(8))
+        ids = s.add_many(
+            [{"text": f"first batch {i}", "embedding": np.ones(8) + i} for i in range(6)]
+        )
+        s.forget_many(ids[:2])  # erased: a frame, two erasing forgets, overwrites
+        s.forget_many(ids[2:4], erase=False)  # a frame, two tombstones
+        s.update(ids[4], metadata={"u": 1})
+        s.add_many(
+            [{"text": f"second batch {i}", "embedding": np.ones(8) + 2 * i} for i in range(4)]
+        )
+        assert s.verify().ok
+        return sorted(s.ids())
+
+
+def test_verify_repair_compact_backup_and_export_on_a_store_with_frames(
+    tmp_path: Path, backend: str
+) -> None:
+    from fastmem import cli
+
+    path = str(tmp_path / "s")
+    live = _framed_store(path)
+    assert fmt.KIND_BATCH in _kinds(Path(path + ".dat").read_bytes())
+    with fastmem.open(path, dim=8, **QUIET) as s:
+        report = s.backup(str(tmp_path / "b"))
+        assert report.memories == len(live)
+        assert s.repair().ok and sorted(s.ids()) == live
+        s.compact()
+        assert sorted(s.ids()) == live and s.verify().ok
+    data = Path(path + ".dat").read_bytes()
+    assert fmt.KIND_BATCH not in _kinds(data)  # compaction writes the records without frames
+    assert b"first batch 0" not in data and b"first batch 2" not in data
+    with fastmem.open(str(tmp_path / "b"), readonly=True, dim=8, **QUIET) as b:
+        assert sorted(b.ids()) == live and b.verify().ok
+    assert b"first batch 0" not in Path(str(tmp_path / "b") + ".dat").read_bytes()  # erased
+    out = tmp_path / "export.jsonl"
+    assert cli.main(["export", path, "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == len(live)
+
+
+def test_a_batch_written_during_a_compaction_is_copied_with_its_frame(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, backend: str
+) -> None:
+    """The compacting process's own thread adds a batch while the new files are written:
+    the compaction's catch-up copies it, frame and records, into the new file."""
+    import threading
+
+    from fastmem import _maintenance
+
+    path = str(tmp_path / "s")
+    live = _framed_store(path)
+    s = fastmem.open(path, dim=8, **QUIET)
+    real = _maintenance._new_store
+    added: list[str] = []
+
+    def meanwhile(*args: Any, **kwargs: Any) -> Any:
+        result = real(*args, **kwargs)
+        t = threading.Thread(target=lambda: added.extend(
+            s.add_many([{"text": f"during {i}", "embedding": np.ones(8)} for i in range(3)])))  # fmt: skip
+        t.start()
+        t.join(60)
+        return result
+
+    monkeypatch.setattr(_maintenance, "_new_store", meanwhile)
+    s.compact()
+    monkeypatch.setattr(_maintenance, "_new_store", real)
+    assert len(added) == 3
+    assert sorted(s.ids()) == sorted(live + added) and s.verify().ok
+    s.close()
+    data = Path(path + ".dat").read_bytes()
+    assert _kinds(data).count(fmt.KIND_BATCH) == 1
+    os.remove(path + ".idx")
+    with _open(path, readonly=True, dim=8) as r:
+        assert sorted(r.ids()) == sorted(live + added) and r.verify().ok
