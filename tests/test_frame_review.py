@@ -3,8 +3,8 @@ frames. A frame says how many records follow; a scan takes them only when all ar
 What happens when the count no longer matches the records after it, or when damage inside
 a batch looks like "the file ends inside it", decides whether acknowledged memories survive.
 
-Found by review; each failing test is marked ``xfail(strict=True)`` with the fix it needs,
-so that it turns into a failure (XPASS) the day the fix lands and the mark must go.
+Found by review; a test still failing is marked ``xfail(strict=True)`` with the fix it
+needs, so that it turns into a failure (XPASS) the day the fix lands and the mark must go.
 """
 
 from __future__ import annotations
@@ -81,32 +81,19 @@ def _power_cut_inside_the_batch(path: str) -> None:
     os.remove(path + ".idx")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a torn batch whose lost pages (zeros) start inside it keeps its first records: the scan "
-        "takes 'damage inside a whole batch' for bit rot; a batch whose damage runs to the end of "
-        "the file (nothing valid after it) must be cut from its frame, as one the file ends inside"
-    ),
-)
 def test_a_power_cut_inside_a_batch_leaves_none_of_it(tmp_path: Path) -> None:
+    """Its pages lost from inside its second record on: the batch is a torn append from its
+    frame (it kept its first record, taking the zeros for bit rot in a whole batch)."""
     path = str(tmp_path / "s")
     _power_cut_inside_the_batch(path)
     with _open(path, durability="always") as s:
         assert s.ids() == ["m0"]  # the batch, never acknowledged, all or nothing: nothing
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the writer cuts a torn batch at the end of its last whole record, not at its frame: the "
-        "frame then names more records than follow it, counts the next writes as the batch's, and "
-        "once the file ends before its count a scan takes none of them and the next writer cuts "
-        "them off (acknowledged, durability='always'). Fix: cut a torn tail that starts inside a "
-        "batch at the batch's frame (the scan reports the torn batch from its frame to the end)"
-    ),
-)
 def test_an_add_after_a_power_cut_inside_a_batch_survives(tmp_path: Path) -> None:
+    """The writer cuts the torn batch at its frame: cut after its first record, the frame
+    named more records than followed it and counted the next add as the batch's; a scan
+    from the data file then took none of them and the next writer cut the add off."""
     path = str(tmp_path / "s")
     _power_cut_inside_the_batch(path)
     with _open(path, durability="always") as s:
@@ -119,19 +106,12 @@ def test_an_add_after_a_power_cut_inside_a_batch_survives(tmp_path: Path) -> Non
         assert s.verify().ok
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a flipped high bit in the payload length of a record inside a batch makes the record "
-        "'claim more bytes than the file has': the scan takes the batch for one the file ends "
-        "inside, stops at its frame and hides every record after it; the next writer cuts them "
-        "all off quietly and verify() is clean. Fix: cut_short (both scans, _io._batch_cut_short, "
-        "_replay._scan_batch) only when no valid record or frame starts after that point"
-    ),
-)
 def test_bit_rot_in_a_length_inside_a_batch_keeps_the_records_after_it(
     tmp_path: Path, backend: str
 ) -> None:
+    """A flipped high bit in a batch record's payload length: the record claims more bytes
+    than the file has, yet valid records follow. Not a batch the file ends inside: the
+    damage is reported and nothing after it is hidden or cut (it was, quietly)."""
     path = str(tmp_path / "s")
     _, records = _store_with_a_batch(path, texts=3, later=5)
     data = bytearray(Path(path + ".dat").read_bytes())
@@ -284,12 +264,13 @@ def _after_cuts(tmp_path: Path, seed: int, cuts: int) -> list[str]:
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "cuts inside a batch's unsynced write (some of its pages lost, zeros, at its end or in "
-        "its middle) leave part of the batch, and the add after such a cut is lost once the "
-        "store is read from its data file (the two tests above). Fix: the file's last batch "
-        "with damage that looks like lost pages (torn_tail's zero pages) is a torn append from "
-        "its frame on. tests/powercut.py's check_cut neither writes after a cut nor checks "
-        "batches whole: its runs (benchmarks/powercut.py) pass"
+        "a cut that loses a page at the start or in the middle of the last, unsynced batch "
+        "and keeps a later one leaves the batch's later records (damage inside the batch, "
+        "valid records after it: kept, as bit rot is). Fix: in the file's last batch, damage "
+        "that looks like lost pages (torn_tail's page-aligned zeros) makes the batch a torn "
+        "append from its frame on; with the frame's own page lost nothing marks the batch. "
+        "(Lost at its end, and the add after the cut: fixed, the tests above.) "
+        "tests/powercut.py's check_cut neither writes after a cut nor checks batches whole"
     ),
 )
 def test_power_cuts_then_a_write_keep_batches_whole_and_the_write(
