@@ -28,7 +28,10 @@ What it does, and why:
 7. Copies ``tokenizer.json`` and writes the model's Apache-2.0 notice beside the graph.
 
 The printed sha256 of ``model.onnx`` and ``model.onnx.data`` are what ``fastmem/embed.py``
-(ONNX_SHA256, ONNX_DATA_SHA256) checks at load.
+(ONNX_SHA256, ONNX_DATA_SHA256) checks at load. After a rebuild, run
+``tools/build_query_table.py`` too: it writes what the numpy query path reads beside the
+graph (``int8_table.json``, ``vocab.txt``), whose sha256 ``fastmem/embed.py`` pins as well
+(INT8_TABLE_SHA256).
 """
 
 from __future__ import annotations
