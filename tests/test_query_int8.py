@@ -4,6 +4,7 @@ loads, never for stored memories; refused or damaged inputs fall back to waiting
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -220,3 +221,20 @@ def test_the_command_line_never_loads_onnxruntime(model, tmp_path):
             assert not answer["degraded"] and "Caroline" in answer["text"]
         else:
             assert answer[0]["vector"] is not None and "Caroline" in answer[0]["text"]
+
+
+def test_the_table_is_the_pinned_one_and_names_the_pinned_files():
+    import hashlib
+
+    folder = Path(embed._PACKAGED_MODEL)
+    raw = (folder / "int8_table.json").read_bytes()
+    assert hashlib.sha256(raw).hexdigest() == embed.INT8_TABLE_SHA256
+    table = json.loads(raw)
+    assert table["model.onnx_sha256"] == embed.ONNX_SHA256
+    assert table["model.onnx.data_sha256"] == embed.ONNX_DATA_SHA256
+    vocab = (folder / "vocab.txt").read_bytes()
+    assert hashlib.sha256(vocab).hexdigest() == table["vocab.txt_sha256"]
+    size = (folder / "model.onnx.data").stat().st_size
+    spans = sorted((t["offset"], t["offset"] + t["length"]) for t in table["tensors"].values())
+    assert all(0 <= a < b <= size for a, b in spans)
+    assert all(b <= c for (_, b), (c, _) in itertools.pairwise(spans))  # no two overlap
