@@ -289,8 +289,13 @@ def erase(engine: Any, rows: list[int], now: float) -> list[str]:
     covered = _index_file_holds(engine, rows)
     payloads = [forget_payload(*p[:4], now) for p in pending]
     _, lengths, _ = frame_changes(fmt.KIND_FORGET, payloads)  # (the offsets they will have)
-    at = engine.dat_end + np.concatenate(([0], np.cumsum(lengths[:-1]))).astype(np.int64)
     engine.append_tombstones(rows, now, payloads)  # durable, or nothing happened
+    # They end the file (a batch frame before them when there are several)
+    at = (
+        engine.dat_end
+        - int(lengths.sum())
+        + np.concatenate(([0], np.cumsum(lengths[:-1]))).astype(np.int64)
+    )
     # The forget is done. What follows finishes the erase; a failure there leaves it for
     # the next write (erase_pending), and is raised.
     pending = [(*p[:4], int(a)) for p, a in zip(pending, at)]

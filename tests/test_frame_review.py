@@ -508,7 +508,6 @@ def test_a_batch_written_during_a_compaction_is_copied_with_its_frame(
         assert sorted(r.ids()) == sorted(live + added) and r.verify().ok
 
 
-@pytest.mark.xfail(strict=True, reason="_erase.erase computes the offsets without the frame")
 def test_an_erase_of_several_notes_where_its_forget_records_are(store_path: str) -> None:
     """An erase of several memories whose overwrite fails keeps, for the next write to
     finish, each forget record's offset (``Pending``): past the batch frame before them."""
