@@ -574,8 +574,8 @@ class MiniLM(_BackgroundModel):
             if vec is not None:
                 return vec
             quick = self._quick_model()
-            if quick is None:
-                return None
+            if quick is None:  # unavailable, or freed by a load that has just ended
+                return self.encode_query(text) if self.ready else None
             from ._wordpiece import UnsupportedText
 
             try:
@@ -708,6 +708,8 @@ class MiniLM(_BackgroundModel):
         self._tokenizer = loaded
         self._session = session
         self.runtime = f"onnxruntime {ort.__version__}"
+        with self._lock:  # the numpy query path is not used again: its memory goes
+            self._quick, self._early = None, {}
 
     def _checksum_problem(self) -> str | None:
         """Why the packaged graph and weights are not fastmem's build, or ``None``."""

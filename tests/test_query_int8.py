@@ -238,3 +238,13 @@ def test_the_table_is_the_pinned_one_and_names_the_pinned_files():
     spans = sorted((t["offset"], t["offset"] + t["length"]) for t in table["tensors"].values())
     assert all(0 <= a < b <= size for a, b in spans)
     assert all(b <= c for (_, b), (c, _) in itertools.pairwise(spans))  # no two overlap
+
+
+def test_once_onnxruntime_has_loaded_its_vectors_are_used(model):
+    m = embed.MiniLM(background=False)
+    early_vector = m.encode_query_now("what is the user's daughter called?")
+    assert early_vector is not None and not m.ready
+    assert m.wait(300)
+    now = m.encode_query_now("what is the user's daughter called?")
+    assert np.array_equal(now, model.encode_query("what is the user's daughter called?"))
+    assert m._quick is None  # the numpy path's memory is let go
