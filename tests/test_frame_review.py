@@ -204,12 +204,24 @@ def test_hostile_frames_scan_the_same_in_every_scan(tmp_path_factory: pytest.Tem
 # --- the power-cut simulator, then a write after the cut --------------------------------
 
 
-def _after_cuts(tmp_path: Path, seed: int, cuts: int) -> list[str]:
+def _after_cuts(tmp_path: Path, seed: int, cuts: int, v1: bool = False) -> list[str]:
     """Power cuts of a recorded workload (``tests/powercut.py``, one writer, ``"always"``):
     for each, the store the cut leaves is opened by a writer, which adds one memory
     (acknowledged) and closes; then it is read again from its data file alone. Failures:
-    an add_many seen in part, the added memory or one seen before it missing."""
+    an add_many seen in part, the added memory or one seen before it missing. ``v1``: the
+    store is a version 1 one to begin with (its first batch raises the header), and a cut
+    whose data file holds a frame under a version 1 header fails too."""
+    import shutil
+
     import powercut
+
+    if v1:
+        (tmp_path / "work").mkdir(parents=True)
+        for name in ("store.dat", "store.idx"):
+            shutil.copy(
+                Path(__file__).parent / "fixtures" / "v1" / name,
+                tmp_path / "work" / ("s" + name[5:]),
+            )
 
     class Workload(powercut.Workload):
         def _do(self, store: fastmem.MemoryStore, op: str, live: list[str], k: int) -> None:
@@ -220,6 +232,9 @@ def _after_cuts(tmp_path: Path, seed: int, cuts: int) -> list[str]:
 
     work = Workload(str(tmp_path / "work"), "always", seed, n_ops=30)
     work.run()
+    if v1:  # recorded from a version 1 file, raised by the workload's first batch
+        assert fmt.unpack_dat_header(work.rec.initial["s.dat"][1], "").version == 1
+        assert fmt.unpack_dat_header(Path(work.base + ".dat").read_bytes(), "").version == 2
     batches = {}  # op -> the ids its add_many wrote
     for e in work.rec.log:
         if e[0] == "mark" and e[1] == "begin" and e[3] == "add_many":
@@ -241,6 +256,9 @@ def _after_cuts(tmp_path: Path, seed: int, cuts: int) -> list[str]:
             os.remove(scratch / name)
         for name, data in files.items():
             (scratch / name).write_bytes(data)
+        dat = files["s.dat"]
+        if fmt.KIND_BATCH in _kinds(dat) and fmt.unpack_dat_header(dat, "").version != 2:
+            failures.append(f"cut {cut}: a batch frame under a version 1 header")
         with _open(path, durability="always") as s:
             seen = set(s.ids())
             added = s.add("written after the cut")
@@ -524,3 +542,14 @@ def test_an_erase_of_several_notes_where_its_forget_records_are(store_path: str)
     data = Path(store_path + ".dat").read_bytes()
     offsets, _, kinds, _, _, _ = _kernels.scan_records(data, fmt.DAT_HEADER_SIZE, len(data))
     assert noted == offsets[kinds == fmt.KIND_FORGET].tolist()
+
+
+def test_power_cuts_through_the_upgrade_of_a_version_1_store(tmp_path: Path) -> None:
+    """The first batch written to a version 1 store raises its header (a write at offset 0,
+    synced) before its frame: a cut at any point of it leaves a version 1 header without
+    frames or a version 2 one, every acknowledged memory, and a store that takes a write."""
+    failures = []
+    for seed in (4, 5):
+        failures += [f for f in _after_cuts(tmp_path / f"seed{seed}", seed, cuts=40, v1=True)
+                     if "seen in part" not in f]  # (that one is the xfail above)  # fmt: skip
+    assert not failures, failures[:5]
