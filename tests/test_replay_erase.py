@@ -202,11 +202,13 @@ def test_a_catch_up_that_read_the_size_before_the_forget_sees_the_batch(
         return scanned[0]
 
     monkeypatch.setattr(_index, "scan_file", scan_meanwhile)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        first = other.ids()
-    monkeypatch.setattr(_index, "scan_file", real_scan)
-    assert {"m1", "m2"} <= set(first), first  # committed before the call
-    assert other.ids() == ["m0", "m1", "m2"]
-    writer.close()
-    other.close()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            first = other.ids()
+        monkeypatch.setattr(_index, "scan_file", real_scan)
+        assert {"m1", "m2"} <= set(first), first  # committed before the call
+        assert other.ids() == ["m0", "m1", "m2"]
+    finally:
+        writer.close()
+        other.close()
