@@ -37,7 +37,7 @@ from ._items import (
     Batch, check_batch, check_ids, check_open, check_search, prepare_commit,
 )  # fmt: skip
 from .embed import (  # light: the model's libraries load in its thread
-    Embedder, default_embedder, embedder_for_existing, ready_within,
+    Embedder, default_embedder, embedder_for_existing,
 )  # fmt: skip
 from .errors import (
     DimensionMismatchError,
@@ -498,7 +498,9 @@ class MemoryStore:
             cosine against the stored float16 vector (an int8 scan picks candidates, they
             are rescored). Keyword mode: the BM25 score. Hybrid: the fused relevance (1 for
             the best hit), with ``vector`` (approximate cosine) and ``keyword`` (BM25) set.
-            A hybrid search before the embedding model has loaded ranks by keywords alone.
+            A hybrid search while the default model loads embeds the question in numpy from
+            the same weights; with no query vector at all (another embedder not loaded yet),
+            it ranks by keywords alone.
             A hybrid search lists the newest truth first: a superseded memory's newest live
             version (that passes the filters) takes its place and score, found or not (its
             ``vector`` and ``keyword`` then ``None`` unless it was a candidate), and the old
@@ -604,9 +606,9 @@ class MemoryStore:
         session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         counter = self._counter(encoding)
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
-        if self._embedder is not None:  # a model still loading: wait a little (not locked)
-            ready_within(self._embedder, self.policy.embedder_wait)
-        vector, degraded = retrieval.embed_query(self._embedder, query)  # not locked either
+        # Not locked: a model still loading embeds the query in numpy meanwhile, or is waited
+        # for a little (a text that path refuses, another embedder).
+        vector, degraded = retrieval.embed_query(self._embedder, query, wait=self.policy.embedder_wait)
         text, tokens, items, degraded, left_out = _context.answer(
             self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
             session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,

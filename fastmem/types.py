@@ -385,8 +385,10 @@ class Context:
     """What ``MemoryStore.context`` returns.
 
     ``text`` is what to give the model; ``tokens`` is its exact token count, never over the
-    budget. ``degraded`` is true when the embedding model was not loaded yet and the
-    context was built from keywords, recency and importance alone. Each item says its
+    budget. ``degraded`` is true when no query vector could be made (the model not
+    loaded yet and no way to embed the question meanwhile) and the context was built from
+    keywords, recency and importance alone; while the default model loads, the question is
+    embedded in numpy from the same weights, which is not degraded. Each item says its
     line's ``tokens`` and the ``reason`` it was chosen; ``left_out`` holds the candidates
     that ranked well but did not fit (best first, at most ``LEFT_OUT``), each with the
     ``reason`` it stayed out and the ``tokens`` it would have needed. The headers' tokens

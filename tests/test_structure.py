@@ -19,14 +19,16 @@ PACKAGE = Path(fastmem.__file__).parent
 
 FLOORS: list[tuple[str, ...]] = [
     # leaves: import nothing of fastmem's (_bpe_py: the token counter's reference, tiktoken)
-    ("errors", "_stopwords", "_threads", "_ext", "_bpe_py", "_writelock"),  # _writelock: how a
-    # write waits for the writer lock (its pace and the gate)
+    ("errors", "_stopwords", "_threads", "_ext", "_bpe_py", "_writelock", "_bert", "_wordpiece"),
+    # _writelock: how a write waits for the writer lock (its pace and the gate); _bert: the
+    # float32 BERT pieces both numpy paths share; _wordpiece: the query's tokenizer in Python
+    ("_minilm_int8",),  # the packaged int8 graph in numpy, for a query while onnxruntime loads
     ("types", "_format", "namespaces", "summarize", "embed", "export", "_forkexit"),
     ("_idxopen",),  # the checks an index file passes at open (the reference of heads.idx_open)
-    ("_io",),  # the engine's stateless parts: OS errors mapped, group commit, cache
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
-    ("_vectors", "_keyword", "_replay", "_tail", "tokens"),  # tokens: cl100k_base by a kernel
+    ("_vectors", "_keyword", "_replay", "_tail", "tokens", "_io"),  # tokens: cl100k_base by a
+    # kernel; _io: the engine's stateless parts (OS errors mapped, group commit, torn tails)
     ("_index",),
     ("_vsearch",),
     ("_items", "retrieval", "_files", "_checkpoint"),  # what add accepts; ranking; files around
