@@ -47,8 +47,15 @@ def stats(engine: Engine) -> StoreStats:
         dat_bytes=os.path.getsize(engine.dat_path),
         idx_bytes=os.path.getsize(engine.idx_path) if os.path.exists(engine.idx_path) else 0,
         backend=_kernels.BACKEND,
-        format_version=fmt.FORMAT_VERSION,  # the version open() checked the data file has
+        format_version=_dat_version(engine.dat_path),
     )
+
+
+def _dat_version(path: str) -> int:
+    """The data file header's version: a version 1 file stays 1 until a batch is written to
+    it, by this process or another (what this release writes is ``FORMAT_VERSION``)."""
+    with open(path, "rb") as f:
+        return fmt.unpack_dat_header(f.read(fmt.DAT_HEADER_SIZE), path).version
 
 
 def sessions(engine: Engine, n: int | None) -> dict[str, int]:

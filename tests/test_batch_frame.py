@@ -207,7 +207,9 @@ def test_a_store_of_the_previous_version_is_raised_by_its_first_batch(tmp_path: 
     with fastmem.open(path, **QUIET) as s:
         s.add("one record: no frame", embedding=np.ones(8))
         assert fmt.unpack_dat_header(Path(path + ".dat").read_bytes(), "").version == 1
+        assert s.stats().format_version == 1  # what the file says, not what this release writes
         ids = s.add_many(_items(3))
+        assert s.stats().format_version == 2
     after = Path(path + ".dat").read_bytes()
     new, old = fmt.unpack_dat_header(after, ""), fmt.unpack_dat_header(before, "")
     assert new.version == 2 and new._replace(version=1) == old
