@@ -553,3 +553,55 @@ def test_power_cuts_through_the_upgrade_of_a_version_1_store(tmp_path: Path) -> 
         failures += [f for f in _after_cuts(tmp_path / f"seed{seed}", seed, cuts=40, v1=True)
                      if "seen in part" not in f]  # (that one is the xfail above)  # fmt: skip
     assert not failures, failures[:5]
+
+
+# --- SIGKILL during block-staged batches (real processes) --------------------------------
+
+_KILLED_WRITER = """
+import sys
+import fastmem
+from fastmem import _engine
+_engine.PACK_BLOCK = 64  # blocks of 64: a kill lands between two of them as often as not
+store = fastmem.open(sys.argv[1], embedder=None, durability=sys.argv[2])
+for b in range(int(sys.argv[3]), 10**6):
+    store.add_many([{"text": f"batch {b} memory {i} " + "w" * (i % 50), "session": f"b{b}"}
+                    for i in range(500)])
+    print(b, flush=True)
+"""
+
+
+@pytest.mark.parametrize("durability", ["always", "none"])
+def test_a_writer_killed_during_block_staged_batches_leaves_each_whole_or_absent(
+    tmp_path: Path, durability: str
+) -> None:
+    """A real process adds batches of 500 memories packed 64 at a time and is SIGKILLed at
+    random moments, five times: every batch it acknowledged is there, each batch is there
+    whole or not at all, and the store verifies clean after a writer opened it."""
+    import collections
+    import signal
+    import subprocess
+    import time
+
+    path = str(tmp_path / "s")
+    script = tmp_path / "writer.py"
+    script.write_text(_KILLED_WRITER)
+    rng = random.Random(durability)
+    acked: set[int] = set()
+    first = 0
+    for _ in range(5):
+        child = subprocess.Popen([sys.executable, str(script), path, durability, str(first)],
+                                 stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert child.stdout is not None
+        first_line = child.stdout.readline()  # one batch done: the next one is under way
+        assert first_line.strip(), "the writer died before its first batch"
+        acked.add(int(first_line))
+        time.sleep(rng.uniform(0.0, 0.05))
+        child.send_signal(signal.SIGKILL)
+        out, _ = child.communicate(timeout=60)
+        acked.update(int(line) for line in out.split())
+        with _open(path) as s:  # (2 to 3 of the 5 kills land inside a batch's write, as measured)
+            per_batch = collections.Counter(m.session for m in s)
+            assert s.verify().ok
+        assert {f"b{b}" for b in acked} <= per_batch.keys()
+        assert set(per_batch.values()) == {500}, per_batch  # whole or absent
+        first = max(int(b[1:]) for b in per_batch) + 1
