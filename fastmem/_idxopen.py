@@ -135,31 +135,27 @@ def _erase_named(path: str, dat: Any, offset: int, length: int, covered: int, da
 
     if not path.endswith(".idx"):
         return False
-    try:
-        fd = os.open(path[: -len(".idx")] + ".dat", os.O_RDONLY)
+    try:  # (read only, as every read of fastmem's: outside the fault seam of writes)
+        with open(path[: -len(".idx")] + ".dat", "rb", buffering=0) as f:
+            fd = f.fileno()
+            if os.pread(fd, fmt.DAT_HEADER_SIZE, 0) != bytes(dat[: fmt.DAT_HEADER_SIZE]):
+                return False  # not the data file mapped (replaced meanwhile)
+            offsets, lengths, kinds, _, _, _ = scan_file(fd, covered, dat_end)
+            forgets = kinds == fmt.KIND_FORGET
+            for at, n in zip(offsets[forgets].tolist(), lengths[forgets].tolist()):
+                buf = bytes(fmt.DAT_HEADER_SIZE) + os.pread(fd, n, at)  # (records start after it)
+                try:
+                    _, payload = fmt.read_record(buf, fmt.DAT_HEADER_SIZE, len(buf))
+                except (CorruptionError, FormatVersionError):
+                    continue
+                spans = payload.get("e") if isinstance(payload, dict) else None
+                if type(spans) is list and any(
+                    spans[i : i + 2] == [offset, length] for i in range(0, len(spans) - 1, 2)
+                ):
+                    return True
     except OSError:
-        return False
-    try:
-        if os.pread(fd, fmt.DAT_HEADER_SIZE, 0) != bytes(dat[: fmt.DAT_HEADER_SIZE]):
-            return False  # not the data file mapped (replaced meanwhile)
-        offsets, lengths, kinds, _, _, _ = scan_file(fd, covered, dat_end)
-        forgets = kinds == fmt.KIND_FORGET
-        for at, n in zip(offsets[forgets].tolist(), lengths[forgets].tolist()):
-            buf = bytes(fmt.DAT_HEADER_SIZE) + os.pread(fd, n, at)  # (records start after it)
-            try:
-                _, payload = fmt.read_record(buf, fmt.DAT_HEADER_SIZE, len(buf))
-            except (CorruptionError, FormatVersionError):
-                continue
-            spans = payload.get("e") if isinstance(payload, dict) else None
-            if type(spans) is list and any(
-                spans[i : i + 2] == [offset, length] for i in range(0, len(spans) - 1, 2)
-            ):
-                return True
-        return False
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
+        pass
+    return False
 
 
 # The named tuples the compiled twin makes, in its order (heads.idx_open's ``types``).
