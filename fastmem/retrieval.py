@@ -14,13 +14,11 @@ tuned on a hand-built index:
 
 from __future__ import annotations
 
-import calendar
 import math
 import re
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime, timedelta, timezone
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -33,6 +31,9 @@ from ._vectors import quantize, to_float16
 from .embed import Embedder
 from .errors import CorruptIndexError, CorruptRecordError, EmbedderUnavailableError
 from .types import DAY, ContextPolicy
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = [
     "NO_FILTERS",
@@ -178,7 +179,7 @@ def rank(
         try:
             parts.append(_vector_candidates(index, vector, k, where)[0])
         finally:
-            wait([keyword_job])  # it reads the index: done before anything can change it
+            keyword_job.exception()  # it reads the index: done before anything can change it
         kw_rows, kw_scores = keyword_job.result()
     else:
         vector = None  # a store without vectors
@@ -292,8 +293,11 @@ def _identifier_matches(
     return rows, np.array([held[g] / keys for g in rows.tolist()])
 
 
-_MONTHS = {name.lower(): i for names in (calendar.month_name, calendar.month_abbr)
-           for i, name in enumerate(names) if name} | {"sept": 9}  # fmt: skip
+# English, whatever the locale (calendar's names follow LC_TIME once a program sets it).
+_MONTH_NAMES = ("january", "february", "march", "april", "may", "june", "july", "august",
+                "september", "october", "november", "december")  # fmt: skip
+_MONTHS = {name: i for i, name in enumerate(_MONTH_NAMES, 1)} | {
+    name[:3]: i for i, name in enumerate(_MONTH_NAMES, 1)} | {"sept": 9}  # fmt: skip
 _MONTH = "(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
 _YEAR = r"(\d{4})\b"
@@ -697,6 +701,8 @@ def _keyword_worker() -> ThreadPoolExecutor:
     global _keyword_thread
     with _keyword_thread_lock:
         if _keyword_thread is None:
+            from concurrent.futures import ThreadPoolExecutor  # here: import fastmem needs none
+
             _keyword_thread = ThreadPoolExecutor(1, thread_name_prefix="fastmem-keyword")
         return _keyword_thread
 

@@ -32,6 +32,13 @@ STDLIB_LATER = {
     "glob": "a writer's sweep of the files aside that killed checkpoints left",
     "bisect": "recent(before=...)",
     "base64": "exporting metadata that holds bytes",
+    "hashlib": "the model's checksums, a session's hash, an embedder's fingerprint",
+    "concurrent.futures": "a ranking's keyword thread, the model's encoding threads",
+    "logging": "nothing of fastmem's: a library that logs",
+    "calendar": "nothing: dates in questions are parsed with English month names",
+    "queue": "the first helper or release thread",
+    "heapq": "a context's candidates by score",
+    "traceback": "a failure's frames",
 }
 # Every package outside the standard library that the import may load.
 THIRD_PARTY = {"fastmem", "numpy", "lz4", "msgpack"}
