@@ -605,3 +605,56 @@ def test_a_writer_killed_during_block_staged_batches_leaves_each_whole_or_absent
         assert {f"b{b}" for b in acked} <= per_batch.keys()
         assert set(per_batch.values()) == {500}, per_batch  # whole or absent
         first = max(int(b[1:]) for b in per_batch) + 1
+
+
+# --- hostile frames in a store: what a writer's open does with them ------------------------
+
+
+@pytest.mark.parametrize(
+    ("where", "count"),
+    [
+        ("end", 2),
+        ("end", 2**32 - 1),
+        ("middle", 0),
+        ("middle", 1),
+        ("middle", 2**32),
+        ("nested", 2),
+    ],
+)
+def test_a_hostile_frame_in_a_store(tmp_path: Path, backend: str, where: str, count: int) -> None:
+    """A frame at the very end (a batch whose write never began: cut, quietly), a frame
+    whose count is no batch's (0, 1, 2**32: damage, 28 bytes, the records after it kept),
+    a frame inside a batch (the outer batch's second record is that frame: damage there)."""
+    path = str(tmp_path / "s")
+    with fastmem.open(path, durability="always", **QUIET) as s:
+        s.add("one", embedding=np.ones(8))
+        middle = os.path.getsize(path + ".dat")
+        s.add_many([{"text": f"batch {i}", "embedding": np.ones(8) + i} for i in range(2)])
+        s.add("last", embedding=np.ones(8))
+    data = Path(path + ".dat").read_bytes()
+    if where == "end":
+        data += _frame(count)
+    elif where == "middle":
+        data = data[:middle] + _frame(count) + data[middle:]
+    else:  # after the batch's frame and its first record
+        first = middle + fmt.BATCH_FRAME_SIZE
+        first_end = _records_after(data, first)[0][1] + first
+        data = data[:first_end] + _frame(count) + data[first_end:]
+    Path(path + ".dat").write_bytes(data)
+    os.remove(path + ".idx")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with fastmem.open(path, durability="always", **QUIET) as s:
+            texts = [m.text for m in s]
+            problems = [(p.offset, p.message) for p in s.verify().problems]
+    warned = [str(w.message) for w in caught if "damaged" in str(w.message)]
+    if where == "end":
+        assert texts == ["one", "batch 0", "batch 1", "last"] and not problems and not warned
+        assert os.path.getsize(path + ".dat") == len(data) - fmt.BATCH_FRAME_SIZE
+    elif where == "middle":
+        assert texts == ["one", "batch 0", "batch 1", "last"]
+        assert problems == [(middle, f"{fmt.BATCH_FRAME_SIZE} damaged bytes")]
+        assert os.path.getsize(path + ".dat") == len(data)
+    else:
+        assert "last" in texts and "one" in texts  # nothing after the damage is hidden
+        assert problems and os.path.getsize(path + ".dat") == len(data)
