@@ -663,3 +663,50 @@ def test_a_hostile_frame_in_a_store(tmp_path: Path, backend: str, where: str, co
     else:
         assert "last" in texts and "one" in texts  # nothing after the damage is hidden
         assert problems and os.path.getsize(path + ".dat") == len(data)
+
+
+# --- random bit flips inside batches (tests/test_corruption.py writes no batch) -------------
+
+
+def test_random_bit_flips_inside_batches_hide_and_cut_nothing_else(
+    tmp_path: Path, backend: str
+) -> None:
+    """Bits flipped anywhere in one or two records inside batches (lengths and counts too,
+    frames included), a single record last: a writer opening the store (its index rebuilt)
+    keeps every memory whose record was not hit, with its text, cuts nothing, and verify()
+    reports the damage."""
+    src = str(tmp_path / "src")
+    with fastmem.open(src, durability="none", **QUIET) as s:
+        for b in range(4):
+            s.add_many([{"text": f"batch {b} memory {i} " + "x" * (i * 40), "embedding": np.ones(8) + i}
+                        for i in range(5)])  # fmt: skip
+        s.add("the last, alone", embedding=np.ones(8))
+        texts = {m.id: m.text for m in s}
+        offsets = {s.info(m).record_offset: m for m in texts}
+    dat = Path(src + ".dat").read_bytes()
+    records = _records_after(dat, fmt.DAT_HEADER_SIZE)[:-1]  # frames and batch records
+    rng = random.Random(f"flips-{backend}")
+    path = str(tmp_path / "s")
+    for round_ in range(25):
+        victims = rng.sample(records, rng.randint(1, 2))
+        damaged = bytearray(dat)
+        for off, n in victims:
+            for _ in range(rng.randint(1, 3)):
+                damaged[off + rng.randrange(n)] ^= 1 << rng.randrange(8)
+        hit = {offsets[off] for off, _ in victims if off in offsets}
+        Path(path + ".dat").write_bytes(bytes(damaged))
+        if os.path.exists(path + ".idx"):
+            os.remove(path + ".idx")
+        with _open(path) as s:
+            got = {m.id: m.text for m in s}
+            report = s.verify()
+        ctx = f"round {round_}: {victims}"
+        assert os.path.getsize(path + ".dat") == len(damaged), ctx
+        for mid, text in texts.items():
+            if mid not in hit:
+                assert got.get(mid) == text, ctx
+        assert set(got) <= set(texts), ctx
+        if damaged != bytearray(dat) and any(
+            dat[o : o + n] != damaged[o : o + n] for o, n in victims
+        ):
+            assert not report.ok, ctx
