@@ -16,8 +16,9 @@ through the engine's underscore attributes:
 Two rules hold every write together. Appending records and applying them to the index is
 one step (``commit_memories``): whatever fails after the append cuts the file back and
 reloads the index, so no id is given twice and nothing unacknowledged stays. Moving to new
-files builds the new map and index first and assigns them in one block (``_adopt``): a
-failure leaves the handle on its old files, or, past a compaction's commit point, closed.
+files builds the new map and index first (``_state.build``, as the open does) and assigns
+them in one block (``_adopt``): a failure leaves the handle on its old files, or, past a
+compaction's commit point, closed.
 """
 
 from __future__ import annotations
@@ -32,15 +33,23 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
-from . import _erase, _forkexit, _kernels, _stats, _writelock  # noqa: F401 - _forkexit: its at-fork hook
+from . import _erase, _forkexit, _kernels, _state, _stats, _writelock  # noqa: F401 - _forkexit: its at-fork hook
 from . import _format as fmt
 from ._checkpoint import Background, frozen, remove_orphans
-from ._files import (COMPACT_SUFFIX, Retired, create_data_file, fsync_dir, map_same, recover, releaser,
-                     kept_batch, remove_quietly, upgrade_data_file)  # fmt: skip
+from ._files import (
+    COMPACT_SUFFIX,
+    Retired,
+    fsync_dir,
+    kept_batch,
+    recover,
+    releaser,
+    remove_quietly,
+    upgrade_data_file,
+)
 from ._index import F_FLAGS, F_ID, F_META, F_OFFSET, MemoryIndex, update_changes
 from ._io import (
     ContentCache,
@@ -49,17 +58,24 @@ from ._io import (
     map_data,
     mapped_errors,
     no_cyclic_gc,
-    release_frames,  # fmt: skip
     torn,
 )
-from ._items import Batch, MemoryErased, decode_memory, f32, frame_batch, frame_changes, parse_id
+from ._items import (
+    Batch,
+    Block,
+    MemoryErased,
+    decode_memory,
+    f32,
+    frame_batch,
+    frame_changes,
+    parse_id,
+)
+from ._state import State
 from ._threads import Beside, at_fork, forks
 from .errors import (
     CorruptionError,
     DimensionMismatchError,
     DurabilityError,
-    EmbedderMismatchError,
-    FormatVersionError,
     ReadOnlyError,
     RecoveryWarning,
     StoreClosedError,
@@ -82,29 +98,6 @@ PACK_BLOCK = 2048
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
 
 
-class _Block:
-    """Memories ``lo:hi`` of a :class:`Batch`, as ``frame_batch`` reads them (a large batch
-    is packed a block at a time). Its sessions are those the block uses, renumbered: each
-    block hashes only its own."""
-
-    def __init__(self, batch: Batch, lo: int, hi: int) -> None:
-        self.payloads = batch.payloads[lo:hi]
-        self.type_names, self.type_index = batch.type_names, batch.type_index[lo:hi]
-        self.importance, self.flags = batch.importance[lo:hi], batch.flags[lo:hi]
-        self.timestamps = batch.timestamps[lo:hi]
-        self.text_tokens, self.summary_tokens = batch.text_tokens[lo:hi], batch.summary_tokens[lo:hi]
-        index = np.asarray(batch.session_index[lo:hi])
-        used = np.unique(index)
-        used = used[used > 0]
-        number = np.zeros(len(batch.sessions) + 1, dtype=index.dtype)
-        number[used] = np.arange(1, len(used) + 1)
-        self.session_index = number[index]
-        self.sessions = [batch.sessions[i - 1] for i in used.tolist()]
-
-    def __len__(self) -> int:
-        return len(self.payloads)
-
-
 def _write_all(fd: int, data: Any) -> None:
     """Write all of ``data`` at the end of the data file (``os.write`` may write a part).
     The one place the engine's appends reach the file (a test splits a batch's write here)."""
@@ -120,20 +113,6 @@ def _after_fork_in_child() -> None:
     # instead of getting StoreForkedError. A fresh lock lets every call fail clearly.
     for engine in list(_engines):
         engine.lock = threading.RLock()
-
-
-class _State(NamedTuple):
-    """What a handle works on, built aside and adopted whole (see ``Engine._adopt``)."""
-
-    fd: int  # the data file, locked by a writer
-    map_fd: int  # the descriptor the map was made from (never the locked one)
-    dat: mmap.mmap
-    memindex: MemoryIndex
-    dat_end: int
-    valid_end: int
-    uuid: bytes
-    rebuilt: bool  # the index was rebuilt from the data file: worth a checkpoint
-    version: int = fmt.FORMAT_VERSION  # the data file header's (1: raised before a batch frame)
 
 
 class Engine:
@@ -225,125 +204,14 @@ class Engine:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def _build(
-        self, fd: int, dim: int | None, *, locked: bool, retries: int = 3, st: os.stat_result | None = None
-    ) -> _State:
-        """Map the data file open as ``fd`` and load (or rebuild) its index, changing
-        nothing of the handle's state. The caller keeps ``fd`` (a handle that finds the
-        file replaced meanwhile returns a state on a new descriptor). Only a caller that
-        holds the writer lock (``locked``) may create the file; it may pass ``fd``'s stat
-        taken under the lock (``st``: no writer can have changed the file since)."""
-        if st is None:
-            st = os.fstat(fd)
-        size = st.st_size
-        created = size < fmt.DAT_HEADER_SIZE
-        if created:
-            if not locked:
-                raise StoreNotFoundError(f"{self.dat_path} is still being created; try again")
-            create_data_file(fd, size, dim or 0, self.identity, self.dat_path)
-            size = fmt.DAT_HEADER_SIZE
-        mapped = map_same(self.dat_path, fd, size, st)
-        if mapped is None:  # replaced again since fd was opened: follow
-            return self._build_replaced(dim)
-        map_fd, dat = mapped
-        del mapped  # the map is ``dat`` alone: the failure path below lets go of it
-        size = len(dat)  # less if a writer cut a failed write off meanwhile
-        try:
-            # The compiled parse answers for a valid header; the parser says what is wrong.
-            header = _kernels.dat_header(dat, fmt.DatHeader)
-            header = header or fmt.unpack_dat_header(dat, self.dat_path)
-            self._check_embedder(header)
-            if locked and not os.path.exists(self.dat_path + COMPACT_SUFFIX):
-                # (A compaction of this handle's own may be under way: then never.)
-                self._adopt_compacted_index()
-            # Without the lock, while a compaction's index waits under ``.idx.compact``
-            # (between its renames of the data file and of the index; for ever if it was
-            # killed there, until a writer takes the lock), the index file under the name
-            # may be the old data file's: its check (the last record it covers, at its
-            # offset, with its CRC) passes when the compaction only reordered the records,
-            # and every offset it holds is the old file's (an erase then wrote over live
-            # records). Not read then: the index is built from this data file. Only a lone
-            # one: with ``.dat.compact`` beside it (a compaction writing its files, or killed
-            # before its commit) the index under the name is this data file's (a compaction
-            # renames a lone one into place before it writes its own; looked for second, so
-            # that a commit in between counts as mid-swap).
-            mid_swap = (
-                not locked
-                and os.path.exists(self.idx_path + COMPACT_SUFFIX)
-                and not os.path.exists(self.dat_path + COMPACT_SUFFIX)
-            )
-            try:
-                if mid_swap:
-                    index, reason = None, None
-                else:
-                    index = MemoryIndex.load(self.idx_path, header.uuid, header.dim, dat, size)
-                    reason = None
-            except FileNotFoundError:
-                index, reason = None, "it was missing"
-            except (CorruptionError, FormatVersionError) as exc:
-                if not locked and retries and os.fstat(fd).st_size != size:
-                    # A writer appended and checkpointed since the size was taken: the
-                    # index covers more than that size. Look again rather than rebuild.
-                    os.close(map_fd)
-                    return self._build(fd, dim, locked=locked, retries=retries - 1)
-                index, reason = None, str(exc)
-            if not locked and os.fstat(fd).st_nlink == 0:
-                # Replaced meanwhile (the index read may be the new file's): read the new one.
-                os.close(map_fd)
-                return self._build_replaced(dim)
-            started = time.perf_counter()
-            if index is None:
-                index = MemoryIndex(header.dim, header.uuid)
-            index.set_compaction(header)
-            _, valid_end, _ = index.replay(dat, index.applied, size, self.dat_path, map_fd)
-            dat_end = size
-            if reason is not None and not created:
-                warnings.warn(
-                    f"fastmem rebuilt the index of {self.path} from its data file in "
-                    f"{time.perf_counter() - started:.3f} s ({len(index)} rows; {reason})",
-                    RecoveryWarning,
-                    stacklevel=5,
-                )
-            if dim is not None:
-                if index.dim and index.dim != dim:
-                    raise DimensionMismatchError(
-                        f"{self.path} holds {index.dim}-dimensional vectors, not {dim}: open "
-                        f"it with dim={index.dim} or the embedder that wrote it"
-                    )
-                index.set_dim(dim)
-        except BaseException as exc:
-            os.close(map_fd)
-            release_frames(exc)  # the map holds a descriptor of its own: see release_frames
-            dat = index = None  # type: ignore[assignment]  # this frame is in the traceback too
-            raise
-        return _State(fd, map_fd, dat, index, dat_end, valid_end, header.uuid, reason is not None,
-                      header.version)  # fmt: skip
+        self, fd: int, dim: int | None, *, locked: bool, st: os.stat_result | None = None
+    ) -> State:
+        """The state of the data file open as ``fd``, changing nothing of the handle's
+        (``_state.build``: the index loaded or rebuilt, a replaced file followed)."""
+        return _state.build(self.path, fd, dim, identity=self.identity, readonly=self.readonly,
+                            locked=locked, st=st)  # fmt: skip
 
-    def _adopt_compacted_index(self) -> None:
-        """Holding the writer lock, no compaction under way: a lone ``.idx.compact`` is the
-        index of the data file under the name, whose compaction was killed between its
-        renames of the data file and of the index (the recovery rule, as at open): renamed
-        into place, so that the index under the name is never the old data file's. (Looked
-        for first: an open makes no rename, and no write, in the usual case.)"""
-        if not os.path.exists(self.idx_path + COMPACT_SUFFIX):
-            return
-        try:
-            os.replace(self.idx_path + COMPACT_SUFFIX, self.idx_path)
-        except FileNotFoundError:
-            return
-        fsync_dir(self.idx_path)
-
-    def _build_replaced(self, dim: int | None) -> _State:
-        fd = os.open(self.dat_path, os.O_RDONLY if self.readonly else os.O_RDWR | os.O_APPEND)
-        try:
-            state = self._build(fd, dim, locked=False)
-        except BaseException:
-            os.close(fd)
-            raise
-        if state.fd != fd:
-            os.close(fd)  # replaced yet again before its map: the state is a newer file's
-        return state
-
-    def _adopt(self, state: _State, saved: _stats.Touches | None = None) -> Retired:
+    def _adopt(self, state: State, saved: _stats.Touches | None = None) -> Retired:
         """Continue on ``state``, all at once; returns the old files' objects to release.
         The accesses no index file holds yet go along, less ``saved`` (those this handle's
         own compaction wrote into the new index)."""
@@ -380,23 +248,6 @@ class Engine:
         if state.fd != fd:
             os.close(fd)
         return self._adopt(state, saved)
-
-    def _check_embedder(self, header: fmt.DatHeader) -> None:
-        """Refuse an embedder whose vectors would not compare with the stored ones."""
-        if self.identity is None:
-            return
-        name, dim = self.identity
-        if header.dim and dim != header.dim:
-            raise DimensionMismatchError(
-                f"{self.path} holds {header.dim}-dimensional vectors; the embedder {name!r} "
-                f"makes {dim}: open it with the embedder that wrote it, or embedder=None"
-            )
-        if header.embedder != bytes(4) and header.embedder != fmt.embedder_fingerprint(name, dim):
-            raise EmbedderMismatchError(
-                f"{self.path} was written by another embedder than {name!r} ({dim} dims): "
-                f"its vectors would not compare; open it with the embedder that wrote it, "
-                f"or embedder=None"
-            )
 
     # --- the writer lock ------------------------------------------------------------------
 
@@ -742,7 +593,7 @@ class Engine:
             for lo in range(0, n, PACK_BLOCK):
                 hi = min(n, lo + PACK_BLOCK)
                 block, data, lengths, crcs = frame_batch(
-                    _Block(batch, lo, hi), index, first_id + lo, None if vectors16 is None else vectors16[lo:hi]
+                    Block(batch, lo, hi), index, first_id + lo, None if vectors16 is None else vectors16[lo:hi]
                 )  # fmt: skip
                 block["length"] = lengths
                 block["offset"] = at + np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.uint64)))

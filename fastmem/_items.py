@@ -293,6 +293,30 @@ class Batch:
     def __len__(self) -> int:
         return len(self.payloads)
 
+
+class Block:
+    """Memories ``lo:hi`` of a :class:`Batch`, as ``frame_batch`` reads them (a large batch
+    is packed a block at a time). Its sessions are those the block uses, renumbered: each
+    block hashes only its own."""
+
+    def __init__(self, batch: Batch, lo: int, hi: int) -> None:
+        self.payloads = batch.payloads[lo:hi]
+        self.type_names, self.type_index = batch.type_names, batch.type_index[lo:hi]
+        self.importance, self.flags = batch.importance[lo:hi], batch.flags[lo:hi]
+        self.timestamps = batch.timestamps[lo:hi]
+        self.text_tokens, self.summary_tokens = batch.text_tokens[lo:hi], batch.summary_tokens[lo:hi]
+        index = np.asarray(batch.session_index[lo:hi])
+        used = np.unique(index)
+        used = used[used > 0]
+        number = np.zeros(len(batch.sessions) + 1, dtype=index.dtype)
+        number[used] = np.arange(1, len(used) + 1)
+        self.session_index = number[index]
+        self.sessions = [batch.sessions[i - 1] for i in used.tolist()]
+
+    def __len__(self) -> int:
+        return len(self.payloads)
+
+
 # Items from which a batch's texts are counted by the helper thread and this one together
 # (the hand-over costs ~0.1-0.5 ms of waking threads on 2 cores).
 BESIDE_MIN = 512
@@ -382,7 +406,7 @@ def summarize_and_count(
 
 
 def frame_batch(
-    batch: Batch, index: Any, first_id: int, vectors16: np.ndarray | None
+    batch: Batch | Block, index: Any, first_id: int, vectors16: np.ndarray | None
 ) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
     """The index rows (``INDEX_DTYPE``, without offsets and lengths) and the framed records
     (``frame_records``: bytes, lengths, CRCs) of a batch whose first id is ``first_id``.

@@ -111,7 +111,8 @@ def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
             continue
         count = _format.batch_count(data, pos, end)
         if count:  # a batch frame: its records, all of them or (file ends first) none
-            walked, at = [], pos + _format.BATCH_FRAME_SIZE
+            walked: list[tuple[int, int]] = []  # offset and length of each whole record
+            at = pos + _format.BATCH_FRAME_SIZE
             while len(walked) < count and (length := _record_length(data, at, end)):
                 walked.append((at, length))
                 at += length
@@ -887,7 +888,7 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
         raise ValueError("next_id is not an id")
     out = np.asarray(rows).reshape(-1).view(np.uint8)  # views of the caller's arrays
     out = out[: len(out) // INDEX_DTYPE.itemsize * INDEX_DTYPE.itemsize].view(INDEX_DTYPE)
-    halves = np.asarray(vectors).reshape(-1).view(np.uint8)
+    halves: np.ndarray = np.asarray(vectors).reshape(-1).view(np.uint8)  # 2-D (rows) below
     halves = halves[: len(halves) // 2 * 2].view(np.uint16)
     if len(out) < stop - first or len(halves) < (stop - first) * dim:
         raise ValueError("rows or vectors hold fewer than stop - first rows")
@@ -948,9 +949,10 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
         if session is None:
             hashed = 0
         else:
-            hashed = sessions.get(session)
-            if hashed is None:
-                hashed = sessions[session] = session_hash(session)
+            known = sessions.get(session)
+            if known is None:
+                known = sessions[session] = session_hash(session)
+            hashed = known
         flags = (FLAG_PINNED if pinned else 0) | (4 if d else 0)  # 4: fmt.FLAG_HAS_VECTOR
         found.append((mid, ts, hashed, off, 0, 0.0, length, float(importance), 0.0, 0,
                       tokens[0], tokens[1], code, flags, 0))  # fmt: skip

@@ -164,7 +164,7 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
         small = _scan_small(fd, start, end)
         if small is not None:
             return small
-    parts = []
+    parts: list[tuple[np.ndarray, ...]] = []
     chunk = _SCAN_CHUNK
     while start < end:
         want = min(chunk, end - start)

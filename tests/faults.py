@@ -1,8 +1,8 @@
 """Fault injection for fastmem's file operations: make the n-th call fail with an errno.
 
-One seam: the modules that do file I/O (``_engine``, ``_io``, ``_files``, ``_index``, ``_erase``,
-``_maintenance``, ``_checkpoint``) reach the OS through their module globals ``os`` and ``mmap``; while a
-:class:`Faults` is installed those names are proxies that count every call of
+One seam: the modules that do file I/O (``_engine``, ``_state``, ``_io``, ``_files``, ``_index``,
+``_erase``, ``_maintenance``, ``_checkpoint``) reach the OS through their module globals ``os``
+and ``mmap``; while a :class:`Faults` is installed those names are proxies that count every call of
 ``os.write``/``pwrite``, ``os.fdatasync``, ``os.fsync`` (a directory's counts as
 ``fsync_dir``), ``os.ftruncate``, ``os.replace``/``rename``, ``os.open``, ``mmap.mmap``
 and the writes through ``os.fdopen`` (the index file), and make the chosen call raise
@@ -27,7 +27,7 @@ from typing import Any
 import importlib
 
 # Every fastmem module that calls a file operation (tests/test_faults.py checks the list).
-NAMES = ("_engine", "_io", "_files", "_index", "_maintenance", "_erase", "_checkpoint")
+NAMES = ("_engine", "_state", "_io", "_files", "_index", "_maintenance", "_erase", "_checkpoint")
 MODULES = tuple(importlib.import_module(f"fastmem.{name}") for name in NAMES)
 ERRNOS = (_errno.ENOSPC, _errno.EIO, _errno.EDQUOT)
 

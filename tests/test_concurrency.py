@@ -149,7 +149,7 @@ def test_writer_and_reader_processes(tmp_path, backend):
 # at open or at a later call's catch-up, or before verify() scans the file); a writer cuts
 # the tail meanwhile (see the test below).
 CUT_READER = r"""
-import sys, fastmem, fastmem._engine as engine, fastmem._maintenance as maintenance
+import sys, fastmem, fastmem._engine as engine, fastmem._maintenance as maintenance, fastmem._state as state
 path, where = sys.argv[1], sys.argv[2]
 
 def paused(real):
@@ -167,7 +167,7 @@ def pause():
     sys.stdin.readline()  # the parent cuts the tail meanwhile
 
 if where == "open":
-    engine.map_same = paused(engine.map_same)
+    state.map_same = paused(state.map_same)  # the open's map (_state.build)
 store = fastmem.open(path, readonly=True, embedder=None)
 if where == "refresh":
     engine.map_data = paused(engine.map_data)

@@ -33,7 +33,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("_vsearch",),
     ("_items", "retrieval", "_files", "_checkpoint"),  # what add accepts; ranking; files around
     # the store's two; a bulk load's checkpoint written by a thread
-    ("_erase", "_stats"),  # forget's erase pass; access counts merged across processes
+    ("_erase", "_stats", "_state"),  # forget's erase pass; access counts merged across processes;
+    # _state: a handle's map and index built from the files (recovery at open, a replaced file)
     ("_engine",),  # the storage engine
     ("_figures", "_maintenance", "_supersede", "context"),  # over the engine
     ("store",),  # the facade

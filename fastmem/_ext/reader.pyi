@@ -1,7 +1,10 @@
-# Stubs of the compiled get and newest rows; twins of fastmem._kernels_py.read_memory,
-# read_hot and unpack.
+# Stubs of the compiled get, newest rows and replay's plain rows; twins of
+# fastmem._kernels_py.read_memory, read_hot, memory_rows and unpack.
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 CONSTANTS: dict[str, int]
 
@@ -24,3 +27,21 @@ def read_hot(
     memory: type,
     f32: Callable[[float], float],
 ) -> list[Any] | None: ...
+def memory_rows(
+    buf: Any,
+    offsets: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.uint32],
+    kinds: npt.NDArray[np.uint8],
+    dims: npt.NDArray[np.uint16],
+    first: int,
+    stop: int,
+    next_id: int,
+    dim: int,
+    type_codes: dict[str, int],
+    defaults: dict[str, float],
+    user_default: float,
+    sessions: dict[Any, int],
+    session_hash: Callable[[str], int],
+    rows: Any,
+    vectors: Any,
+) -> tuple[int, list[str], int]: ...
