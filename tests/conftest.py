@@ -42,7 +42,10 @@ BACKENDS = _backends()
 
 @pytest.fixture(params=BACKENDS, autouse=True)
 def backend(request: pytest.FixtureRequest):
-    """Run the test with the compiled kernels, then with the numpy reference."""
+    """Run the test with the compiled kernels, then with the numpy reference (once, with the
+    first, for a test marked ``kernels_unused``)."""
+    if request.param != BACKENDS[0] and request.node.get_closest_marker("kernels_unused"):
+        pytest.skip("uses none of fastmem's kernels: once is enough")
     previous = _kernels.BACKEND
     _kernels.use(request.param)
     yield request.param

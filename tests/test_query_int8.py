@@ -59,6 +59,7 @@ def real_texts() -> list[str]:
     return texts[::7]
 
 
+@pytest.mark.kernels_unused  # onnxruntime against numpy
 def test_close_to_onnxruntime_s_reference_vectors(numpy_only):
     """Every int8 product is exact (the same integers and scales as onnxruntime's kernels:
     checked op by op while it was written); LayerNorm and erf round differently in the last
@@ -73,6 +74,7 @@ def test_close_to_onnxruntime_s_reference_vectors(numpy_only):
     assert cosines.mean() >= 0.999, cosines.mean()
 
 
+@pytest.mark.kernels_unused  # onnxruntime against numpy
 def test_close_to_onnxruntime_on_hundreds_of_real_texts(model, numpy_only):
     """Measured on 1,000+ LoCoMo questions and turns: min 0.992, mean 0.9994."""
     texts = real_texts()

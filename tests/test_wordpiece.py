@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from fastmem import embed
 from fastmem._wordpiece import UnsupportedText, WordPiece
 
+pytestmark = pytest.mark.kernels_unused  # a tokenizer in Python against tokenizers
+
 FOLDER = Path(embed._PACKAGED_MODEL)
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -167,7 +167,7 @@ def build_wheel(version: str, python: str, sdist: Path, work: Path, out: Path,
 
 
 def test_wheel(version: str, python: str, wheel: Path, work: Path, out: Path, *,
-               reference: bool, workers: str) -> dict[str, object]:  # fmt: skip
+               reference: bool, workers: str, not_slow: bool = False) -> dict[str, object]:  # fmt: skip
     """Install ``wheel`` in a fresh venv outside the checkout and run the tests against it."""
     log = out / f"test-{version}.log"
     log.write_text("")
@@ -194,6 +194,8 @@ def test_wheel(version: str, python: str, wheel: Path, work: Path, out: Path, *,
     junit = here / "junit.xml"
     pytest_cmd = [str(py), "-m", "pytest", "-c", "pytest-settings.toml", "-p", "no:cacheprovider",
                   "-q", f"--junitxml={junit}", "tests"]  # fmt: skip
+    if not_slow:
+        pytest_cmd[-1:-1] = ["-m", "not slow"]
     if workers != "0":
         # pytest-benchmark warns when xdist is active, and the suite treats warnings as errors.
         pytest_cmd[3:3] = ["-n", workers, "-p", "no:benchmark"]
@@ -245,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", "--workers", default="2", help="pytest-xdist workers (0: serial)")
     parser.add_argument("--jobs", type=int, default=2, help="wheels built at once (default 2)")
     parser.add_argument("--no-test", action="store_true", help="build and repair only")
+    parser.add_argument("--not-slow", action="store_true",
+                        help="leave out the tests marked slow (the crash and recovery sweeps, the "
+                        "benchmark scripts): CI runs them once, in the README's run")  # fmt: skip
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -289,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                 if args.no_test:
                     continue
                 row.update(test_wheel(v, pythons[v], out / str(row["wheel"]), work, out,
-                                      reference=v in reference, workers=args.workers))  # fmt: skip
+                                      reference=v in reference, workers=args.workers,
+                                      not_slow=args.not_slow))  # fmt: skip
                 print(f"{v}: {row['loaded']}; {row['version']}; {row['passed']} passed, "
                       f"{row['skipped']} skipped, {row['failed']} failed (install "
                       f"{row['install_s']} s, tests {row['test_s']} s)", flush=True)  # fmt: skip
