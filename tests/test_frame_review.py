@@ -710,3 +710,51 @@ def test_random_bit_flips_inside_batches_hide_and_cut_nothing_else(
             dat[o : o + n] != damaged[o : o + n] for o, n in victims
         ):
             assert not report.ok, ctx
+
+
+_BIG_WRITER = """
+import sys
+import fastmem
+store = fastmem.open(sys.argv[1], embedder=None, durability="none")
+print("open", flush=True)
+sys.stdin.readline()
+store.add_many([{"text": f"big {i} " + "v" * (i % 90)} for i in range(int(sys.argv[2]))])
+store.close()
+"""
+
+
+def test_a_reader_process_polling_during_a_block_staged_batch_sees_none_or_all(
+    tmp_path: Path,
+) -> None:
+    """Another process adds 12,000 memories in one call (packed and written 2,048 at a
+    time); this one counts the store's memories as fast as it can meanwhile: it only ever
+    sees none of them or all."""
+    import subprocess
+    import time
+
+    path = str(tmp_path / "s")
+    with fastmem.open(path, **QUIET) as s:
+        s.add("before")
+    script = tmp_path / "big.py"
+    script.write_text(_BIG_WRITER)
+    child = subprocess.Popen([sys.executable, str(script), path, "12000"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert child.stdout is not None and child.stdin is not None
+    assert child.stdout.readline().strip() == "open"
+    seen = set()
+    with fastmem.open(path, readonly=True, **QUIET) as reader:
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        hang = time.monotonic() + 120  # a guard against a hang, not a speed bound
+        size, inside = os.path.getsize(path + ".dat"), 0
+        while child.poll() is None:
+            grown = os.path.getsize(path + ".dat") > size
+            n = len(reader)
+            seen.add(n)
+            inside += grown and n == 1  # a look while the batch was being written
+            assert time.monotonic() < hang
+        child.communicate(timeout=120)  # (closes the pipes)
+        assert child.returncode == 0
+        seen.add(len(reader))
+    assert seen <= {1, 12_001} and 12_001 in seen, sorted(seen)
+    assert inside > 0  # (~300 looks land inside the write here)
