@@ -126,36 +126,53 @@ def _erase_named(path: str, dat: Any, offset: int, length: int, covered: int, da
     """Whether a forget record in bytes ``covered:dat_end`` of the data file erases the
     record ``offset``, ``length`` (its payload's ``e``: offsets and lengths). Read only when
     the last record an index covers fails its CRC: the records since its checkpoint, a few
-    as a rule. Read with ``pread`` from the data file beside the index at ``path`` (when its
-    header is ``dat``'s): past its last whole record a writer may cut the file, and reading
-    a mapped page wholly past its end raises SIGBUS (``_replay.scan_file``)."""
+    as a rule, walked header by header. Read with ``pread`` from the data file beside the
+    index at ``path`` (when its header is ``dat``'s): past its last whole record a writer may
+    cut the file, and reading a mapped page wholly past its end raises SIGBUS. Damage met on
+    the way ends the walk: the index is then taken for stale and rebuilt from the data file,
+    which is slower, never wrong."""
     import os
-
-    from ._replay import scan_file  # here: the open of an index seldom needs it
 
     if not path.endswith(".idx"):
         return False
+    head_size = fmt.DAT_HEADER_SIZE  # a record's bytes are checked as if at the file's start
     try:  # (read only, as every read of fastmem's: outside the fault seam of writes)
         with open(path[: -len(".idx")] + ".dat", "rb", buffering=0) as f:
             fd = f.fileno()
-            if os.pread(fd, fmt.DAT_HEADER_SIZE, 0) != bytes(dat[: fmt.DAT_HEADER_SIZE]):
+            if os.pread(fd, head_size, 0) != bytes(dat[:head_size]):
                 return False  # not the data file mapped (replaced meanwhile)
-            offsets, lengths, kinds, _, _, _ = scan_file(fd, covered, dat_end)
-            forgets = kinds == fmt.KIND_FORGET
-            for at, n in zip(offsets[forgets].tolist(), lengths[forgets].tolist()):
-                buf = bytes(fmt.DAT_HEADER_SIZE) + os.pread(fd, n, at)  # (records start after it)
-                try:
-                    _, payload = fmt.read_record(buf, fmt.DAT_HEADER_SIZE, len(buf))
-                except (CorruptionError, FormatVersionError):
+            at = covered
+            while at + fmt.RECORD_HEADER_SIZE <= dat_end:
+                start = os.pread(fd, fmt.BATCH_FRAME_SIZE, at)
+                if fmt.batch_count(start, 0, len(start)):
+                    at += fmt.BATCH_FRAME_SIZE
                     continue
-                spans = payload.get("e") if isinstance(payload, dict) else None
-                if type(spans) is list and any(
-                    spans[i : i + 2] == [offset, length] for i in range(0, len(spans) - 1, 2)
-                ):
+                padded = bytes(head_size) + start[: fmt.RECORD_HEADER_SIZE]
+                try:
+                    header = fmt.parse_record_header(padded, head_size, head_size + dat_end - at)
+                except CorruptRecordError:
+                    return False
+                if header.kind == fmt.KIND_FORGET and _names(fd, at, header.length, offset, length):
                     return True
+                at += header.length
     except OSError:
         pass
     return False
+
+
+def _names(fd: int, at: int, size: int, offset: int, length: int) -> bool:
+    """Whether the forget record at ``at`` (``size`` bytes) erases ``offset``, ``length``."""
+    import os
+
+    buf = bytes(fmt.DAT_HEADER_SIZE) + os.pread(fd, size, at)
+    try:
+        _, payload = fmt.read_record(buf, fmt.DAT_HEADER_SIZE, len(buf))
+    except (CorruptionError, FormatVersionError):
+        return False
+    spans = payload.get("e") if isinstance(payload, dict) else None
+    return type(spans) is list and any(
+        spans[i : i + 2] == [offset, length] for i in range(0, len(spans) - 1, 2)
+    )
 
 
 # The named tuples the compiled twin makes, in its order (heads.idx_open's ``types``).

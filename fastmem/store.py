@@ -498,9 +498,7 @@ class MemoryStore:
             cosine against the stored float16 vector (an int8 scan picks candidates, they
             are rescored). Keyword mode: the BM25 score. Hybrid: the fused relevance (1 for
             the best hit), with ``vector`` (approximate cosine) and ``keyword`` (BM25) set.
-            A hybrid search while the default model loads embeds the question in numpy from
-            the same weights; with no query vector at all (another embedder not loaded yet),
-            it ranks by keywords alone.
+            A hybrid search that can make no query vector yet ranks by keywords alone.
             A hybrid search lists the newest truth first: a superseded memory's newest live
             version (that passes the filters) takes its place and score, found or not (its
             ``vector`` and ``keyword`` then ``None`` unless it was a candidate), and the old
@@ -606,9 +604,8 @@ class MemoryStore:
         session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         counter = self._counter(encoding)
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
-        # Not locked: a model still loading embeds the query in numpy meanwhile, or is waited
-        # for a little (a text that path refuses, another embedder).
-        vector, degraded = retrieval.embed_query(self._embedder, query, wait=self.policy.embedder_wait)
+        wait = self.policy.embedder_wait  # not locked: a loading model embeds in numpy meanwhile
+        vector, degraded = retrieval.embed_query(self._embedder, query, wait=wait)
         text, tokens, items, degraded, left_out = _context.answer(
             self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
             session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,
