@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 from contextlib import nullcontext
 from typing import Any
@@ -81,7 +82,8 @@ class Int8Query:
         self.layers, self.heads = int(table["layers"]), int(table["heads"])
         self.hidden = int(table["hidden"])
         self.attention_scale = np.float32(table["attention_scale"])
-        data = np.memmap(os.path.join(folder, DATA_FILE), dtype=np.uint8, mode="r")
+        with open(os.path.join(folder, DATA_FILE), "rb") as f:  # read in place, never copied
+            data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
         self._w: dict[str, np.ndarray] = {}
         for name, info in table["tensors"].items():
             start, length = int(info["offset"]), int(info["length"])
