@@ -858,7 +858,8 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
                 dims: np.ndarray, first: int, stop: int, next_id: int, dim: int,
                 type_codes: dict[str, int], defaults: dict[str, float], user_default: float,
                 sessions: dict[Any, int], session_hash: Callable[[str], int], rows: Any,
-                vectors: Any) -> tuple[int, list[str], int]:
+                vectors: Any, quantized: np.ndarray | None = None,
+                scales: np.ndarray | None = None) -> tuple[int, list[str], int]:
     """Index rows of the scanned records ``first:stop`` of ``buf`` (a replay of what other
     processes appended), up to the first record that is not the plain case.
 
@@ -871,6 +872,9 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
     ``i`` of ``rows`` (``INDEX_DTYPE``, writable) is set as ``fastmem._replay.Replayer``
     sets it (scale 0: quantizing sets it) and row ``i`` of ``vectors`` (uint16, ``(n, dim)``)
     to its vector's halves or zeros; ``sessions`` caches ``session_hash`` of each session.
+    With ``quantized`` (int8, ``(n, dim)``) and ``scales`` (float32, ``n``), row ``i`` of
+    them is set to :func:`quantize_half` of the vector, or zeros and scale 0 for a record
+    without one (``fastmem._index.quantize_rows``' rule).
 
     Returns:
         How many records were the plain case (rows set), their texts, and how many of them
@@ -879,11 +883,15 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
 
     Raises:
         ValueError: ``first:stop`` is not a range of the records, or ``rows`` or ``vectors``
-            is shorter than ``stop - first`` rows.
+            is shorter than ``stop - first`` rows, or ``quantized`` is not ``(stop - first,
+            dim)`` or ``scales`` shorter than ``stop - first``.
     """
     n = len(offsets)
     if not (0 <= first <= stop <= n) or not len(lengths) == len(kinds) == len(dims) == n:
         raise ValueError("first:stop is not a range of the scanned records")
+    if quantized is not None and (scales is None or quantized.shape[0] < stop - first
+                                  or quantized.shape[1] != dim or len(scales) < stop - first):
+        raise ValueError("quantized is not (stop - first, dim) or scales not stop - first long")
     if type(next_id) is not int or next_id < 0:
         raise ValueError("next_id is not an id")
     out = np.asarray(rows).reshape(-1).view(np.uint8)  # views of the caller's arrays
@@ -968,4 +976,9 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
         count = int(bad[0]) if len(bad) else count
         halves[:count] = got[:count]
     out[:count] = np.array(found[:count], dtype=INDEX_DTYPE)
+    if quantized is not None and scales is not None:
+        has = np.array([at >= 0 for at in vector_at[:count]], dtype=bool)
+        quantized[:count], scales[:count] = 0, 0
+        if dim and has.any():
+            quantized[:count][has], scales[:count][has] = quantize_half(halves[:count][has])
     return count, texts[:count], sum(at >= 0 for at in vector_at[:count]) if dim else 0

@@ -13,9 +13,11 @@ from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.tuple cimport PyTuple_SET_ITEM
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.string cimport memcpy, memset
-from _types cimport u8, u16, u32, u64, i64
+from _types cimport i8, u8, u16, u32, u64, i64, f32
 from _bytes cimport load_f64 as _f64, load_le16, load_le32, load_le64 as _le64
 from _frames cimport HEADER_SIZE, _record_length, fastmem_crc_init
+from _quantize cimport quantize_row, to_floats_t, fastest_to_floats
+from libc.stdlib cimport malloc, free
 
 from lz4.block import decompress as _lz4_decompress
 
@@ -53,6 +55,7 @@ CONSTANTS = dict(ROW_SIZE=ROW_SIZE, AT_ID=AT_ID, AT_TS=AT_TS, AT_OFFSET=AT_OFFSE
                  KIND_MEMORY=KIND_MEMORY, MAX_DEPTH=MAX_DEPTH)
 
 fastmem_crc_init()
+cdef to_floats_t _to_floats = fastest_to_floats()
 
 _CONVERSATION = "conversation"  # the type of a payload without "y"
 
@@ -524,10 +527,12 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
                 const u8[::1] kinds, const u16[::1] dims, Py_ssize_t first, Py_ssize_t stop,
                 object next_id, Py_ssize_t dim, dict type_codes, dict defaults,
                 double user_default, dict sessions, object session_hash, object rows,
-                object vectors):
+                object vectors, i8[:, ::1] quantized=None, f32[::1] scales=None):
     """Index rows of the plain memory records among the scanned records ``first:stop``; see
     fastmem._kernels_py.memory_rows for the contract."""
     cdef Py_buffer view, rows_view, vec_view
+    cdef bint quantizing = quantized is not None
+    cdef f32* scratch = NULL
     cdef Py_ssize_t j, count = 0, k, vectored = 0
     cdef i64 off, length, end
     cdef const u8* p
@@ -544,6 +549,9 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
         raise ValueError("first:stop is not a range of the scanned records")
     if type(next_id) is not int or next_id < 0:
         raise ValueError("next_id is not an id")
+    if quantizing and (scales is None or quantized.shape[0] < stop - first
+                       or quantized.shape[1] != dim or scales.shape[0] < stop - first):
+        raise ValueError("quantized is not (stop - first, dim) or scales not stop - first long")
     if next_id <= MAX_MEMORY_ID:
         low = next_id
     else:  # no id is left: no record is the plain case (the rows are still checked)
@@ -556,6 +564,10 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
             if rows_view.len < (stop - first) * ROW_SIZE or vec_view.len < (stop - first) * 2 * dim:
                 raise ValueError("rows or vectors hold fewer than stop - first rows")
             end = view.len
+            if quantizing and dim:
+                scratch = <f32*>malloc(dim * sizeof(f32))
+                if scratch == NULL:
+                    raise MemoryError()
             for j in range(first, stop if stop_at < 0 else stop_at):
                 off, length, d = offsets[j], lengths[j], dims[j]
                 if kinds[j] != KIND_MEMORY or off < 0 or length < HEADER_SIZE + 2 * <i64>d \
@@ -656,10 +668,19 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
                         vectored += 1
                     else:
                         memset(vec, 0, 2 * dim)
+                if quantizing:  # as quantize_half, while the row is in the L1 cache
+                    if d:
+                        scales[count] = quantize_row(vec, dim, scratch, &quantized[count, 0],
+                                                     _to_floats)
+                    else:
+                        if dim:
+                            memset(&quantized[count, 0], 0, dim)
+                        scales[count] = 0
                 texts.append(text)
                 low = mid + 1
                 count += 1
         finally:
+            free(scratch)
             PyBuffer_Release(&vec_view)
     finally:
         PyBuffer_Release(&rows_view)

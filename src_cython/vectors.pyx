@@ -12,6 +12,7 @@ import numpy as np
 from libc.math cimport sqrt, isfinite
 from libc.stdlib cimport malloc, free
 from _types cimport i8, u16, i64, f32, f64
+from _quantize cimport quantize_row, to_floats_t
 
 cdef extern from "_half.h" nogil:
     void fm_floats_to_halves_scalar(const f32* inp, u16* out, Py_ssize_t n)
@@ -21,7 +22,6 @@ cdef extern from "_half.h" nogil:
     int fm_have_f16c()
 
 ctypedef void (*to_halves_t)(const f32*, u16*, Py_ssize_t) noexcept nogil
-ctypedef void (*to_floats_t)(const u16*, f32*, Py_ssize_t) noexcept nogil
 
 HAVE_F16C = bool(fm_have_f16c())
 cdef to_halves_t to_halves = fm_floats_to_halves_scalar
@@ -101,7 +101,7 @@ cdef i64 _unit_halves(const f32[:, ::1] x, u16[:, ::1] h, i8[:, ::1] q, f32[::1]
                     _scaled(&x[i + k, 0], dim, inv, unit)
                     to_halves(unit, &h[i + k, 0], dim)
                     if quantized:
-                        scales[i + k] = _quantize_row(&h[i + k, 0], dim, unit, &q[i + k, 0])
+                        scales[i + k] = quantize_row(&h[i + k, 0], dim, unit, &q[i + k, 0], to_floats)
                 i += rows
     finally:
         free(unit)
@@ -154,33 +154,7 @@ def quantize_half(const u16[:, ::1] half):
     try:
         with nogil:
             for i in range(n):
-                scales[i] = _quantize_row(&half[i, 0], dim, v, &q[i, 0])
+                scales[i] = quantize_row(&half[i, 0], dim, v, &q[i, 0], to_floats)
     finally:
         free(v)
     return q_out, s_out
-
-
-cdef inline f32 _quantize_row(const u16* half, Py_ssize_t dim, f32* v, i8* q) noexcept nogil:
-    # One row of quantize_half into q (v: dim floats of scratch); returns its scale.
-    cdef Py_ssize_t j
-    cdef f32 peak, inv, r, scale = 1
-    cdef u16 peak_bits = 0, b
-    # 1.5 * 2**23: adding then subtracting it rounds a float below 2**22 to the nearest
-    # integer, ties to even, as numpy's rint does (no -ffast-math, no FMA contraction).
-    cdef f32 magic = 12582912.0
-    to_floats(half, v, dim)
-    # Finite halves order by magnitude as their bits do: an integer max, which compiles
-    # without branches (float compares here mispredict on every sign).
-    for j in range(dim):
-        b = half[j] & 0x7FFF
-        peak_bits = b if b > peak_bits else peak_bits
-    to_floats(&peak_bits, &peak, 1)
-    if peak > 0:
-        scale = peak / <f32>127
-        inv = <f32>127 / peak
-    else:
-        inv = 1
-    for j in range(dim):
-        r = (v[j] * inv + magic) - magic
-        q[j] = <i8>(127 if r > 127 else (-127 if r < -127 else r))
-    return scale

@@ -54,19 +54,31 @@ def _frame(records: list[tuple[int, dict | bytes, np.ndarray | None]], compress:
     return dat, scanned
 
 
-def _kernel_rows(fn, dat, scanned, first, stop, next_id, dim, type_codes):
+def _kernel_rows(fn, dat, scanned, first, stop, next_id, dim, type_codes, quantize=True):
+    """``fn``'s answer (with its int8 rows and scales unless not ``quantize``), the
+    quantized rows checked against quantizing each row alone (the brute force)."""
     offsets, lengths, kinds, dims = scanned[:4]
     rows = np.full(stop - first, 0xAB, dtype=np.uint8).repeat(80).view(fmt.INDEX_DTYPE)
     vectors = np.full((stop - first, dim), 0xABAB, dtype=np.uint16)
+    quantized = np.full((stop - first, dim), 0x55, dtype=np.int8) if quantize else None
+    scales = np.full(stop - first, 7.5, dtype=np.float32) if quantize else None
     sessions: dict = {None: 0}
     count, texts, vectored = fn(dat, offsets, lengths, kinds, dims, first, stop, next_id, dim,
                       dict(type_codes), fmt.DEFAULT_IMPORTANCE, fmt.DEFAULT_USER_TYPE_IMPORTANCE,
-                      sessions, _replay.session_hash, rows, vectors)  # fmt: skip
+                      sessions, _replay.session_hash, rows, vectors, quantized, scales)  # fmt: skip
+    has = (rows[:count]["flags"] & fmt.FLAG_HAS_VECTOR) != 0
     if dim:
-        assert vectored == int(((rows[:count]["flags"] & fmt.FLAG_HAS_VECTOR) != 0).sum())
+        assert vectored == int(has.sum())
     else:
         assert vectored == 0
-    return count, texts, vectored, rows[:count].tobytes(), vectors[:count].tobytes()
+    if quantize:
+        for i in range(count):  # each row as quantize_half makes it alone; zeros without one
+            want_q, want_s = ref.quantize_half(vectors[i : i + 1]) if has[i] else (0, 0.0)
+            assert (quantized[i] == want_q).all() and scales[i] == want_s
+        assert (quantized[count:] == 0x55).all() and (scales[count:] == 7.5).all()
+        quantized, scales = quantized[:count].tobytes(), scales[:count].tobytes()
+    return (count, texts, vectored, rows[:count].tobytes(), vectors[:count].tobytes(),
+            quantized, scales)  # fmt: skip
 
 
 def _same(dat, scanned, first=0, stop=None, next_id=0, dim=DIM, type_codes=None):
@@ -214,6 +226,38 @@ def test_the_arguments_are_checked():
             fn(dat, *scanned[:4], 0, 1, 0, 0, codes, {}, 0.5, {}, _replay.session_hash, rows,
                np.zeros((1, 0), dtype=np.uint16))  # fmt: skip
         assert _kernel_rows(fn, dat, scanned, 0, 1, 2**63, 0, codes)[0] == 0  # no id is left
+        rows, vectors = np.zeros(1, dtype=fmt.INDEX_DTYPE), np.zeros((1, 2), dtype=np.uint16)
+        for quantized, scales in [
+            (np.zeros((0, 2), dtype=np.int8), np.zeros(1, dtype=np.float32)),  # too few rows
+            (np.zeros((1, 3), dtype=np.int8), np.zeros(1, dtype=np.float32)),  # another dim
+            (np.zeros((1, 2), dtype=np.int8), np.zeros(0, dtype=np.float32)),
+            (np.zeros((1, 2), dtype=np.int8), None),
+        ]:
+            with pytest.raises(ValueError):
+                fn(dat, *scanned[:4], 0, 1, 0, 2, codes, {}, 0.5, {}, _replay.session_hash,
+                   rows, vectors, quantized, scales)  # fmt: skip
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 40).flatmap(lambda dim: st.tuples(
+    st.just(dim),
+    st.lists(st.none() | st.lists(st.floats(-65504, 65504, width=16), min_size=dim, max_size=dim),
+             min_size=1, max_size=6))))  # fmt: skip
+def test_the_int8_rows_are_those_quantizing_makes(case):
+    # Any finite halves (zeros, ties, the largest): the kernel's int8 rows and scales are
+    # quantize_half's of each row, zeros and scale 0 without a vector, in both kernels
+    # (_kernel_rows checks each row alone), and the replay's index holds them.
+    dim, vectors = case
+    records = [(fmt.KIND_MEMORY, _memory(i), None if v is None else np.array(v, dtype=np.float16))
+               for i, v in enumerate(vectors)]  # fmt: skip
+    dat, scanned = _frame(records)
+    assert _same(dat, scanned, dim=dim) == len(vectors)
+    got = _kernel_rows(ext.memory_rows, dat, scanned, 0, len(vectors), 0, dim, {"conversation": 0})
+    without = _kernel_rows(ext.memory_rows, dat, scanned, 0, len(vectors), 0, dim,
+                           {"conversation": 0}, quantize=False)  # fmt: skip
+    assert got[:5] == without[:5]  # the rest is the same with the int8 rows or without
+    plain, general = _general(dat, scanned, True, dim), _general(dat, scanned, False, dim)
+    assert _state(*plain) == _state(*general)
 
 
 _values = st.none() | st.booleans() | st.integers(-3, 2**64 - 1) | st.floats() | st.text(max_size=3)

@@ -44,4 +44,6 @@ def memory_rows(
     session_hash: Callable[[str], int],
     rows: Any,
     vectors: Any,
+    quantized: npt.NDArray[np.int8] | None = None,
+    scales: npt.NDArray[np.float32] | None = None,
 ) -> tuple[int, list[str], int]: ...
