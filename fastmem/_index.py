@@ -769,14 +769,15 @@ class MemoryIndex:
     def append(
         self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
         quantized: tuple[np.ndarray, np.ndarray] | None = None,
-        terms: tuple[np.ndarray, ...] | None = None, staged: bool = False,
-        forgotten: int | None = None,
+        terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None,
+        staged: bool = False, forgotten: int | None = None,
     ) -> None:  # fmt: skip
         """Add rows (``INDEX_DTYPE``, ids above every existing one), their float16 vectors
         (rows without ``FLAG_HAS_VECTOR`` get zeros) and their texts (for keyword search).
 
         ``quantized`` (:func:`quantize_rows` of the vectors) and ``terms``
-        (``_keyword.tokenize`` of the texts), when given, were made before the writer lock.
+        (``_keyword.tokenize`` of the texts, or a list of it for consecutive blocks of
+        them), when given, were made before the writer lock.
         After :meth:`stage` of the same rows and vectors, ``staged=True`` takes them.
         ``forgotten=0``: no row is forgotten (a replay's plain rows; spares the flags' scan,
         which on a few rows costs more than the rest of the append)."""
@@ -785,7 +786,14 @@ class MemoryIndex:
             dead = np.zeros(len(rows), dtype=bool)
         else:
             dead = (rows["flags"] & fmt.FLAG_FORGOTTEN) != 0
-        self.keyword.add(len(self), texts, dead, terms)
+        if isinstance(terms, list):  # a large batch's, a block of texts each (keyword_terms)
+            lo = 0
+            for block in terms:
+                hi = lo + len(block[3])  # (its doc_len: one per text)
+                self.keyword.add(len(self) + lo, texts[lo:hi], dead[lo:hi], block)
+                lo = hi
+        else:
+            self.keyword.add(len(self), texts, dead, terms)
         if not staged:
             self.stage(rows, vectors16, quantized)
         self.tail.publish(len(rows))

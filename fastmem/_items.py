@@ -32,7 +32,7 @@ from ._io import no_cyclic_gc
 from ._keyword import tokenize
 from ._replay import read_payload
 from ._threads import Beside
-from ._vectors import to_float16, to_float16_quantized
+from ._vectors import BlockedVectors, to_float16, to_float16_quantized
 from .embed import Embedder
 from .errors import (
     CorruptIndexError,
@@ -288,7 +288,8 @@ class Batch:
         # The index's int8 rows and scales, and the texts' keyword terms, when made before
         # the writer lock (:func:`prepare_commit`); None: the index makes them.
         self.quantized: tuple[np.ndarray, np.ndarray] | None = None
-        self.terms: tuple[np.ndarray, ...] | None = None
+        # (A list: one tuple per PREP_BLOCK texts, from keyword_terms.)
+        self.terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None
 
     def __len__(self) -> int:
         return len(self.payloads)
@@ -316,6 +317,12 @@ class Block:
     def __len__(self) -> int:
         return len(self.payloads)
 
+
+# Items a larger batch's vectors and keyword terms are made at a time (vectors_for,
+# keyword_terms): whole-batch arrays cost fresh pages, zeroed by the kernel in huge pages
+# (a 200 k batch's float32 rows alone are ~300 MB), where a block's are reused. A multiple
+# of the engine's packing block, whose slices of the float16 rows are then views.
+PREP_BLOCK = 4096
 
 # Items from which a batch's texts are counted by the helper thread and this one together
 # (the hand-over costs ~0.1-0.5 ms of waking threads on 2 cores).
@@ -346,7 +353,7 @@ def prepare_commit(batch: Batch, embedder: Embedder | None, summarizer: Summariz
     try:
         vectors16 = vectors_for(batch, embedder, dim)
         if sharing is not None:
-            batch.terms = tokenize(batch.texts)
+            batch.terms = keyword_terms(batch.texts)
         # The rest of the counting, here too, and never a wait for the helper (on a loaded
         # machine it may not get a core): whatever it has not finished is counted here.
         text_counts = None if sharing is None else sharing.counts()
@@ -359,6 +366,15 @@ def prepare_commit(batch: Batch, embedder: Embedder | None, summarizer: Summariz
         batch.payloads, summarizer, tokens, text_counts, batch.summarized
     )
     return vectors16
+
+
+def keyword_terms(texts: list[str]) -> tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]]:
+    """``_keyword.tokenize`` of the texts; of more than ``PREP_BLOCK`` texts, a list of it
+    for each ``PREP_BLOCK`` texts in turn (``MemoryIndex.append`` adds them block by block:
+    no array of the whole batch's postings is made)."""
+    if len(texts) <= PREP_BLOCK:
+        return tokenize(texts)
+    return [tokenize(texts[lo : lo + PREP_BLOCK]) for lo in range(0, len(texts), PREP_BLOCK)]
 
 
 def summarize_and_count(
@@ -406,7 +422,7 @@ def summarize_and_count(
 
 
 def frame_batch(
-    batch: Batch | Block, index: Any, first_id: int, vectors16: np.ndarray | None
+    batch: Batch | Block, index: Any, first_id: int, vectors16: np.ndarray | BlockedVectors | None
 ) -> tuple[np.ndarray, bytes, np.ndarray, np.ndarray]:
     """The index rows (``INDEX_DTYPE``, without offsets and lengths) and the framed records
     (``frame_records``: bytes, lengths, CRCs) of a batch whose first id is ``first_id``.
@@ -428,6 +444,8 @@ def frame_batch(
     rows["flags"] = batch.flags
     rows["text_tokens"], rows["summary_tokens"] = batch.text_tokens, batch.summary_tokens
     has_vector = None
+    if isinstance(vectors16, BlockedVectors):  # (a batch packed whole: all its rows at once)
+        vectors16 = vectors16[0 : len(vectors16)]
     if vectors16 is not None:
         has_vector = ((rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0).view(np.uint8)
     data, lengths, crcs = _kernels.frame_records(
@@ -578,17 +596,63 @@ def session_rows(index: Any, session: str, below: int, n: int) -> list[int]:
     return rows[order[:n]].tolist()
 
 
-def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | None:
-    """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere):
-    the items without an embedding are embedded in one call. Sets ``batch.quantized``, the
-    index's int8 rows and scales of them (made in the same pass)."""
-    embeddings = batch.embeddings
+def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray | BlockedVectors | None:
+    """Unit float16 vectors (n, dim) for the items that have or get one (zeros elsewhere),
+    or None when no item has one. Sets ``batch.quantized``, the index's int8 rows and
+    scales of them (made in the same pass).
+
+    A batch of more than ``PREP_BLOCK`` items is done ``PREP_BLOCK`` items at a time (each
+    block's items without an embedding embedded in one call): its float32 rows never
+    exist whole, and its float16 rows are kept as blocks (:class:`BlockedVectors`), which
+    ``add_many`` packs block by block."""
+    n = len(batch)
+    if n <= PREP_BLOCK:
+        got = _block_vectors(batch, embedder, dim, 0, n)
+        if got is None:
+            return None
+        batch.quantized = got[1], got[2]
+        return got[0]
+    halves: list[np.ndarray | Callable[[], np.ndarray] | None] = []
+    q_all = scales_all = None
+    for lo in range(0, n, PREP_BLOCK):
+        hi = min(n, lo + PREP_BLOCK)
+        got = _block_vectors(batch, embedder, dim, lo, hi)
+        if got is None:
+            halves.append(None)
+            continue
+        half, q, scales, remakeable = got
+        if q_all is None:
+            dim = half.shape[1]
+            q_all = np.zeros((n, dim), dtype=np.int8)
+            scales_all = np.zeros(n, dtype=np.float32)  # 0: no vector, as the index has it
+        q_all[lo:hi], scales_all[lo:hi] = q, scales  # type: ignore[index]
+        # A block of float32 arrays (the common case) is converted again when it is packed,
+        # not kept: the batch's float16 rows then never exist whole.
+        halves.append(functools.partial(_float16_again, batch, lo, hi, dim) if remakeable else half)
+    if q_all is None:
+        return None
+    batch.quantized = (q_all, scales_all)  # type: ignore[assignment]
+    sizes = [min(PREP_BLOCK, n - lo) for lo in range(0, n, PREP_BLOCK)]
+    blocks = [np.zeros((size, dim), dtype="<f2") if h is None else h for h, size in zip(halves, sizes)]
+    return BlockedVectors(blocks, sizes, dim)
+
+
+def _block_vectors(
+    batch: Batch, embedder: Embedder | None, dim: int, lo: int, hi: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    """``(float16 rows, int8 rows, scales, remakeable)`` of items ``lo:hi`` (zeros for the
+    items without a vector; sets their ``FLAG_HAS_VECTOR``), or None when none has one;
+    ``remakeable``: every item gave a float32 array (:func:`_float16_again` makes the
+    float16 rows again). Errors name the item by its place in the whole batch."""
+    embeddings = batch.embeddings[lo:hi] if lo or hi < len(batch) else batch.embeddings
     # The common case first: every item has a float32 array (one copy, no list per item).
     stacked = _kernels.gather_vectors(embeddings, dim)
+    remakeable = stacked is not None
     given = None if stacked is not None else [j for j, e in enumerate(embeddings) if e is not None]
     if given is not None and len(given) < len(embeddings) and embedder is not None:
         missing = [j for j, e in enumerate(embeddings) if e is None]
-        encoded = embedder.encode([batch.texts[j] for j in missing])
+        encoded = embedder.encode([batch.texts[lo + j] for j in missing])
+        embeddings = list(embeddings)  # (the batch's own list stays as given)
         for j, vec in zip(missing, encoded):
             embeddings[j] = vec
         given = None
@@ -603,27 +667,31 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
     except InvalidInputError as exc:
         row = getattr(exc, "row", None)
         if row is not None:
-            raise InvalidInputError(f"item {row if given is None else given[row]}: {exc}") from None
+            raise InvalidInputError(f"item {lo + (row if given is None else given[row])}: {exc}") from None
         for j in range(len(embeddings)) if given is None else given:  # find the item to name
             try:
                 to_float16([embeddings[j]], dim)
             except InvalidInputError as item_exc:
-                raise type(item_exc)(f"item {j}: {item_exc}") from None
+                raise type(item_exc)(f"item {lo + j}: {item_exc}") from None
         raise InvalidInputError("embeddings have different lengths") from None
+    flags = batch.flags[lo:hi]  # (a view: the batch's flags change)
     if every:
-        vectors = half
-        batch.flags |= fmt.FLAG_HAS_VECTOR
-    else:
-        vectors = np.zeros((len(embeddings), half.shape[1]), dtype="<f2")
-        vectors[given] = half
-        batch.flags[given] |= fmt.FLAG_HAS_VECTOR
-        q_all = np.zeros(vectors.shape, dtype=np.int8)
-        q_all[given] = q
-        scales_all = np.zeros(len(embeddings), dtype=np.float32)  # 0: no vector, as the index has it
-        scales_all[given] = scales
-        q, scales = q_all, scales_all
-    batch.quantized = (q, scales)
-    return vectors
+        flags |= fmt.FLAG_HAS_VECTOR
+        return half, q, scales, remakeable
+    vectors = np.zeros((len(embeddings), half.shape[1]), dtype="<f2")
+    vectors[given] = half
+    flags[given] |= fmt.FLAG_HAS_VECTOR
+    q_all = np.zeros(vectors.shape, dtype=np.int8)
+    q_all[given] = q
+    scales_all = np.zeros(len(embeddings), dtype=np.float32)  # 0: no vector, as the index has it
+    scales_all[given] = scales
+    return vectors, q_all, scales_all, False
+
+
+def _float16_again(batch: Batch, lo: int, hi: int, dim: int) -> np.ndarray:
+    """The float16 rows of items ``lo:hi``, each of which gave a float32 array: made again
+    as :func:`vectors_for` made them (the same bytes)."""
+    return to_float16(_kernels.gather_vectors(batch.embeddings[lo:hi], dim), dim)
 
 
 def check_ids(ids: Any, name: str) -> set[str]:

@@ -7,6 +7,8 @@ from the float16 bytes alone, so that a rebuilt index is identical to the one it
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -72,3 +74,58 @@ def _float32_rows(vectors: Any, dim: int, what: str) -> np.ndarray:
 def quantize(vectors16: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """int8 rows and float32 scales with ``int8 * scale ~= vectors16`` (max-abs scaling)."""
     return _kernels.quantize_half(np.ascontiguousarray(vectors16).view(np.uint16))
+
+
+class BlockedVectors:
+    """The float16 rows of a large batch as the blocks they were made in: each an array,
+    or a function that makes it again (from the caller's float32 rows: keeping every
+    block's float16 rows would hold a copy of the whole batch, in fresh pages). One block
+    made again is kept until another is asked for. ``vectors[lo:hi]`` is a view of one
+    block when the rows lie in one (a copy otherwise); ``shape`` and ``len`` are the whole's.
+    """
+
+    __slots__ = ("_last", "blocks", "dtype", "shape", "starts")
+
+    def __init__(
+        self, blocks: list[np.ndarray | Callable[[], np.ndarray]], sizes: list[int], dim: int
+    ) -> None:
+        self.blocks = blocks
+        self.starts = [0]
+        self._last: tuple[int, np.ndarray] | None = None
+        for size in sizes:
+            self.starts.append(self.starts[-1] + size)
+        self.shape = (self.starts[-1], dim)
+        self.dtype = np.dtype("<f2")
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def block(self, b: int) -> np.ndarray:
+        """Block ``b``'s float16 rows (made again if it was not kept)."""
+        block = self.blocks[b]
+        if not callable(block):
+            return block
+        if self._last is None or self._last[0] != b:
+            self._last = None  # (freed before the next is made: its pages are reused)
+            self._last = (b, block())
+        return self._last[1]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        if not isinstance(rows, slice):
+            raise TypeError("BlockedVectors takes a slice of rows")
+        lo, hi, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise ValueError("BlockedVectors takes consecutive rows")
+        parts = []
+        b = bisect_right(self.starts, lo) - 1
+        while lo < hi:
+            end = min(hi, self.starts[b + 1])
+            parts.append(self.block(b)[lo - self.starts[b] : end - self.starts[b]])
+            lo, b = end, b + 1
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros((0, self.shape[1]), self.dtype)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        whole = np.concatenate([self.block(b) for b in range(len(self.blocks))])
+        return whole if dtype is None else whole.astype(dtype)
