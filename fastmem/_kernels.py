@@ -3,21 +3,12 @@
 ``FASTMEM_BACKEND`` selects: ``auto`` (default; compiled when it was built), ``cython``
 (compiled, or ImportError) or ``python`` (the reference). Other modules call the kernels
 through this module's attributes, so ``use()`` switches them at run time (the tests do).
-
-The import does not load the compiled modules when their files are there (``auto``): their
-kernels are bound at the first use of one (``__getattr__``, under a ``ForkGate``), which is
-``open()``'s. Loading the nine modules (dynamic libraries of 0.2-1.7 MB, libgomp with the
-top-k scan) cost every ``import fastmem`` 5-12 ms of CPU, a process that never opens a store
-included. ``BACKEND`` says ``"cython"`` from the import on; a compiled module there but not
-loadable falls back to the reference at that first use, as the import would have.
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
-
-from ._threads import ForkGate
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the kernels' signatures, for type checkers; use() binds them at import
     from ._kernels_py import (  # noqa: F401
@@ -69,7 +60,7 @@ _NAMES = ("crc32", "scan_records", "frame_records", "check_record", "record_payl
 
 def use(backend: str) -> str:
     """Select ``"auto"``, ``"cython"`` or ``"python"`` kernels; returns the one loaded."""
-    global BACKEND, _pending
+    global BACKEND
     if backend not in ("auto", "cython", "python"):
         raise ImportError(
             f"FASTMEM_BACKEND={backend!r} is not one of 'auto', 'cython', 'python'"
@@ -96,7 +87,6 @@ def use(backend: str) -> str:
                         **vars(topk), **vars(vectors), **vars(keyword), **vars(items), **vars(bpe)}
             for name in _NAMES:
                 globals()[name] = compiled[name]
-            _pending = False
             return BACKEND
     # The numpy reference (with its own imports: the token counter's Python BPE, bisect...)
     # is imported only when it is used: with the compiled kernels, never.
@@ -104,7 +94,6 @@ def use(backend: str) -> str:
 
     for name in _NAMES:
         globals()[name] = getattr(_kernels_py, name)
-    _pending = False
     return BACKEND
 
 
@@ -128,39 +117,6 @@ def _warn_if_source_tree() -> None:
         )
 
 
-_EXT_MODULES = ("bpe", "heads", "items", "keyword", "reader", "records", "scoring", "topk",
-                "vectors")  # fmt: skip
-_pending = False  # the compiled kernels are chosen but not bound yet: at their first use
-_bind_gate = ForkGate()  # a fork waits for a binding under way (never a half-run import)
-
-
-def _compiled_there() -> bool:
-    """Whether each compiled kernel module's file is in ``fastmem/_ext`` (none is loaded)."""
-    from importlib.machinery import EXTENSION_SUFFIXES
-
-    try:
-        files = set(os.listdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ext")))
-    except OSError:
-        return False
-    return all(any(name + ext in files for ext in EXTENSION_SUFFIXES) for name in _EXT_MODULES)
-
-
-def __getattr__(name: str) -> Any:
-    """A kernel's first use after an import that chose the compiled kernels: bind them all
-    (or, if they fail to load, the reference: ``use("auto")``)."""
-    if name in _NAMES:
-        with _bind_gate:  # another thread binding them: wait for it
-            if _pending:
-                use("auto")
-        if name in globals():
-            return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if os.environ.get("FASTMEM_BACKEND", "auto") == "auto" and _compiled_there():
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before libgomp loads: see use()
-    BACKEND, _pending = "cython", True
-else:
-    use(os.environ.get("FASTMEM_BACKEND", "auto"))
+use(os.environ.get("FASTMEM_BACKEND", "auto"))
 if BACKEND == "python" and "FASTMEM_BACKEND" not in os.environ:  # at import only: once
     _warn_if_source_tree()

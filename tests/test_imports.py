@@ -109,58 +109,6 @@ def test_the_numpy_reference_kernels_load_only_without_the_compiled_ones():
     assert "fastmem._kernels_py" in reference["modules"]
 
 
-KERNEL_MODULES = ["fastmem._ext." + name for name in ("bpe", "heads", "items", "keyword", "reader",
-                  "records", "scoring", "topk", "vectors")]  # fmt: skip
-
-
-def test_the_compiled_kernels_load_at_their_first_use(tmp_path):
-    """The import chooses them (BACKEND says so) without loading their modules; the first
-    use of any kernel (here open()'s) binds them all, compiled."""
-    if modules_after("import fastmem")["backend"] != "cython":
-        pytest.skip("fastmem's compiled kernels are not built here")
-    names = modules_after("import fastmem")["modules"]
-    assert [m for m in KERNEL_MODULES if m in names] == []
-    with fastmem.open(str(tmp_path / "store"), embedder=None) as store:
-        store.add("We planned a trip to Lisbon in May.")
-    code = (f"import fastmem\nfrom fastmem import _kernels\n"
-            f"assert fastmem.BACKEND == 'cython'\n"
-            f"with fastmem.open({str(tmp_path / 'store')!r}, embedder=None, readonly=True) as s:\n"
-            f"    assert s.recent(1)[0].text.startswith('We planned')\n"
-            f"assert all(getattr(_kernels, n).__module__.startswith('fastmem._ext.')"
-            f" for n in _kernels._NAMES), [n for n in _kernels._NAMES]\n"
-            f"assert not hasattr(_kernels, 'no_such_kernel')")  # fmt: skip
-    after = modules_after(code)
-    assert after["backend"] == "cython"
-    assert [m for m in KERNEL_MODULES if m not in after["modules"]] == []
-
-
-def test_threads_using_the_kernels_first_at_once_all_get_the_compiled_ones():
-    if modules_after("import fastmem")["backend"] != "cython":
-        pytest.skip("fastmem's compiled kernels are not built here")
-    code = ("import threading, fastmem\nfrom fastmem import _kernels\n"
-            "got, start = {}, threading.Barrier(8)\n"
-            "def use(name):\n    start.wait()\n    got[name] = getattr(_kernels, name)\n"
-            "names = list(_kernels._NAMES[:8])\n"
-            "threads = [threading.Thread(target=use, args=(n,)) for n in names]\n"
-            "for t in threads: t.start()\n"
-            "for t in threads: t.join()\n"
-            "assert sorted(got) == sorted(names), got\n"
-            "assert all(f.__module__.startswith('fastmem._ext.') for f in got.values()), got\n")  # fmt: skip
-    assert modules_after(code)["backend"] == "cython"
-
-
-def test_compiled_kernels_that_fail_to_load_at_first_use_fall_back_to_the_reference():
-    """Their files are there but one does not load (here: as if never built): the first use
-    binds the numpy reference, and BACKEND says so, as an import that failed to load them."""
-    if modules_after("import fastmem")["backend"] != "cython":
-        pytest.skip("fastmem's compiled kernels are not built here")
-    code = ("import sys, fastmem\nfrom fastmem import _kernels, _kernels_py\n"
-            "assert fastmem.BACKEND == 'cython'\n"
-            "sys.modules['fastmem._ext.records'] = None\n"
-            "assert _kernels.crc32 is _kernels_py.crc32\n")  # fmt: skip
-    assert modules_after(code)["backend"] == "python"
-
-
 def test_the_public_api_is_whole_without_the_lazy_modules():
     """Every public name resolves in a fresh process and the import still loads none of
     what the calls load later (a name bound lazily would import its module here)."""
