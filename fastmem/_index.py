@@ -30,7 +30,8 @@ from ._replay import (  # noqa: F401 - F_* and the helpers are imported from her
     ERASED_FIELDS, F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META,
     F_OFFSET, F_RESERVED, F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE,
     Replayer,
-    check_memory_fields, default_importance, scan_file, session_hash, update_changes,
+    check_memory_fields, default_importance, kept_last_batch, scan_file, session_hash,
+    update_changes,
 )
 from ._tail import NO_ROWS as _NO_ROWS
 from ._tail import Tail
@@ -90,6 +91,7 @@ CHECKPOINT_TAIL_ROWS = 1 << 18
 # first written, and doubling instead copies every row again and again (at 1 M memories it
 # was ~1/5 of add_many).
 _BULK_ROWS = 256
+Quantized = tuple[np.ndarray, np.ndarray]  # int8 rows and their scales (quantize_rows)
 
 
 def quantize_rows(vectors16: np.ndarray, has: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -768,7 +770,7 @@ class MemoryIndex:
 
     def append(
         self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
-        quantized: tuple[np.ndarray, np.ndarray] | None = None,
+        quantized: Quantized | list[Quantized] | None = None,
         terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None,
         staged: bool = False, forgotten: int | None = None,
     ) -> None:  # fmt: skip
@@ -794,20 +796,36 @@ class MemoryIndex:
                 lo = hi
         else:
             self.keyword.add(len(self), texts, dead, terms)
-        if not staged:
-            self.stage(rows, vectors16, quantized)
-        self.tail.publish(len(rows))
+        if isinstance(quantized, list) and not staged and vectors16 is not None and self.dim:
+            # A large batch's int8 rows, in blocks (vectors_for): each copied into the tail
+            # as it is, no copy of them all made first (the caller holds the thread lock:
+            # no reader sees the rows before the last)
+            lo, reserve = 0, 2 * self.tail_limit() + len(rows)
+            for q, scales in quantized:
+                hi = lo + len(q)
+                rows["scale"][lo:hi] = scales
+                self.tail.stage(rows[lo:hi], q, reserve)
+                self.tail.publish(hi - lo)
+                lo = hi
+        else:
+            if not staged:
+                self.stage(rows, vectors16, quantized)
+            self.tail.publish(len(rows))
         self.live += len(rows) if forgotten == 0 else int(np.count_nonzero(~dead))
         self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
 
     def stage(
         self, rows: np.ndarray, vectors16: np.ndarray | None,
-        quantized: tuple[np.ndarray, np.ndarray] | None = None,
+        quantized: Quantized | list[Quantized] | None = None,
     ) -> None:  # fmt: skip
         """Copy rows and their int8 vectors into the tail's room past its rows (sets the
         rows' scales), changing nothing a reader sees: :meth:`append` with ``staged=True``
         adds them. The copies can then run while the rows' records are being written."""
         if vectors16 is not None and self.dim:
+            if isinstance(quantized, list):  # in blocks (vectors_for): one array of them here
+                quantized = np.concatenate([q for q, _ in quantized]), np.concatenate(
+                    [scales for _, scales in quantized]
+                )
             if quantized is None:
                 quantized = quantize_rows(vectors16, (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0)
             q, rows["scale"] = quantized
@@ -856,7 +874,10 @@ class MemoryIndex:
         self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool,
         erased: set[int], fd: int | None = None,
     ) -> tuple[int, int]:
-        scanned = _kernels.scan_records(dat, start, end) if fd is None else scan_file(fd, start, end)
+        if fd is None:
+            scanned = _kernels.scan_records(dat, start, end)
+        else:  # without the writer lock: a last batch as a writer takes it (kept_last_batch)
+            scanned = kept_last_batch(fd, scan_file(fd, start, end), end)
         offsets, lengths, kinds, dims, bad_starts, bad_ends = scanned
         if len(bad_starts):
             spans = list(zip(bad_starts.tolist(), bad_ends.tolist()))

@@ -286,8 +286,11 @@ class Batch:
         # Set by summarize_and_count's result: the token counts of texts and summaries.
         self.text_tokens = self.summary_tokens = np.zeros(0, dtype=np.uint32)
         # The index's int8 rows and scales, and the texts' keyword terms, when made before
-        # the writer lock (:func:`prepare_commit`); None: the index makes them.
-        self.quantized: tuple[np.ndarray, np.ndarray] | None = None
+        # the writer lock (:func:`prepare_commit`); None: the index makes them. (A list:
+        # one pair per PREP_BLOCK items, from vectors_for.)
+        self.quantized: (
+            tuple[np.ndarray, np.ndarray] | list[tuple[np.ndarray, np.ndarray]] | None
+        ) = None
         # (A list: one tuple per PREP_BLOCK texts, from keyword_terms.)
         self.terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None
 
@@ -613,26 +616,28 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
         batch.quantized = got[1], got[2]
         return got[0]
     halves: list[np.ndarray | Callable[[], np.ndarray] | None] = []
-    q_all = scales_all = None
+    quantized: list[tuple[np.ndarray, np.ndarray] | None] = []
     for lo in range(0, n, PREP_BLOCK):
         hi = min(n, lo + PREP_BLOCK)
         got = _block_vectors(batch, embedder, dim, lo, hi)
         if got is None:
             halves.append(None)
+            quantized.append(None)
             continue
         half, q, scales, remakeable = got
-        if q_all is None:
-            dim = half.shape[1]
-            q_all = np.zeros((n, dim), dtype=np.int8)
-            scales_all = np.zeros(n, dtype=np.float32)  # 0: no vector, as the index has it
-        q_all[lo:hi], scales_all[lo:hi] = q, scales  # type: ignore[index]
+        dim = half.shape[1]
+        quantized.append((q, scales))
         # A block of float32 arrays (the common case) is converted again when it is packed,
         # not kept: the batch's float16 rows then never exist whole.
         halves.append(functools.partial(_float16_again, batch, lo, hi, dim) if remakeable else half)
-    if q_all is None:
+    if all(h is None for h in halves):
         return None
-    batch.quantized = (q_all, scales_all)  # type: ignore[assignment]
     sizes = [min(PREP_BLOCK, n - lo) for lo in range(0, n, PREP_BLOCK)]
+    # The int8 rows stay in blocks too: the index copies each into its tail.
+    batch.quantized = [  # type: ignore[assignment]
+        (np.zeros((size, dim), dtype=np.int8), np.zeros(size, dtype=np.float32)) if qs is None
+        else qs for qs, size in zip(quantized, sizes)
+    ]  # fmt: skip
     blocks = [np.zeros((size, dim), dtype="<f2") if h is None else h for h, size in zip(halves, sizes)]
     return BlockedVectors(blocks, sizes, dim)
 
