@@ -30,8 +30,7 @@ from ._replay import (  # noqa: F401 - F_* and the helpers are imported from her
     ERASED_FIELDS, F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META,
     F_OFFSET, F_RESERVED, F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE,
     Replayer,
-    check_memory_fields, default_importance, kept_last_batch, scan_file, session_hash,
-    update_changes,
+    check_memory_fields, default_importance, scan_file, session_hash, update_changes,
 )
 from ._tail import NO_ROWS as _NO_ROWS
 from ._tail import Tail
@@ -874,10 +873,7 @@ class MemoryIndex:
         self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool,
         erased: set[int], fd: int | None = None,
     ) -> tuple[int, int]:
-        if fd is None:
-            scanned = _kernels.scan_records(dat, start, end)
-        else:  # without the writer lock: a last batch as a writer takes it (kept_last_batch)
-            scanned = kept_last_batch(fd, scan_file(fd, start, end), end)
+        scanned = _kernels.scan_records(dat, start, end) if fd is None else scan_file(fd, start, end)
         offsets, lengths, kinds, dims, bad_starts, bad_ends = scanned
         if len(bad_starts):
             spans = list(zip(bad_starts.tolist(), bad_ends.tolist()))
