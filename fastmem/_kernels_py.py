@@ -597,14 +597,17 @@ def fnv1a64(token: bytes) -> int:
     return h
 
 
-def tokenize_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def tokenize_batch(
+    texts: list[str], first: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The terms of texts (rules: ``fastmem._keyword``).
 
     A token is a maximal run of bytes in ``[0-9a-z]`` or ``>= 0x80`` of
     ``text.lower().encode()`` (UTF-8); its term is
     ``fnv1a64(token)``. Returns ``(terms u64, docs u32, tf u16, doc_len u32)``: one entry per
     distinct term of each text, by text then ascending term, ``tf`` its count (capped at
-    65535), and ``doc_len[i]`` the number of tokens of text ``i``.
+    65535), and ``doc_len[i]`` the number of tokens of text ``i``; a text's ``docs`` entries
+    are ``first + i`` (the row of text ``i``, when ``first`` is the first text's).
     """
     if not isinstance(texts, list) or any(type(t) is not str for t in texts):
         raise TypeError("tokenize_batch takes a list of str")
@@ -617,7 +620,7 @@ def tokenize_batch(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray
         lens.append(len(tokens))
         for term, count in sorted(Counter(fnv1a64(t) for t in tokens).items()):
             terms.append(term)
-            docs.append(i)
+            docs.append(first + i)
             tfs.append(min(count, 65535))
     return (
         np.array(terms, dtype=np.uint64),
@@ -858,8 +861,7 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
                 dims: np.ndarray, first: int, stop: int, next_id: int, dim: int,
                 type_codes: dict[str, int], defaults: dict[str, float], user_default: float,
                 sessions: dict[Any, int], session_hash: Callable[[str], int], rows: Any,
-                vectors: Any, quantized: np.ndarray | None = None,
-                scales: np.ndarray | None = None) -> tuple[int, list[str], int]:
+                vectors: Any, quantized: np.ndarray | None = None) -> tuple[int, list[str], int]:
     """Index rows of the scanned records ``first:stop`` of ``buf`` (a replay of what other
     processes appended), up to the first record that is not the plain case.
 
@@ -872,9 +874,9 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
     ``i`` of ``rows`` (``INDEX_DTYPE``, writable) is set as ``fastmem._replay.Replayer``
     sets it (scale 0: quantizing sets it) and row ``i`` of ``vectors`` (uint16, ``(n, dim)``)
     to its vector's halves or zeros; ``sessions`` caches ``session_hash`` of each session.
-    With ``quantized`` (int8, ``(n, dim)``) and ``scales`` (float32, ``n``), row ``i`` of
-    them is set to :func:`quantize_half` of the vector, or zeros and scale 0 for a record
-    without one (``fastmem._index.quantize_rows``' rule).
+    With ``quantized`` (int8, ``(n, dim)``, writable), row ``i`` of it and the scale of row
+    ``i`` of ``rows`` are set to :func:`quantize_half` of the vector, or zeros and scale 0
+    for a record without one (``fastmem._index.quantize_rows``' rule).
 
     Returns:
         How many records were the plain case (rows set), their texts, and how many of them
@@ -884,14 +886,13 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
     Raises:
         ValueError: ``first:stop`` is not a range of the records, or ``rows`` or ``vectors``
             is shorter than ``stop - first`` rows, or ``quantized`` is not ``(stop - first,
-            dim)`` or ``scales`` shorter than ``stop - first``.
+            dim)`` or longer.
     """
     n = len(offsets)
     if not (0 <= first <= stop <= n) or not len(lengths) == len(kinds) == len(dims) == n:
         raise ValueError("first:stop is not a range of the scanned records")
-    if quantized is not None and (scales is None or quantized.shape[0] < stop - first
-                                  or quantized.shape[1] != dim or len(scales) < stop - first):
-        raise ValueError("quantized is not (stop - first, dim) or scales not stop - first long")
+    if quantized is not None and (quantized.shape[0] < stop - first or quantized.shape[1] != dim):
+        raise ValueError("quantized is not stop - first rows of dim int8")
     if type(next_id) is not int or next_id < 0:
         raise ValueError("next_id is not an id")
     out = np.asarray(rows).reshape(-1).view(np.uint8)  # views of the caller's arrays
@@ -976,9 +977,11 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
         count = int(bad[0]) if len(bad) else count
         halves[:count] = got[:count]
     out[:count] = np.array(found[:count], dtype=INDEX_DTYPE)
-    if quantized is not None and scales is not None:
+    if quantized is not None:
         has = np.array([at >= 0 for at in vector_at[:count]], dtype=bool)
-        quantized[:count], scales[:count] = 0, 0
+        quantized[:count] = 0
         if dim and has.any():
-            quantized[:count][has], scales[:count][has] = quantize_half(halves[:count][has])
+            q, scales = quantize_half(halves[:count][has])
+            quantized[np.flatnonzero(has)] = q
+            out["scale"][np.flatnonzero(has)] = scales
     return count, texts[:count], sum(at >= 0 for at in vector_at[:count]) if dim else 0

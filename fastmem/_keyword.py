@@ -58,9 +58,12 @@ _U32 = np.zeros(0, dtype=np.uint32)
 _U16 = np.zeros(0, dtype=np.uint16)
 
 
-def tokenize(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(terms, docs, tf, doc_len)`` of ``texts`` (see the module docstring)."""
-    return _kernels.tokenize_batch(texts)
+def tokenize(
+    texts: list[str], first: int = 0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(terms, docs, tf, doc_len)`` of ``texts`` (see the module docstring); ``docs``
+    count from ``first``."""
+    return _kernels.tokenize_batch(texts, first)
 
 
 def query_terms(text: str) -> np.ndarray:
@@ -230,14 +233,17 @@ class KeywordIndex:
         """Tokenize the texts of rows ``first_row, first_row + 1, ...`` (the next rows);
         ``tokens``: :func:`tokenize` of them, made before (it is consumed)."""
         assert first_row == self.n_base + self.tail_n
-        terms, docs, tf, lens = tokenize(texts) if tokens is None else tokens
+        # Tokenized here: the rows numbered as they are tokenized (no pass to offset them).
+        terms, rows, tf, lens = tokenize(texts, first_row) if tokens is None else tokens
+        if tokens is not None:
+            rows = rows + np.uint32(first_row)
         end = self.tail_n + len(texts)
         if end > len(self.tail_len):
             grown = np.zeros(max(end, 2 * len(self.tail_len), 64), dtype=np.uint32)
             grown[: self.tail_n] = self.tail_len[: self.tail_n]
             self.tail_len = grown
         if len(texts) <= _FEW_ROWS:
-            self._add_few(first_row, terms, docs, tf, lens, forgotten)
+            self._add_few(terms, rows, tf, lens, forgotten)
             return
         with self._lock:
             self.live_tokens += int(lens[~forgotten].sum(dtype=np.uint64))
@@ -245,14 +251,14 @@ class KeywordIndex:
         self.tail_len[self.tail_n : end] = lens
         self.tail_n = end
         if len(terms):
-            self._pending.append((terms, docs + np.uint32(first_row), tf))
+            self._pending.append((terms, rows, tf))
             self._pending_postings += len(terms)
             if self._pending_postings >= _PENDING_POSTINGS or len(self._pending) >= _PENDING_BATCHES:
                 self._consolidate()
 
     def _add_few(
-        self, first_row: int, terms: np.ndarray, docs: np.ndarray, tf: np.ndarray,
-        lens: np.ndarray, forgotten: np.ndarray,
+        self, terms: np.ndarray, rows: np.ndarray, tf: np.ndarray, lens: np.ndarray,
+        forgotten: np.ndarray,
     ) -> None:  # fmt: skip
         """:meth:`add` of a few rows (one, usually: another process's ``add`` caught up
         with, a single ``add``): the same token counts and postings, with Python ints where
@@ -270,8 +276,7 @@ class KeywordIndex:
             self.live_tokens += live
         self.tail_n = at
         if len(terms):
-            docs += np.uint32(first_row)  # (the caller's tokens are consumed)
-            self._pending.append((terms, docs, tf))
+            self._pending.append((terms, rows, tf))
             self._pending_postings += len(terms)
             if self._pending_postings >= _PENDING_POSTINGS or len(self._pending) >= _PENDING_BATCHES:
                 self._consolidate()

@@ -51,6 +51,21 @@ class Tail:
         (readers and a checkpoint's frozen copy see the first ``n``): ``publish`` makes
         them the tail's; an append that fails meanwhile leaves the tail as it was."""
         end = self.n + len(rows)
+        self._hold(end, reserve)
+        self.rows[self.n : end] = rows
+        self.vectors[self.n : end] = vectors
+
+    def room(self, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """The tail's room for ``count`` rows past its own (grown to hold them): views of
+        its rows and int8 vectors there, for a kernel to write the rows into in place of
+        :meth:`stage`'s copies (the replay of another process's records: its rows are
+        decoded and quantized straight into the tail); ``publish`` makes them the tail's."""
+        end = self.n + count
+        self._hold(end, 0)
+        return self.rows[self.n : end], self.vectors[self.n : end]
+
+    def _hold(self, end: int, reserve: int) -> None:
+        """Grow the arrays (if they must) to hold ``end`` rows, or ``reserve``."""
         if end > len(self.rows):
             cap = max(end, 2 * len(self.rows), 64, reserve)
             grown = np.zeros(cap, dtype=fmt.INDEX_DTYPE)
@@ -59,8 +74,6 @@ class Tail:
             gv = np.zeros((cap, self.vectors.shape[1]), dtype=np.int8)
             gv[: self.n] = self.vectors[: self.n]
             self.vectors = gv
-        self.rows[self.n : end] = rows
-        self.vectors[self.n : end] = vectors
 
     def publish(self, count: int) -> None:
         """The ``count`` rows staged last are the tail's now."""

@@ -59,8 +59,9 @@ cdef inline void _insertion_sort(u64* a, Py_ssize_t n) noexcept nogil:
         a[j] = v
 
 
-def tokenize_batch(list texts):
-    """(terms u64, docs u32, tf u16, doc_len u32) of the texts' lowercase forms."""
+def tokenize_batch(list texts, u32 first=0):
+    """(terms u64, docs u32, tf u16, doc_len u32) of the texts' lowercase forms; docs count
+    from ``first``."""
     cdef Py_ssize_t n = len(texts), i, cap = 0, longest = 0, out = 0
     cdef u32 count
     cdef u64* buf
@@ -89,7 +90,7 @@ def tokenize_batch(list texts):
             raise MemoryError()
         with nogil:
             for i in range(n):
-                out += _text_terms(data[i], lengths[i], <u32>i, buf, t_out + out, d_out + out,
+                out += _text_terms(data[i], lengths[i], first + <u32>i, buf, t_out + out, d_out + out,
                                    f_out + out, &count)
                 l_out[i] = count
         free(buf)

@@ -456,6 +456,7 @@ cdef enum:
     AT_SESSION = 16
     AT_TEXT_TOKENS = 64
     AT_TYPE = 72
+    AT_SCALE = 56
     FLAG_HAS_VECTOR = 4
     MAX_TYPE_CHARS = 64
     MAX_SESSION_CHARS = 256
@@ -527,12 +528,13 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
                 const u8[::1] kinds, const u16[::1] dims, Py_ssize_t first, Py_ssize_t stop,
                 object next_id, Py_ssize_t dim, dict type_codes, dict defaults,
                 double user_default, dict sessions, object session_hash, object rows,
-                object vectors, i8[:, ::1] quantized=None, f32[::1] scales=None):
+                object vectors, i8[:, ::1] quantized=None):
     """Index rows of the plain memory records among the scanned records ``first:stop``; see
     fastmem._kernels_py.memory_rows for the contract."""
     cdef Py_buffer view, rows_view, vec_view
     cdef bint quantizing = quantized is not None
     cdef f32* scratch = NULL
+    cdef f32 scale
     cdef Py_ssize_t j, count = 0, k, vectored = 0
     cdef i64 off, length, end
     cdef const u8* p
@@ -549,9 +551,8 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
         raise ValueError("first:stop is not a range of the scanned records")
     if type(next_id) is not int or next_id < 0:
         raise ValueError("next_id is not an id")
-    if quantizing and (scales is None or quantized.shape[0] < stop - first
-                       or quantized.shape[1] != dim or scales.shape[0] < stop - first):
-        raise ValueError("quantized is not (stop - first, dim) or scales not stop - first long")
+    if quantizing and (quantized.shape[0] < stop - first or quantized.shape[1] != dim):
+        raise ValueError("quantized is not stop - first rows of dim int8")
     if next_id <= MAX_MEMORY_ID:
         low = next_id
     else:  # no id is left: no record is the plain case (the rows are still checked)
@@ -670,12 +671,10 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
                         memset(vec, 0, 2 * dim)
                 if quantizing:  # as quantize_half, while the row is in the L1 cache
                     if d:
-                        scales[count] = quantize_row(vec, dim, scratch, &quantized[count, 0],
-                                                     _to_floats)
-                    else:
-                        if dim:
-                            memset(&quantized[count, 0], 0, dim)
-                        scales[count] = 0
+                        scale = quantize_row(vec, dim, scratch, &quantized[count, 0], _to_floats)
+                        memcpy(row + AT_SCALE, &scale, 4)
+                    elif dim:
+                        memset(&quantized[count, 0], 0, dim)  # (and scale 0, as memset it)
                 texts.append(text)
                 low = mid + 1
                 count += 1

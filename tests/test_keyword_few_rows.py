@@ -1,13 +1,16 @@
 """KeywordIndex.add's few-rows path (one add caught up with) against its general path:
-the same token counts, live token count and postings for any sequence of adds."""
+the same token counts, live token count and postings for any sequence of adds; and the
+numbering of the texts from the first row that tokenize does for it.
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastmem import _format as fmt
+from fastmem import _kernels_py as ref
 from fastmem import _keyword
 
 WORDS = ["ada", "lisbon", "tea", "Tea", "é", "東京", "x1", "it's", "", "  ", "9 9 9"]
@@ -61,3 +64,15 @@ def test_one_forgotten_row_counts_no_tokens():
     assert kw.tail_len[:2].tolist() == [3 | fmt.DOC_DEAD, 1]
     _, rows, _ = kw.tail_postings()
     assert sorted(rows.tolist()) == [0, 0, 0, 1]
+
+
+@given(st.lists(texts, max_size=6), st.integers(0, 2**32 - 7))
+def test_tokenize_numbers_the_texts_from_first_in_both_kernels(batch, first):
+    kw_ext = pytest.importorskip("fastmem._ext.keyword")
+    from_zero = ref.tokenize_batch(batch)
+    for fn in (kw_ext.tokenize_batch, ref.tokenize_batch):
+        terms, docs, tf, lens = fn(batch, first)
+        assert docs.dtype == np.uint32
+        assert docs.tolist() == [first + d for d in from_zero[1].tolist()]
+        for got, want in zip((terms, tf, lens), (from_zero[0], from_zero[2], from_zero[3])):
+            assert got.dtype == want.dtype and got.tolist() == want.tolist()

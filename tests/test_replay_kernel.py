@@ -61,11 +61,10 @@ def _kernel_rows(fn, dat, scanned, first, stop, next_id, dim, type_codes, quanti
     rows = np.full(stop - first, 0xAB, dtype=np.uint8).repeat(80).view(fmt.INDEX_DTYPE)
     vectors = np.full((stop - first, dim), 0xABAB, dtype=np.uint16)
     quantized = np.full((stop - first, dim), 0x55, dtype=np.int8) if quantize else None
-    scales = np.full(stop - first, 7.5, dtype=np.float32) if quantize else None
     sessions: dict = {None: 0}
     count, texts, vectored = fn(dat, offsets, lengths, kinds, dims, first, stop, next_id, dim,
                       dict(type_codes), fmt.DEFAULT_IMPORTANCE, fmt.DEFAULT_USER_TYPE_IMPORTANCE,
-                      sessions, _replay.session_hash, rows, vectors, quantized, scales)  # fmt: skip
+                      sessions, _replay.session_hash, rows, vectors, quantized)  # fmt: skip
     has = (rows[:count]["flags"] & fmt.FLAG_HAS_VECTOR) != 0
     if dim:
         assert vectored == int(has.sum())
@@ -74,11 +73,15 @@ def _kernel_rows(fn, dat, scanned, first, stop, next_id, dim, type_codes, quanti
     if quantize:
         for i in range(count):  # each row as quantize_half makes it alone; zeros without one
             want_q, want_s = ref.quantize_half(vectors[i : i + 1]) if has[i] else (0, 0.0)
-            assert (quantized[i] == want_q).all() and scales[i] == want_s
-        assert (quantized[count:] == 0x55).all() and (scales[count:] == 7.5).all()
-        quantized, scales = quantized[:count].tobytes(), scales[:count].tobytes()
+            assert (quantized[i] == want_q).all() and rows[i]["scale"] == want_s
+        assert (quantized[count:] == 0x55).all()
+        quantized = quantized[:count].tobytes()
+    scales = rows[:count]["scale"].copy()
+    if not quantize:  # the scale is 0 (quantizing sets it)
+        assert not scales.any()
+    rows[:count]["scale"] = 0  # returned apart
     return (count, texts, vectored, rows[:count].tobytes(), vectors[:count].tobytes(),
-            quantized, scales)  # fmt: skip
+            scales.tobytes(), quantized)  # fmt: skip
 
 
 def _same(dat, scanned, first=0, stop=None, next_id=0, dim=DIM, type_codes=None):
@@ -227,15 +230,10 @@ def test_the_arguments_are_checked():
                np.zeros((1, 0), dtype=np.uint16))  # fmt: skip
         assert _kernel_rows(fn, dat, scanned, 0, 1, 2**63, 0, codes)[0] == 0  # no id is left
         rows, vectors = np.zeros(1, dtype=fmt.INDEX_DTYPE), np.zeros((1, 2), dtype=np.uint16)
-        for quantized, scales in [
-            (np.zeros((0, 2), dtype=np.int8), np.zeros(1, dtype=np.float32)),  # too few rows
-            (np.zeros((1, 3), dtype=np.int8), np.zeros(1, dtype=np.float32)),  # another dim
-            (np.zeros((1, 2), dtype=np.int8), np.zeros(0, dtype=np.float32)),
-            (np.zeros((1, 2), dtype=np.int8), None),
-        ]:
-            with pytest.raises(ValueError):
+        for quantized in (np.zeros((0, 2), dtype=np.int8), np.zeros((1, 3), dtype=np.int8)):
+            with pytest.raises(ValueError):  # too few rows, another dimension
                 fn(dat, *scanned[:4], 0, 1, 0, 2, codes, {}, 0.5, {}, _replay.session_hash,
-                   rows, vectors, quantized, scales)  # fmt: skip
+                   rows, vectors, quantized)  # fmt: skip
 
 
 @settings(max_examples=100, deadline=None)

@@ -3,7 +3,7 @@ import numpy as np
 import numpy.typing as npt
 
 def tokenize_batch(
-    texts: list[str],
+    texts: list[str], first: int = 0
 ) -> tuple[
     npt.NDArray[np.uint64], npt.NDArray[np.uint32], npt.NDArray[np.uint16], npt.NDArray[np.uint32]
 ]: ...

@@ -45,5 +45,4 @@ def memory_rows(
     rows: Any,
     vectors: Any,
     quantized: npt.NDArray[np.int8] | None = None,
-    scales: npt.NDArray[np.float32] | None = None,
 ) -> tuple[int, list[str], int]: ...
