@@ -1,6 +1,7 @@
 """What a read costs right after another process appended one memory.
 
     python benchmarks/read_after_append.py [--memories 10000] [--rounds 300]
+        [--replay plain|general|separate|both|compare]
 
 Two processes on one store of ``--memories`` memories (keyword-only, no model: given
 384-d vectors, so ``search`` runs the vector and keyword paths without an embedder):
@@ -37,7 +38,8 @@ import time
 import numpy as np
 
 import fastmem
-from fastmem import _replay
+from fastmem import _format as fmt
+from fastmem import _kernels, _keyword, _replay
 
 WRITER = textwrap.dedent("""
     import sys
@@ -64,6 +66,36 @@ def _no_plain_run(self: _replay.Replayer, *args: object) -> int:
     return 0  # every record the general way
 
 
+def _plain_run_quantized_after(
+    self: _replay.Replayer, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray,
+    dims: np.ndarray, first: int, n: int,
+) -> int:  # fmt: skip
+    """The compiled run as it was before the kernel quantized: the int8 rows made by a
+    separate call after the decode (and, with ``_keyword._FEW_ROWS = 0``, the keyword
+    postings' general path)."""
+    self._flush()
+    index = self.index
+    stop = min(n, first + _replay._PLAIN_ROWS)
+    rows = np.empty(stop - first, dtype=fmt.INDEX_DTYPE)
+    vectors = np.empty((stop - first, index.dim), dtype=np.uint16)
+    count, texts, vectored = _kernels.memory_rows(
+        self.dat, offsets, lengths, kinds, dims, first, stop, index.next_id, index.dim,
+        index.type_codes, fmt.DEFAULT_IMPORTANCE, fmt.DEFAULT_USER_TYPE_IMPORTANCE,
+        self.sessions, _replay.session_hash, rows, vectors,
+    )  # fmt: skip
+    if not count:
+        return 0
+    rows, vectors = rows[:count], vectors[:count]
+    quantized = _kernels.quantize_half(vectors) if vectored == count else None
+    index.append(rows, vectors.view("<f2") if vectored else None, texts, quantized=quantized,
+                 forgotten=0)  # fmt: skip
+    last = first + count - 1
+    off = int(offsets[last])
+    crc_at = off + fmt.RECORD_CRC_AT
+    index.note_applied(off, int(lengths[last]), int.from_bytes(self.dat[crc_at : crc_at + 4], "little"))
+    return count
+
+
 def build(path: str, n: int) -> None:
     rng = np.random.default_rng(0)
     with fastmem.open(path, embedder=None, summarizer=None, durability="none") as store:
@@ -83,10 +115,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--memories", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--replay", choices=("plain", "general", "both"), default="plain",
+    parser.add_argument("--replay", choices=("plain", "general", "both", "separate", "compare"),
+                        default="plain",
                         help="how this process applies the other's memory record: 'plain' (the "
                              "compiled run, fastmem's), 'general' (record by record, as before "
-                             "it), 'both' (alternated call by call)")  # fmt: skip
+                             "it), 'separate' (the compiled run with the int8 rows made by a "
+                             "separate call and the keyword postings' general path, as before "
+                             "they were folded in), 'both' (general and plain alternated call "
+                             "by call), 'compare' (separate and plain alternated)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "store")
@@ -104,15 +140,20 @@ def main() -> None:
             "search": lambda mid, word: reader.search(word, k=5, mode="keyword"),
             "search_vector": lambda mid, word: reader.search(vector, k=5),
         }
-        ways = ("general", "plain") if args.replay == "both" else (args.replay,)
+        ways = {"both": ("general", "plain"), "compare": ("separate", "plain")}.get(
+            args.replay, (args.replay,)
+        )
         plain_run = _replay.Replayer._plain_run
+        runs = {"plain": plain_run, "general": _no_plain_run, "separate": _plain_run_quantized_after}
+        few_rows = _keyword._FEW_ROWS
         after = {(way, name): [] for way in ways for name in calls}
         alone = {(way, name): [] for way in ways for name in calls}
         for r in range(args.rounds):
             for (name, call), way in ((c, w) for c in calls.items() for w in ways):
                 # The way this process applies the other's memory record: the compiled run
-                # of plain records (fastmem's), or record by record (as before it).
-                _replay.Replayer._plain_run = plain_run if way == "plain" else _no_plain_run
+                # of plain records (fastmem's), or one of the ways before it (see --replay).
+                _replay.Replayer._plain_run = runs[way]
+                _keyword._FEW_ROWS = 0 if way == "separate" else few_rows
                 word = f"zq{name}{way}{r}x"
                 for appended in (True, False):
                     # Either way this process waits on the pipe for the writer's answer: the
