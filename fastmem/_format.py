@@ -86,6 +86,11 @@ KIND_BATCH = 4
 BATCH_COUNT = struct.Struct("<Q")
 BATCH_FRAME_SIZE = RECORD_HEADER_SIZE + BATCH_COUNT.size  # 28
 MAX_BATCH = (1 << 32) - 1  # records a frame may name
+# What a power loss does to the pages of an unsynced write: a page not kept reads as zeros.
+# Inside the file's last batch, a damaged region that holds LOST_PAGE zero bytes (or starts
+# with a frame's length of zeros: the frame's page lost) marks the batch as that write, cut
+# short: the scans take none of it (docs/format.md, "Batch frame").
+LOST_PAGE = 4096
 
 # Documented limits; the scan refuses any length beyond them before reading it.
 MAX_TEXT_BYTES = 1 << 20  # UTF-8 bytes of a memory's text

@@ -79,10 +79,64 @@ def _record_length(buf: Any, pos: int, end: int) -> int:
 
 def _valid_after(data: bytes, pos: int, end: int) -> bool:
     """Whether a valid record or batch frame starts after ``pos`` (before ``end``)."""
+    return _next_valid(data, pos, end) < end
+
+
+def _next_valid(data: bytes, pos: int, end: int) -> int:
+    """The first offset after ``pos`` where a valid record or batch frame starts, else ``end``."""
     nxt = data.find(RECORD_MAGIC, pos + 1, end)
     while nxt != -1 and not (_record_length(data, nxt, end) or _format.batch_count(data, nxt, end)):
         nxt = data.find(RECORD_MAGIC, nxt + 1, end)
-    return nxt != -1
+    return end if nxt == -1 else nxt
+
+
+_ZERO_PAGE = bytes(_format.LOST_PAGE)
+_ZERO_FRAME = bytes(_format.BATCH_FRAME_SIZE)
+
+
+def _lost_rest(data: bytes, at: int, end: int, kind: int) -> bool:
+    """Whether ``data[at:end]``, from a damaged record of a batch to the end of the file, is
+    the rest of the file's last write with pages a power loss did not keep (docs/format.md,
+    "Batch frame"): every damaged region that valid records follow holds a page of zeros or
+    starts with a frame's length of zeros (the last region may be anything: a torn tail),
+    and the records after it are neither a batch frame nor of another kind than ``kind``
+    (the batch's; 0: the first record met). A frame or another kind is a later write: a
+    write that came after the batch's sync, so the batch lost no page."""
+    pos = at
+    while pos < end:
+        nxt = _next_valid(data, pos, end)
+        if nxt == end:
+            return True
+        if not (data.startswith(_ZERO_FRAME, pos) or data.find(_ZERO_PAGE, pos, nxt) != -1):
+            return False
+        pos = nxt
+        while length := _record_length(data, pos, end):
+            kind = kind or data[pos + 5]
+            if data[pos + 5] != kind:
+                return False
+            pos += length
+        if pos < end and _format.batch_count(data, pos, end):
+            return False
+    return True
+
+
+def lost_write(tail: bytes) -> bool:
+    """Whether ``tail``, bytes from where a scan's damaged region starts to the end of the
+    file, are a batch whose pages a power loss did not keep with valid records after the
+    damage (the rule :func:`scan_records` takes none of; see ``_lost_rest``): a torn append.
+    False for anything else (a batch with nothing valid after its damage included: the
+    torn-tail rule's, ``fastmem._io.torn_tail``)."""
+    end = len(tail)
+    count = _format.batch_count(tail, 0, end)
+    if not count:
+        return tail.startswith(_ZERO_FRAME) and _valid_after(tail, 0, end) and _lost_rest(tail, 0, end, 0)
+    at, walked, kind = _format.BATCH_FRAME_SIZE, 0, 0
+    while walked < count and (length := _record_length(tail, at, end)):
+        kind = kind or tail[at + 5]
+        walked, at = walked + 1, at + length
+    if walked == count or _format.batch_count(tail, at, end) or not _valid_after(tail, at, end):
+        return False
+    return _lost_rest(tail, at, end, kind) or (tail.startswith(_ZERO_FRAME, at) and _lost_rest(tail, at, end, 0))
 
 
 def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
@@ -116,8 +170,11 @@ def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
             while len(walked) < count and (length := _record_length(data, at, end)):
                 walked.append((at, length))
                 at += length
-            if len(walked) < count and not _valid_after(data, at, end):  # the file's tail
-                bad_starts.append(pos)
+            nested = len(walked) < count and _format.batch_count(data, at, end)
+            if len(walked) < count and (not _valid_after(data, at, end) or not nested and (
+                    _lost_rest(data, at, end, data[walked[0][0] + 5] if walked else 0)
+                    or data.startswith(_ZERO_FRAME, at) and _lost_rest(data, at, end, 0))):
+                bad_starts.append(pos)  # the file's tail, or its last write with pages lost
                 bad_ends.append(end)
                 break
             for off, length in walked:  # (damage inside a whole batch: the rest is kept)
@@ -125,13 +182,20 @@ def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
                 lengths.append(length)
                 kinds.append(data[off + 5])
                 dims.append(int.from_bytes(data[off + 6 : off + 8], "little"))
+            if nested and not walked:  # a frame directly after a frame: the first is damage
+                bad_starts.append(pos)
+                bad_ends.append(at)
+            elif nested:  # a frame where a record of the batch should be: damage, not a batch
+                bad_starts.append(at)
+                at = _next_valid(data, at, end)
+                bad_ends.append(at)
             pos = at
             continue
         bad_starts.append(pos)
-        nxt = data.find(RECORD_MAGIC, pos + 1, end)
-        while nxt != -1 and not (_record_length(data, nxt, end) or _format.batch_count(data, nxt, end)):
-            nxt = data.find(RECORD_MAGIC, nxt + 1, end)
-        pos = end if nxt == -1 else nxt
+        if data.startswith(_ZERO_FRAME, pos) and _lost_rest(data, pos, end, 0):
+            bad_ends.append(end)  # a batch whose frame's page was lost: the file's last write
+            break
+        pos = _next_valid(data, pos, end)
         bad_ends.append(pos)
     return (
         np.array(offsets, dtype=np.int64),

@@ -218,7 +218,10 @@ def _scan_batch(fd: int, frame_at: int, end: int, count: int) -> tuple[tuple[np.
         if len(bad_starts):  # only whole records from the chunk's start
             keep = offsets < bad_starts[0]
             offsets, lengths, kinds, dims = offsets[keep], lengths[keep], kinds[keep], dims[keep]
-        take = min(left, len(offsets))
+        # Records back to back from the chunk's start only: a batch frame where the batch's
+        # next record should be is damage there (scan_records reports it), not a new batch.
+        follow = offsets == np.cumsum(lengths, dtype=np.int64) - lengths
+        take = min(left, len(offsets) if follow.all() else int(np.argmin(follow)))
         if not take:  # (a record is shorter than a chunk: this one is cut short, or damaged)
             if (len(buf) < want or pos + want == end) and not valid_after:  # the file's tail
                 frame = np.array([frame_at], dtype=np.int64)

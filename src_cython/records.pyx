@@ -192,6 +192,69 @@ cdef inline i64 _batch_count(const u8* base, i64 pos, i64 end) noexcept nogil:
 
 CONSTANTS.update(KIND_BATCH=KIND_BATCH, BATCH_FRAME_SIZE=FRAME_SIZE)
 
+cdef enum:
+    LOST_PAGE = 4096  # fmt.LOST_PAGE: zeros that mark a page a power loss did not keep
+
+
+cdef inline i64 _next_valid(_Prefix* pf, const u8* base, i64 pos, i64 end) noexcept nogil:
+    # The first offset after pos where a valid record or batch frame starts, else end.
+    cdef i64 nxt = pos + 1
+    while nxt < end:
+        if base[nxt] == MAGIC_BYTE0 and (_candidate_length(pf, nxt, end) or _batch_count(base, nxt, end)):
+            return nxt
+        nxt += 1
+    return end
+
+
+cdef inline bint _zeros_at(const u8* base, i64 pos, i64 end, i64 n) noexcept nogil:
+    # Whether the n bytes at pos (before end) are all zeros.
+    cdef i64 i
+    if pos + n > end:
+        return False
+    for i in range(pos, pos + n):
+        if base[i]:
+            return False
+    return True
+
+
+cdef bint _zero_page_in(const u8* base, i64 pos, i64 end) noexcept nogil:
+    # Whether base[pos:end] holds LOST_PAGE zero bytes in a row.
+    cdef i64 run = 0
+    while pos < end:
+        run = run + 1 if base[pos] == 0 else 0
+        if run >= LOST_PAGE:
+            return True
+        pos += 1
+    return False
+
+
+cdef bint _lost_rest(_Prefix* pf, const u8* base, i64 at, i64 end, int kind) noexcept nogil:
+    # fastmem._kernels_py._lost_rest: base[at:end], from a damaged record of a batch of
+    # records of kind (0: the first met) to the end, is the rest of the file's last write
+    # with pages lost (each damaged region that records follow holds a page of zeros or
+    # starts with a frame's length of them; no frame, no record of another kind after).
+    cdef i64 pos = at, nxt, length
+    _prefix_reset(pf, at)
+    while pos < end:
+        nxt = _next_valid(pf, base, pos, end)
+        if nxt >= end:
+            return True
+        if not (_zeros_at(base, pos, nxt, FRAME_SIZE) or _zero_page_in(base, pos, nxt)):
+            return False
+        pos = nxt
+        while True:
+            length = _record_length(base, pos, end)
+            if length == 0:
+                break
+            if kind == 0:
+                kind = base[pos + 5]
+            if base[pos + 5] != kind:
+                return False
+            pos += length
+        if pos < end and _batch_count(base, pos, end):
+            return False
+    return True
+
 
 def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     """Walk the records in ``buf[start:end]``; see fastmem._kernels_py.scan_records."""
@@ -212,10 +275,15 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     # its records start in offs (dropped again when the file ends before its last one).
     cdef i64 frame_at = -1, remaining = 0
     cdef Py_ssize_t mark = 0
-    cdef _Prefix prefix
-    prefix.base = base
+    cdef bint nested
+    cdef _Prefix prefix, lost  # lost: the prefix CRCs of _lost_rest's walks
+    prefix.base = lost.base = base
     prefix.ring = <u32*>malloc(RING * sizeof(u32))
     if prefix.ring == NULL:
+        raise MemoryError()
+    lost.ring = <u32*>malloc(RING * sizeof(u32))
+    if lost.ring == NULL:
+        free(prefix.ring)
         raise MemoryError()
     _prefix_reset(&prefix, s)
     try:
@@ -226,15 +294,21 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
                     length = _record_length(base, pos, e)
                     if length == 0 and remaining:
                         remaining = 0
-                        nxt = pos + 1
-                        while nxt < e:
-                            if base[nxt] == MAGIC_BYTE0 and (_candidate_length(&prefix, nxt, e)
-                                                             or _batch_count(base, nxt, e)):
-                                break
-                            nxt += 1
-                        if nxt >= e:  # nothing valid after: the batch is the file's tail, none of it
+                        nested = _batch_count(base, pos, e) != 0
+                        nxt = _next_valid(&prefix, base, pos, e)
+                        if nxt >= e or not nested and (
+                                _lost_rest(&lost, base, pos, e, base[offs[mark] + 5] if count > mark else 0)
+                                or _zeros_at(base, pos, e, FRAME_SIZE) and _lost_rest(&lost, base, pos, e, 0)):
+                            # nothing valid after (the batch is the file's tail), or the file's
+                            # last write with pages lost: none of it
                             count = mark
                             bad_start, bad_end, pos = frame_at, e, e
+                            break
+                        if nested and count == mark:  # a frame directly after a frame: the first is damage
+                            bad_start, bad_end = frame_at, pos
+                            break
+                        if nested:  # a frame where a record of the batch should be: damage
+                            bad_start, bad_end, pos = pos, nxt, nxt
                             break
                         continue  # damage inside a batch, records after it: the others are kept
                     if length == 0:
@@ -244,13 +318,10 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
                             pos += FRAME_SIZE
                             continue
                         bad_start = pos
-                        nxt = pos + 1
-                        while nxt < e:
-                            if base[nxt] == MAGIC_BYTE0 and (_candidate_length(&prefix, nxt, e)
-                                                             or _batch_count(base, nxt, e)):
-                                break
-                            nxt += 1
-                        pos = nxt if nxt < e else e
+                        if _zeros_at(base, pos, e, FRAME_SIZE) and _lost_rest(&lost, base, pos, e, 0):
+                            pos = e  # a batch whose frame's page was lost: the file's last write
+                        else:
+                            pos = _next_valid(&prefix, base, pos, e)
                         bad_end = pos
                         break
                     offs[count] = pos
@@ -272,6 +343,7 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
             bad.append((frame_at, e))
     finally:
         free(prefix.ring)
+        free(lost.ring)
     offsets = offsets[:count].copy()
     lengths = lengths[:count].astype(np.uint32)
     arr = np.frombuffer(buf, dtype=np.uint8)

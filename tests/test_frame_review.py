@@ -279,18 +279,6 @@ def _after_cuts(tmp_path: Path, seed: int, cuts: int, v1: bool = False) -> list[
     return failures
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a cut that loses a page at the start or in the middle of the last, unsynced batch "
-        "and keeps a later one leaves the batch's later records (damage inside the batch, "
-        "valid records after it: kept, as bit rot is). Fix: in the file's last batch, damage "
-        "that looks like lost pages (torn_tail's page-aligned zeros) makes the batch a torn "
-        "append from its frame on; with the frame's own page lost nothing marks the batch. "
-        "(Lost at its end, and the add after the cut: fixed, the tests above.) "
-        "tests/powercut.py's check_cut neither writes after a cut nor checks batches whole"
-    ),
-)
 def test_power_cuts_then_a_write_keep_batches_whole_and_the_write(
     tmp_path: Path, backend: str
 ) -> None:
@@ -618,12 +606,9 @@ def test_a_writer_killed_during_block_staged_batches_leaves_each_whole_or_absent
         ("middle", 0),
         ("middle", 1),
         ("middle", 2**32),
-        pytest.param("nested", 2, marks=pytest.mark.xfail(strict=True, reason=(
-            "a frame where a batch's record should be ends the batch short without a damaged "
-            "region (the scans start a new batch there): verify() is clean, though "
-            "docs/format.md calls it damage; with a count beyond the records after it, a writer "
-            "would cut them quietly, as for any crafted count. Fix: the scans report the "
-            "frame's 28 bytes as damage (a bad region) before taking it as a new batch"))),
+        ("middle", 2**32 - 1),  # before the batch's own frame: the first of two frames is damage
+        ("nested", 2),
+        ("nested", 2**32 - 1),
     ],
 )  # fmt: skip
 def test_a_hostile_frame_in_a_store(tmp_path: Path, backend: str, where: str, count: int) -> None:
