@@ -798,14 +798,17 @@ class MemoryIndex:
         if isinstance(quantized, list) and not staged and vectors16 is not None and self.dim:
             # A large batch's int8 rows, in blocks (vectors_for): each copied into the tail
             # as it is, no copy of them all made first (the caller holds the thread lock:
-            # no reader sees the rows before the last)
+            # no reader sees the rows before the last). The list is consumed: each block is
+            # let go once copied.
             lo, reserve = 0, 2 * self.tail_limit() + len(rows)
-            for q, scales in quantized:
+            for b in range(len(quantized)):
+                (q, scales), quantized[b] = quantized[b], None  # type: ignore[call-overload]
                 hi = lo + len(q)
                 rows["scale"][lo:hi] = scales
                 self.tail.stage(rows[lo:hi], q, reserve)
                 self.tail.publish(hi - lo)
                 lo = hi
+                del q, scales
         else:
             if not staged:
                 self.stage(rows, vectors16, quantized)

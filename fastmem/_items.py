@@ -324,8 +324,10 @@ class Block:
 # Items a larger batch's vectors and keyword terms are made at a time (vectors_for,
 # keyword_terms): whole-batch arrays cost fresh pages, zeroed by the kernel in huge pages
 # (a 200 k batch's float32 rows alone are ~300 MB), where a block's are reused. A multiple
-# of the engine's packing block, whose slices of the float16 rows are then views.
-PREP_BLOCK = 4096
+# of the engine's packing block, whose slices of the float16 rows are then views; above
+# 5,000, the batch size the benchmarks' peers use, whose calls stay one block. 4,096 did
+# as well at 200 k (benchmarks/add_many_big.py).
+PREP_BLOCK = 8192
 
 # Items from which a batch's texts are counted by the helper thread and this one together
 # (the hand-over costs ~0.1-0.5 ms of waking threads on 2 cores).
@@ -377,7 +379,14 @@ def keyword_terms(texts: list[str]) -> tuple[np.ndarray, ...] | list[tuple[np.nd
     no array of the whole batch's postings is made)."""
     if len(texts) <= PREP_BLOCK:
         return tokenize(texts)
-    return [tokenize(texts[lo : lo + PREP_BLOCK]) for lo in range(0, len(texts), PREP_BLOCK)]
+    # Each block's arrays copied out of the tokenizer's, which are ~3x larger (room for
+    # the most terms texts could have): kept until the write, those would be most of a
+    # large batch's memory (155 MB of 200,000 texts), and copied, the larger ones are
+    # freed and reused by the next block.
+    return [
+        tuple(part.copy() for part in tokenize(texts[lo : lo + PREP_BLOCK]))
+        for lo in range(0, len(texts), PREP_BLOCK)
+    ]
 
 
 def summarize_and_count(
