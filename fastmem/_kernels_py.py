@@ -959,7 +959,7 @@ def memory_rows(buf: Any, offsets: np.ndarray, lengths: np.ndarray, kinds: np.nd
         raise ValueError("quantized is not stop - first rows of dim int8")
     if type(next_id) is not int or next_id < 0:
         raise ValueError("next_id is not an id")
-    out = np.asarray(rows).reshape(-1).view(np.uint8)  # views of the caller's arrays
+    out: np.ndarray = np.asarray(rows).reshape(-1).view(np.uint8)  # views of the caller's arrays
     out = out[: len(out) // INDEX_DTYPE.itemsize * INDEX_DTYPE.itemsize].view(INDEX_DTYPE)
     halves: np.ndarray = np.asarray(vectors).reshape(-1).view(np.uint8)  # 2-D (rows) below
     halves = halves[: len(halves) // 2 * 2].view(np.uint16)

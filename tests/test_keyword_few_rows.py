@@ -1,6 +1,6 @@
 """KeywordIndex.add's few-rows path (one add caught up with) against its general path:
 the same token counts, live token count and postings for any sequence of adds; and the
-numbering of the texts from the first row that tokenize does for it.
+numbering of the texts from the first row that tokenize does for it."""
 
 from __future__ import annotations
 
