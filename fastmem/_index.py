@@ -30,7 +30,8 @@ from ._replay import (  # noqa: F401 - F_* and the helpers are imported from her
     ERASED_FIELDS, F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META,
     F_OFFSET, F_RESERVED, F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE,
     Replayer,
-    check_memory_fields, default_importance, scan_file, session_hash, update_changes,
+    check_memory_fields, default_importance, kept_last_batch, scan_file, session_hash,
+    update_changes,
 )
 from ._tail import NO_ROWS as _NO_ROWS
 from ._tail import Tail
@@ -802,13 +803,14 @@ class MemoryIndex:
             # let go once copied.
             lo, reserve = 0, 2 * self.tail_limit() + len(rows)
             for b in range(len(quantized)):
-                (q, scales), quantized[b] = quantized[b], None  # type: ignore[call-overload]
+                block, quantized[b] = quantized[b], None  # type: ignore[call-overload]
+                q, scales = block() if callable(block) else block  # (made again: vectors_for)
                 hi = lo + len(q)
                 rows["scale"][lo:hi] = scales
                 self.tail.stage(rows[lo:hi], q, reserve)
                 self.tail.publish(hi - lo)
                 lo = hi
-                del q, scales
+                del block, q, scales
         else:
             if not staged:
                 self.stage(rows, vectors16, quantized)
@@ -825,8 +827,9 @@ class MemoryIndex:
         adds them. The copies can then run while the rows' records are being written."""
         if vectors16 is not None and self.dim:
             if isinstance(quantized, list):  # in blocks (vectors_for): one array of them here
-                quantized = np.concatenate([q for q, _ in quantized]), np.concatenate(
-                    [scales for _, scales in quantized]
+                made = [block() if callable(block) else block for block in quantized]
+                quantized = np.concatenate([q for q, _ in made]), np.concatenate(
+                    [scales for _, scales in made]
                 )
             if quantized is None:
                 quantized = quantize_rows(vectors16, (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0)
@@ -876,7 +879,10 @@ class MemoryIndex:
         self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool,
         erased: set[int], fd: int | None = None,
     ) -> tuple[int, int]:
-        scanned = _kernels.scan_records(dat, start, end) if fd is None else scan_file(fd, start, end)
+        if fd is None:
+            scanned = _kernels.scan_records(dat, start, end)
+        else:  # without the writer lock: a last batch as a writer takes it (kept_last_batch)
+            scanned = kept_last_batch(fd, scan_file(fd, start, end), end)
         offsets, lengths, kinds, dims, bad_starts, bad_ends = scanned
         if len(bad_starts):
             spans = list(zip(bad_starts.tolist(), bad_ends.tolist()))

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import _format as fmt
 from . import _kernels
+from ._io import torn_tail
 from .errors import CorruptRecordError
 from .types import Problem
 
@@ -28,6 +29,9 @@ _PLAIN_RETRY = 8  # records the general way after one the compiled run left to i
 # process's other threads (a server's requests, a checkpoint's writer) wait no longer than
 # a few milliseconds for it, as they would for Python's own switch interval.
 _PLAIN_ROWS = 2048
+# A memory record met damaged that an erasing forget of the same scan names (no record's
+# kind on disk: Replayer._with_mid_erase gives it).
+_KIND_MID_ERASE = 0
 
 # Positions of INDEX_DTYPE's fields in a row tuple (``MemoryIndex.row``).
 (F_ID, F_TS, F_SESSION, F_OFFSET, F_META, F_LAST_ACCESS, F_LENGTH, F_IMPORTANCE, F_SCALE,
@@ -146,6 +150,44 @@ def read_payload(
     plen = len(stored)
     payload = fmt.decode_payload(stored, plen, rlen, offset, path)
     return kind, dim, payload, fmt.payload_start(offset, dim) + plen
+
+
+def kept_last_batch(fd: int, scanned: tuple[np.ndarray, ...], end: int) -> tuple[np.ndarray, ...]:
+    """``scanned`` (:func:`scan_file`'s columns of the file open as ``fd``, up to ``end``)
+    as a replay without the writer lock takes them (its open, its catch-up): when they end
+    with a damaged region that starts with a batch frame (the scans take none of a batch
+    with nothing valid after it), with the batch's whole records instead, unless the bytes
+    look like an interrupted append (``_io.torn_tail``'s rule, as ``_files.kept_batch``
+    applies it for a writer, ``verify()`` and ``repair()``): bit rot in the file's last
+    batch, or its last record being overwritten by another process's erase. A batch
+    another process is still writing, or one a crash cut short, ends with fewer whole
+    records than its frame names and then nothing or bytes that look torn (a record cut
+    short, zeros): none of it is taken, and a later call takes it whole."""
+    bad_starts, bad_ends = scanned[4], scanned[5]
+    if not len(bad_ends) or int(bad_ends[-1]) != end:  # (the usual case: one test)
+        return scanned
+    frame_at = int(bad_starts[-1])
+    count = fmt.batch_count(os.pread(fd, fmt.BATCH_FRAME_SIZE, frame_at), 0, fmt.BATCH_FRAME_SIZE)
+    if not count:
+        return scanned
+    inside = scan_file(fd, frame_at + fmt.BATCH_FRAME_SIZE, end)
+    bad_starts = inside[4]
+    # Where the batch's whole records stop: past it, the bytes an append under way (or a
+    # crash) leaves, or damage. Those bytes are read first (a batch may be a gigabyte).
+    # (All of them whole now: the bytes changed since the scan, as an erase finishing does.)
+    stop = int(bad_starts[0]) if len(bad_starts) else end
+    if int(np.count_nonzero(inside[0] < stop)) < count:
+        if stop == end:
+            return scanned  # all whole and too few: the rest is still to come (or never written)
+        rest = os.pread(fd, end - stop, stop)
+        if len(rest) != end - stop or torn_tail(rest, stop):
+            return scanned  # (a batch under way ends so: read no more of it)
+        tail = os.pread(fd, end - frame_at, frame_at)  # (rare: the writer's rule, whole)
+        if len(tail) != end - frame_at or torn_tail(tail, frame_at):
+            return scanned
+    keep = slice(0, len(scanned[4]) - 1)
+    return tuple(np.concatenate((a, b)) for a, b in zip(
+        scanned[:4] + (scanned[4][keep], scanned[5][keep]), inside))  # fmt: skip
 
 
 def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
@@ -285,6 +327,7 @@ class Replayer:
         # was forgotten while a compaction copied it, and erased after: fastmem._erase.erase).
         self.erased: set[int] = erased if erased is not None else set()
         self.erase_rows: list[int] = []  # rows applied before, erased by a forget here
+        self.mid_erase: dict[int, dict[str, Any]] = {}  # see _with_mid_erase
 
     def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
         apply = {
@@ -293,11 +336,23 @@ class Replayer:
             fmt.KIND_FORGET: self._forget,
         }
         dat, raw_len_at = self.dat, fmt.RECORD_RAW_LEN_AT
+        kind_list = kinds.tolist()
+        if self.index.damaged and fmt.KIND_FORGET in kind_list:  # (rare: damage met)
+            columns4 = self._with_mid_erase(offsets, lengths, kinds, dims, kind_list)
+            offsets, lengths, kinds, dims = columns4
+            kind_list = kinds.tolist()
         n, at, retry = len(offsets), 0, 0
-        columns = zip(offsets.tolist(), lengths.tolist(), kinds.tolist(), dims.tolist())
+        columns = zip(offsets.tolist(), lengths.tolist(), kind_list, dims.tolist())
         for j, (off, length, kind, dim) in enumerate(columns):
             if j < at:
                 continue  # applied by the compiled path
+            if kind == _KIND_MID_ERASE:
+                try:
+                    self._memory(off, length, dim, self.mid_erase.pop(off))
+                except (TypeError, ValueError, OverflowError, KeyError) as exc:
+                    problem = f"record fields are invalid ({exc!r})"
+                    self.problems.append(Problem("dat", off, problem))
+                continue
             # The compiled kernel only: its numpy reference is slower than the general way.
             # After a record it left, the next few go the general way: records that are
             # seldom plain (another writer's fields) do not pay for a try each.
@@ -325,6 +380,63 @@ class Replayer:
         if self.erase_rows:
             erase_rows(self.index, self.erase_rows)
             self.erase_rows = []
+
+    def _with_mid_erase(
+        self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray,
+        kind_list: list[int],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+        """The columns with, in file order, the memory records that this scan met damaged
+        and that an erasing forget among its records names (``fastmem._erase``): records
+        another process was overwriting (an erase appends its forget first and overwrites
+        after; a replay without the writer lock may read them half written), or that an
+        eraser killed halfway left so. Each is given (kind ``_KIND_MID_ERASE``, its payload
+        in ``self.mid_erase``) as the erased record the erase writes there reads back, from
+        the forget's fields: the forgotten row every replay of the finished erase makes, in
+        id order. (Left out, the handle's index would lack that row for good.)"""
+        from . import _erase  # (it imports this module)
+
+        damaged = set(self.index.damaged)
+        found: dict[int, tuple[int, int, dict[str, Any]]] = {}  # offset: length, dim, payload
+        for j in [j for j, k in enumerate(kind_list) if k == fmt.KIND_FORGET]:
+            off, length = int(offsets[j]), int(lengths[j])
+            try:
+                p = read_payload(self.dat, off, off + length, self.path, precise=False)[2]
+                if "e" not in p:
+                    continue
+                mid, ts, type_name, spans, _ = _erase_pending(p, off)
+                at, size = spans[0], spans[1]
+                head = bytes(self.dat[at : at + fmt.RECORD_HEADER_SIZE])
+                if (
+                    type(mid) is not int or mid < self.index.next_id or mid > fmt.MAX_ID
+                    or (at, at + size) not in damaged or head[:4] != fmt.RECORD_MAGIC
+                    or head[5] != fmt.KIND_MEMORY
+                ):  # fmt: skip
+                    continue
+                dim = int.from_bytes(head[6:8], "little")
+                if dim > fmt.MAX_DIM or fmt.RECORD_HEADER_SIZE + 2 * dim >= size:
+                    dim = 0  # (as _erase.redo writes it)
+                record = _erase.erased_record(fmt.KIND_MEMORY, dim, mid, size, ts, type_name)
+                pad = fmt.DAT_HEADER_SIZE  # (records start past a file header)
+                found[at] = (size, dim, fmt.read_record(bytes(pad) + record, pad, pad + size)[1])
+            except (CorruptRecordError, TypeError, ValueError, KeyError, IndexError):
+                continue  # the run reports what is wrong with the forget
+        if not found:
+            return offsets, lengths, kinds, dims
+        ats = sorted(found)
+        where = np.searchsorted(offsets, ats)
+        read = where < len(offsets)  # (a record read whole at that offset is no gap)
+        read[read] = offsets[where[read]] == np.array(ats)[read]
+        if read.any():
+            ats, where = [a for a, r in zip(ats, read.tolist()) if not r], where[~read]
+        if not ats:
+            return offsets, lengths, kinds, dims
+        self.mid_erase = {at: found[at][2] for at in ats}
+        return (
+            np.insert(offsets, where, ats),
+            np.insert(lengths, where, [found[a][0] for a in ats]),
+            np.insert(kinds, where, _KIND_MID_ERASE),
+            np.insert(dims, where, [found[a][1] for a in ats]),
+        )
 
     def _plain_run(
         self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray,

@@ -745,18 +745,6 @@ def test_a_reader_process_polling_during_a_block_staged_batch_sees_none_or_all(
     assert inside > 0  # (~300 looks land inside the write here)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a read-only handle that builds its index from the data file takes none of a last batch "
-        "with bit rot in a record (the scans' tail rule), while a writer, verify() and repair() "
-        "take its whole records (kept_batch): acknowledged memories a reader does not see until "
-        "something is appended after the batch, and its verify() reports 'the index has 1 rows, "
-        "the data file 3'. Fix: the open and the catch-up of a handle without the writer lock take "
-        "kept_batch's records too (a batch under way, or cut by a crash, looks torn: not kept); "
-        "that also fixes test_replay_erase's catch-up meeting a batch's last record mid-erase"
-    ),
-)
 def test_a_reader_sees_the_whole_records_of_a_last_batch_with_bit_rot(
     tmp_path: Path, backend: str
 ) -> None:
