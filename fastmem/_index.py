@@ -803,14 +803,13 @@ class MemoryIndex:
             # let go once copied.
             lo, reserve = 0, 2 * self.tail_limit() + len(rows)
             for b in range(len(quantized)):
-                block, quantized[b] = quantized[b], None  # type: ignore[call-overload]
-                q, scales = block() if callable(block) else block  # (made again: vectors_for)
+                (q, scales), quantized[b] = quantized[b], None  # type: ignore[call-overload]
                 hi = lo + len(q)
                 rows["scale"][lo:hi] = scales
                 self.tail.stage(rows[lo:hi], q, reserve)
                 self.tail.publish(hi - lo)
                 lo = hi
-                del block, q, scales
+                del q, scales
         else:
             if not staged:
                 self.stage(rows, vectors16, quantized)
@@ -827,9 +826,8 @@ class MemoryIndex:
         adds them. The copies can then run while the rows' records are being written."""
         if vectors16 is not None and self.dim:
             if isinstance(quantized, list):  # in blocks (vectors_for): one array of them here
-                made = [block() if callable(block) else block for block in quantized]
-                quantized = np.concatenate([q for q, _ in made]), np.concatenate(
-                    [scales for _, scales in made]
+                quantized = np.concatenate([q for q, _ in quantized]), np.concatenate(
+                    [scales for _, scales in quantized]
                 )
             if quantized is None:
                 quantized = quantize_rows(vectors16, (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0)
