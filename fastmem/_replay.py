@@ -230,6 +230,12 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
                 continue
             # Past the last record the chunk may have cut the next one: scanned again.
             stop = int(offsets[-1]) + int(lengths[-1])
+            # A frame there where a batch's record should be is damage up to the next valid
+            # record (scan_records reports it): kept, and the next chunk starts past it
+            # (started at the frame, a scan would take it for a batch).
+            nested = np.flatnonzero((bad_starts == stop) & (bad_ends < len(buf)))
+            if len(nested) and fmt.batch_count(buf, stop, len(buf)):
+                stop = int(bad_ends[nested[0]])
             keep = bad_starts < stop
             bad_starts, bad_ends = bad_starts[keep], bad_ends[keep]
         parts.append((offsets + start, lengths, kinds, dims, bad_starts + start, bad_ends + start))
