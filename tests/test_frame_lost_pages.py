@@ -136,3 +136,48 @@ def test_a_frame_where_a_batch_record_should_be_keeps_the_records_after_it(
         problems = [(p.offset, p.message) for p in s.verify().problems]
         assert problems == [(second, f"{fmt.BATCH_FRAME_SIZE} damaged bytes")]
     assert os.path.getsize(path + ".dat") == len(data)
+
+
+def test_lost_pages_and_frames_inside_batches_scan_the_same_in_every_scan(tmp_path: Path) -> None:
+    """Records, frames (inside batches too), runs of zeros (a frame's length, a page, more),
+    flipped bits and junk, the file cut anywhere: the compiled scan, the reference scan and
+    the catch-up's file scan (whole, and in chunks that cut records and batches) agree."""
+    import random
+
+    from fastmem import _kernels, _replay
+    from fastmem import _kernels_py as ref
+    from test_frame_review import _frame, _record, _same
+
+    rng = random.Random(1)
+    path = tmp_path / "f.dat"
+    for _ in range(300):
+        out = bytearray(fmt.DAT_HEADER_SIZE)
+        for k in range(rng.randint(1, 12)):
+            what = rng.random()
+            if what < 0.45:
+                out += _record(k, rng.choice([5, 100, 300, 2000]))
+            elif what < 0.6:
+                out += _frame(rng.choice([2, 3, 4, 7]))
+            elif what < 0.8:
+                out += bytes(rng.choice([28, 30, 64, PAGE, PAGE + 4, 5000]))
+            elif what < 0.9:
+                rec = bytearray(_record(k, 300))
+                rec[rng.randrange(len(rec))] ^= 1
+                out += rec
+            else:
+                out += bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+        data = bytes(out)
+        if rng.random() < 0.5:
+            data = data[: rng.randint(fmt.DAT_HEADER_SIZE, len(data))]
+        start, end = fmt.DAT_HEADER_SIZE, len(data)
+        expected = ref.scan_records(data, start, end)
+        assert _same(_kernels.scan_records(data, start, end), expected)
+        path.write_bytes(data)
+        fd = os.open(path, os.O_RDONLY)
+        small, chunk = _replay._SMALL_SCAN, _replay._SCAN_CHUNK
+        try:
+            for _replay._SMALL_SCAN, _replay._SCAN_CHUNK in ((small, chunk), (0, 97), (0, 4500)):
+                assert _same(_replay.scan_file(fd, start, end), expected)
+        finally:
+            _replay._SMALL_SCAN, _replay._SCAN_CHUNK = small, chunk
+            os.close(fd)
