@@ -16,7 +16,7 @@ import os
 import time
 import atexit  # noqa: F401 - now: weakref.finalize imports it at its first use, which
 import weakref  # would wait for the import lock a background loader holds (_threads.py)
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import pairwise
 from typing import Any, NamedTuple
 
@@ -770,7 +770,7 @@ class MemoryIndex:
 
     def append(
         self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
-        quantized: Quantized | list[Quantized] | None = None,
+        quantized: Quantized | list[Quantized | Callable[[], Quantized]] | None = None,
         terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None,
         staged: bool = False, forgotten: int | None = None,
     ) -> None:  # fmt: skip
@@ -803,13 +803,14 @@ class MemoryIndex:
             # let go once copied.
             lo, reserve = 0, 2 * self.tail_limit() + len(rows)
             for b in range(len(quantized)):
-                (q, scales), quantized[b] = quantized[b], None  # type: ignore[call-overload]
+                block, quantized[b] = quantized[b], None  # type: ignore[call-overload]
+                q, scales = block() if callable(block) else block  # (made again: vectors_for)
                 hi = lo + len(q)
                 rows["scale"][lo:hi] = scales
                 self.tail.stage(rows[lo:hi], q, reserve)
                 self.tail.publish(hi - lo)
                 lo = hi
-                del q, scales
+                del block, q, scales
         else:
             if not staged:
                 self.stage(rows, vectors16, quantized)
@@ -819,15 +820,16 @@ class MemoryIndex:
 
     def stage(
         self, rows: np.ndarray, vectors16: np.ndarray | None,
-        quantized: Quantized | list[Quantized] | None = None,
+        quantized: Quantized | list[Quantized | Callable[[], Quantized]] | None = None,
     ) -> None:  # fmt: skip
         """Copy rows and their int8 vectors into the tail's room past its rows (sets the
         rows' scales), changing nothing a reader sees: :meth:`append` with ``staged=True``
         adds them. The copies can then run while the rows' records are being written."""
         if vectors16 is not None and self.dim:
             if isinstance(quantized, list):  # in blocks (vectors_for): one array of them here
-                quantized = np.concatenate([q for q, _ in quantized]), np.concatenate(
-                    [scales for _, scales in quantized]
+                made = [block() if callable(block) else block for block in quantized]
+                quantized = np.concatenate([q for q, _ in made]), np.concatenate(
+                    [scales for _, scales in made]
                 )
             if quantized is None:
                 quantized = quantize_rows(vectors16, (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0)

@@ -625,20 +625,25 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
         batch.quantized = got[1], got[2]
         return got[0]
     halves: list[np.ndarray | Callable[[], np.ndarray] | None] = []
-    quantized: list[tuple[np.ndarray, np.ndarray] | None] = []
+    quantized: list[tuple[np.ndarray, np.ndarray] | Callable[[], Any] | None] = []
     for lo in range(0, n, PREP_BLOCK):
         hi = min(n, lo + PREP_BLOCK)
-        got = _block_vectors(batch, embedder, dim, lo, hi)
+        got = _block_vectors(batch, embedder, dim, lo, hi, quantize=False)
         if got is None:
             halves.append(None)
             quantized.append(None)
             continue
         half, q, scales, remakeable = got
         dim = half.shape[1]
-        quantized.append((q, scales))
         # A block of float32 arrays (the common case) is converted again when it is packed,
-        # not kept: the batch's float16 rows then never exist whole.
-        halves.append(functools.partial(_float16_again, batch, lo, hi, dim) if remakeable else half)
+        # and quantized again into the index's tail, not kept: the batch's float16 and
+        # int8 rows then never exist whole.
+        if remakeable:
+            halves.append(functools.partial(_float16_again, batch, lo, hi, dim))
+            quantized.append(functools.partial(_quantized_again, batch, lo, hi, dim))
+        else:
+            halves.append(half)
+            quantized.append((q, scales))
     if all(h is None for h in halves):
         return None
     sizes = [min(PREP_BLOCK, n - lo) for lo in range(0, n, PREP_BLOCK)]
@@ -652,12 +657,13 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
 
 
 def _block_vectors(
-    batch: Batch, embedder: Embedder | None, dim: int, lo: int, hi: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool] | None:
+    batch: Batch, embedder: Embedder | None, dim: int, lo: int, hi: int, quantize: bool = True
+) -> tuple[np.ndarray, Any, Any, bool] | None:
     """``(float16 rows, int8 rows, scales, remakeable)`` of items ``lo:hi`` (zeros for the
     items without a vector; sets their ``FLAG_HAS_VECTOR``), or None when none has one;
     ``remakeable``: every item gave a float32 array (:func:`_float16_again` makes the
-    float16 rows again). Errors name the item by its place in the whole batch."""
+    float16 rows again). Errors name the item by its place in the whole batch.
+    ``quantize=False``: a remakeable block's int8 rows and scales are not made (None)."""
     embeddings = batch.embeddings[lo:hi] if lo or hi < len(batch) else batch.embeddings
     # The common case first: every item has a float32 array (one copy, no list per item).
     stacked = _kernels.gather_vectors(embeddings, dim)
@@ -677,7 +683,10 @@ def _block_vectors(
     if stacked is None:
         stacked = _kernels.gather_vectors(rows, dim)
     try:
-        half, q, scales = to_float16_quantized(rows if stacked is None else stacked, dim)
+        if quantize or not remakeable:
+            half, q, scales = to_float16_quantized(rows if stacked is None else stacked, dim)
+        else:  # only checked here: made again later (vectors_for)
+            half, q, scales = to_float16(stacked, dim), None, None
     except InvalidInputError as exc:
         row = getattr(exc, "row", None)
         if row is not None:
@@ -700,6 +709,13 @@ def _block_vectors(
     scales_all = np.zeros(len(embeddings), dtype=np.float32)  # 0: no vector, as the index has it
     scales_all[given] = scales
     return vectors, q_all, scales_all, False
+
+
+def _quantized_again(batch: Batch, lo: int, hi: int, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 rows and scales of items ``lo:hi``, as :func:`_float16_again` makes their
+    float16 rows again."""
+    _, q, scales = to_float16_quantized(_kernels.gather_vectors(batch.embeddings[lo:hi], dim), dim)
+    return q, scales
 
 
 def _float16_again(batch: Batch, lo: int, hi: int, dim: int) -> np.ndarray:
