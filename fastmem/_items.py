@@ -615,8 +615,13 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
 
     A batch of more than ``PREP_BLOCK`` items is done ``PREP_BLOCK`` items at a time (each
     block's items without an embedding embedded in one call): its float32 rows never
-    exist whole, and its float16 rows are kept as blocks (:class:`BlockedVectors`), which
-    ``add_many`` packs block by block."""
+    exist whole. Its float16 rows are returned as blocks (:class:`BlockedVectors`), which
+    ``add_many`` packs block by block, and ``batch.quantized`` is a list of one pair per
+    block. A block whose items all gave float32 arrays (the common case) is only checked
+    here: its float16 rows are made again as it is packed, its int8 rows as the index
+    takes them (a function in the list), so that neither exists for the whole batch
+    (an array the caller changes meanwhile is the caller's race: what is written is
+    what it holds then, checked again)."""
     n = len(batch)
     if n <= PREP_BLOCK:
         got = _block_vectors(batch, embedder, dim, 0, n)
