@@ -1,7 +1,8 @@
 """One big add_many against the same memories in 5,000-item batches:
 ``python benchmarks/add_many_big.py [N] [--rounds R]`` (default 200,000 memories, 3 rounds);
-the one call is measured as made now (a block at a time: vectors, int8 rows and keyword
-terms before the writer lock, packing and writing under it) and made whole, as before.
+the one call is measured as made now (a block at a time: checked, converted and tokenized
+before the writer lock; packed, written and quantized into the index under it) and made
+whole, as before.
 
 Each measurement runs in a fresh process (its page faults and system time are its own),
 with the items built before the clock starts; the ways take turns going first, so a
