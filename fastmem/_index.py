@@ -92,6 +92,7 @@ CHECKPOINT_TAIL_ROWS = 1 << 18
 # was ~1/5 of add_many).
 _BULK_ROWS = 256
 Quantized = tuple[np.ndarray, np.ndarray]  # int8 rows and their scales (quantize_rows)
+QuantizedBlock = Quantized | Callable[[], Quantized]  # a large batch's, or made on demand
 
 
 def quantize_rows(vectors16: np.ndarray, has: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -770,7 +771,7 @@ class MemoryIndex:
 
     def append(
         self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
-        quantized: Quantized | list[Quantized | Callable[[], Quantized]] | None = None,
+        quantized: Quantized | list[QuantizedBlock] | None = None,
         terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None,
         staged: bool = False, forgotten: int | None = None,
     ) -> None:  # fmt: skip
@@ -803,14 +804,15 @@ class MemoryIndex:
             # let go once copied.
             lo, reserve = 0, 2 * self.tail_limit() + len(rows)
             for b in range(len(quantized)):
-                block, quantized[b] = quantized[b], None  # type: ignore[call-overload]
-                q, scales = block() if callable(block) else block  # (made again: vectors_for)
+                part = quantized[b]
+                quantized[b] = None  # type: ignore[call-overload]
+                q, scales = part() if callable(part) else part  # (made again: vectors_for)
                 hi = lo + len(q)
                 rows["scale"][lo:hi] = scales
                 self.tail.stage(rows[lo:hi], q, reserve)
                 self.tail.publish(hi - lo)
                 lo = hi
-                del block, q, scales
+                del part, q, scales
         else:
             if not staged:
                 self.stage(rows, vectors16, quantized)
@@ -820,7 +822,7 @@ class MemoryIndex:
 
     def stage(
         self, rows: np.ndarray, vectors16: np.ndarray | None,
-        quantized: Quantized | list[Quantized | Callable[[], Quantized]] | None = None,
+        quantized: Quantized | list[QuantizedBlock] | None = None,
     ) -> None:  # fmt: skip
         """Copy rows and their int8 vectors into the tail's room past its rows (sets the
         rows' scales), changing nothing a reader sees: :meth:`append` with ``staged=True``

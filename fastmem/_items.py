@@ -25,6 +25,8 @@ from ._index import (
     F_LENGTH,
     F_OFFSET,
     F_TS,
+    Quantized,
+    QuantizedBlock,
     default_importance,
     session_hash,
 )  # fmt: skip
@@ -288,9 +290,7 @@ class Batch:
         # The index's int8 rows and scales, and the texts' keyword terms, when made before
         # the writer lock (:func:`prepare_commit`); None: the index makes them. (A list:
         # one pair per PREP_BLOCK items, from vectors_for.)
-        self.quantized: (
-            tuple[np.ndarray, np.ndarray] | list[tuple[np.ndarray, np.ndarray]] | None
-        ) = None
+        self.quantized: Quantized | list[QuantizedBlock] | None = None
         # (A list: one tuple per PREP_BLOCK texts, from keyword_terms.)
         self.terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None
 
@@ -342,7 +342,7 @@ HELPER_RETURN_WAIT = 0.0005
 
 
 def prepare_commit(batch: Batch, embedder: Embedder | None, summarizer: Summarizer | None,
-                   tokens: TokenCounter, dim: int) -> np.ndarray | None:
+                   tokens: TokenCounter, dim: int) -> np.ndarray | BlockedVectors | None:
     """Everything ``add_many`` makes of a checked batch before its writer lock: the float16
     vectors (returned), the summaries and token counts, and the index's int8 rows and
     keyword terms.
@@ -630,7 +630,7 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
         batch.quantized = got[1], got[2]
         return got[0]
     halves: list[np.ndarray | Callable[[], np.ndarray] | None] = []
-    quantized: list[tuple[np.ndarray, np.ndarray] | Callable[[], Any] | None] = []
+    quantized: list[QuantizedBlock | None] = []
     for lo in range(0, n, PREP_BLOCK):
         hi = min(n, lo + PREP_BLOCK)
         got = _block_vectors(batch, embedder, dim, lo, hi, quantize=False)
@@ -653,7 +653,7 @@ def vectors_for(batch: Batch, embedder: Embedder | None, dim: int) -> np.ndarray
         return None
     sizes = [min(PREP_BLOCK, n - lo) for lo in range(0, n, PREP_BLOCK)]
     # The int8 rows stay in blocks too: the index copies each into its tail.
-    batch.quantized = [  # type: ignore[assignment]
+    batch.quantized = [
         (np.zeros((size, dim), dtype=np.int8), np.zeros(size, dtype=np.float32)) if qs is None
         else qs for qs, size in zip(quantized, sizes)
     ]  # fmt: skip
@@ -691,7 +691,7 @@ def _block_vectors(
         if quantize or not remakeable:
             half, q, scales = to_float16_quantized(rows if stacked is None else stacked, dim)
         else:  # only checked here: made again later (vectors_for)
-            half, q, scales = to_float16(stacked, dim), None, None
+            half, q, scales = to_float16(rows if stacked is None else stacked, dim), None, None
     except InvalidInputError as exc:
         row = getattr(exc, "row", None)
         if row is not None:
@@ -709,6 +709,7 @@ def _block_vectors(
     vectors = np.zeros((len(embeddings), half.shape[1]), dtype="<f2")
     vectors[given] = half
     flags[given] |= fmt.FLAG_HAS_VECTOR
+    assert q is not None and scales is not None  # (quantized above: not remakeable)
     q_all = np.zeros(vectors.shape, dtype=np.int8)
     q_all[given] = q
     scales_all = np.zeros(len(embeddings), dtype=np.float32)  # 0: no vector, as the index has it

@@ -47,7 +47,7 @@ def _mixed(n: int) -> list[dict[str, Any]]:
         kind = (i // 9) % 4
         vec = rng.standard_normal(DIM).astype(np.float32)
         embedding: Any = (vec, vec.astype(np.float64), vec.tolist(), None)[kind]
-        items.append({"text": f"item {i} " + "word%d " % (i % 17) * (1 + i % 5),
+        items.append({"text": f"item {i} " + f"word{i % 17} " * (1 + i % 5),
                       "timestamp": 1e9 + i, "type": ("fact", "plan", "ñote")[i % 3],
                       "session": f"s{i % 4}" if i % 2 else None, "embedding": embedding})  # fmt: skip
     return items
