@@ -72,6 +72,7 @@ from ._items import (
 )
 from ._state import State
 from ._threads import Beside, at_fork, forks
+from ._vectors import BlockedVectors
 from .errors import (
     CorruptionError,
     DimensionMismatchError,
@@ -511,7 +512,8 @@ class Engine:
     # --- writing ------------------------------------------------------------------------
 
     def commit_memories(
-        self, batch: Batch, vectors16: np.ndarray | None, change: tuple[int, dict[str, Any]] | None = None
+        self, batch: Batch, vectors16: np.ndarray | BlockedVectors | None,
+        change: tuple[int, dict[str, Any]] | None = None,
     ) -> list[str]:
         """Append the prepared memories as one write and apply them to the index, as one step:
         on any failure the file is cut back and the index as it was (nothing was acknowledged,
@@ -576,7 +578,8 @@ class Engine:
         return _kernels.memory_ids(first_id, n)
 
     def _commit_blocks(
-        self, batch: Batch, vectors16: np.ndarray | None, first_id: int, n_types: int
+        self, batch: Batch, vectors16: np.ndarray | BlockedVectors | None, first_id: int,
+        n_types: int,
     ) -> list[str]:
         """``commit_memories`` of a batch of more than ``PACK_BLOCK`` memories: packed and
         written a block at a time, after one batch frame, under the one lock hold (readers

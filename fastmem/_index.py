@@ -36,7 +36,7 @@ from ._replay import (  # noqa: F401 - F_* and the helpers are imported from her
 from ._tail import NO_ROWS as _NO_ROWS
 from ._tail import Tail
 from ._threads import Beside
-from ._vectors import quantize
+from ._vectors import BlockedVectors, quantize
 from .errors import CorruptIndexError
 from .types import Problem
 
@@ -770,7 +770,8 @@ class MemoryIndex:
             self.tail.set_dim(dim)
 
     def append(
-        self, rows: np.ndarray, vectors16: np.ndarray | None, texts: list[str], *,
+        self, rows: np.ndarray, vectors16: np.ndarray | BlockedVectors | None,
+        texts: list[str], *,
         quantized: Quantized | list[QuantizedBlock] | None = None,
         terms: tuple[np.ndarray, ...] | list[tuple[np.ndarray, ...]] | None = None,
         staged: bool = False, forgotten: int | None = None,
@@ -821,7 +822,7 @@ class MemoryIndex:
         self.next_id = max(self.next_id, int(rows["id"][-1]) + 1)
 
     def stage(
-        self, rows: np.ndarray, vectors16: np.ndarray | None,
+        self, rows: np.ndarray, vectors16: np.ndarray | BlockedVectors | None,
         quantized: Quantized | list[QuantizedBlock] | None = None,
     ) -> None:  # fmt: skip
         """Copy rows and their int8 vectors into the tail's room past its rows (sets the
@@ -834,7 +835,8 @@ class MemoryIndex:
                     [scales for _, scales in made]
                 )
             if quantized is None:
-                quantized = quantize_rows(vectors16, (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0)
+                has = (rows["flags"] & fmt.FLAG_HAS_VECTOR) != 0
+                quantized = quantize_rows(np.asarray(vectors16), has)
             q, rows["scale"] = quantized
         else:
             q = np.zeros((len(rows), self.dim), dtype=np.int8)
