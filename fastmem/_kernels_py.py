@@ -146,8 +146,12 @@ def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:
     and the damaged regions between them. A damaged region runs from the first byte that
     does not start a valid record to the next byte that does (or to ``end``). A batch frame
     is not a record: the records it names are given when all are valid; when one is not
-    and no valid record or frame starts after it, none of them (the batch is the file's
-    tail: a damaged region from the frame to ``end``); otherwise those that are valid.
+    and no valid record or frame starts after it, or the damage looks like pages a power
+    loss did not keep with only the batch's kind of records after it (``_lost_rest``),
+    none of them (the batch is the file's tail: a damaged region from the frame to
+    ``end``); otherwise those that are valid. A frame where a batch's record should be is
+    a damaged region (of two frames in a row, the first); a damaged region that starts
+    with a frame's length of zeros followed by what ``_lost_rest`` allows runs to ``end``.
     """
     if not 0 <= start <= end <= len(buf):
         raise ValueError("scan range out of bounds")
