@@ -100,7 +100,7 @@ def test_a_zeroed_page_in_a_batch_a_later_write_follows_is_damage_kept(
     _, records = _store(path, later)
     start = (records[2][0] // PAGE + 1) * PAGE
     data = _zero(path, start, start + PAGE)
-    s, warned = _open(path, durability="always")
+    s, _ = _open(path, durability="always")
     with s:
         ids = s.ids()
         assert "m1" in ids and "m4" in ids  # the batch's records before and after the zeros
@@ -118,19 +118,21 @@ def test_a_frame_where_a_batch_record_should_be_keeps_the_records_after_it(
     should start: reported as damage, and the records after it (the batch's and a later
     add) are read, not taken for a batch the file ends inside and cut."""
     path = str(tmp_path / "s")
-    frame_at, records = _store(path, "none")
+    _, records = _store(path, "none")
     with fastmem.open(path, durability="always", **QUIET) as s:
         s.add("later", embedding=np.ones(8))
     data = Path(path + ".dat").read_bytes()
     second = records[2][0]
     crafted = bytearray(fmt.pack_batch_frame(2))
     crafted[fmt.RECORD_HEADER_SIZE :] = (2**32 - 1).to_bytes(8, "little")
-    crc = fmt.crc32(bytes(crafted[fmt.RECORD_HEADER_SIZE :]), fmt.crc32(bytes(crafted[: fmt.RECORD_CRC_AT])))
+    crc = fmt.crc32(
+        bytes(crafted[fmt.RECORD_HEADER_SIZE :]), fmt.crc32(bytes(crafted[: fmt.RECORD_CRC_AT]))
+    )
     crafted[fmt.RECORD_CRC_AT : fmt.RECORD_HEADER_SIZE] = crc.to_bytes(4, "little")
     data = data[:second] + bytes(crafted) + data[second:]
     Path(path + ".dat").write_bytes(data)
     os.remove(path + ".idx")
-    s, warned = _open(path, durability="always")
+    s, _ = _open(path, durability="always")
     with s:
         assert s.ids() == ["m0", "m1", "m2", "m3", "m4", "m5"]
         problems = [(p.offset, p.message) for p in s.verify().problems]
@@ -144,9 +146,10 @@ def test_lost_pages_and_frames_inside_batches_scan_the_same_in_every_scan(tmp_pa
     the catch-up's file scan (whole, and in chunks that cut records and batches) agree."""
     import random
 
+    from test_frame_review import _frame, _record, _same
+
     from fastmem import _kernels, _replay
     from fastmem import _kernels_py as ref
-    from test_frame_review import _frame, _record, _same
 
     rng = random.Random(1)
     path = tmp_path / "f.dat"
