@@ -18,14 +18,14 @@ from fastmem._ext import records
 
 
 def record(payload: bytes) -> bytes:
-    head = fmt.RECORD_MAGIC + bytes([fmt.FORMAT_VERSION, fmt.KIND_MEMORY]) + struct.pack(
+    head = fmt.RECORD_MAGIC + bytes([fmt.RECORD_VERSION, fmt.KIND_MEMORY]) + struct.pack(
         "<HII", 0, len(payload), len(payload)
     )
     return head + struct.pack("<I", zlib.crc32(payload, zlib.crc32(head))) + payload
 
 
 def hostile(size: int, claimed: int = 1 << 16) -> bytes:
-    head = fmt.RECORD_MAGIC + bytes([fmt.FORMAT_VERSION, fmt.KIND_MEMORY]) + struct.pack(
+    head = fmt.RECORD_MAGIC + bytes([fmt.RECORD_VERSION, fmt.KIND_MEMORY]) + struct.pack(
         "<HII", 0, claimed, claimed
     )
     return bytes(fmt.DAT_HEADER_SIZE) + head[:16] * (size // 16) + bytes(2 * claimed) + record(b"x")
