@@ -129,14 +129,17 @@ def lost_write(tail: bytes) -> bool:
     end = len(tail)
     count = _format.batch_count(tail, 0, end)
     if not count:
-        return tail.startswith(_ZERO_FRAME) and _valid_after(tail, 0, end) and _lost_rest(tail, 0, end, 0)
+        zeros_first = tail.startswith(_ZERO_FRAME)  # the frame's page lost
+        return zeros_first and _valid_after(tail, 0, end) and _lost_rest(tail, 0, end, 0)
     at, walked, kind = _format.BATCH_FRAME_SIZE, 0, 0
     while walked < count and (length := _record_length(tail, at, end)):
         kind = kind or tail[at + 5]
         walked, at = walked + 1, at + length
     if walked == count or _format.batch_count(tail, at, end) or not _valid_after(tail, at, end):
         return False
-    return _lost_rest(tail, at, end, kind) or (tail.startswith(_ZERO_FRAME, at) and _lost_rest(tail, at, end, 0))
+    return _lost_rest(tail, at, end, kind) or (
+        tail.startswith(_ZERO_FRAME, at) and _lost_rest(tail, at, end, 0)
+    )
 
 
 def scan_records(buf: Any, start: int, end: int) -> tuple[np.ndarray, ...]:

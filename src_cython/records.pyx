@@ -200,7 +200,8 @@ cdef inline i64 _next_valid(_Prefix* pf, const u8* base, i64 pos, i64 end) noexc
     # The first offset after pos where a valid record or batch frame starts, else end.
     cdef i64 nxt = pos + 1
     while nxt < end:
-        if base[nxt] == MAGIC_BYTE0 and (_candidate_length(pf, nxt, end) or _batch_count(base, nxt, end)):
+        if base[nxt] == MAGIC_BYTE0 and (_candidate_length(pf, nxt, end)
+                                         or _batch_count(base, nxt, end)):
             return nxt
         nxt += 1
     return end
@@ -276,6 +277,7 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
     cdef i64 frame_at = -1, remaining = 0
     cdef Py_ssize_t mark = 0
     cdef bint nested
+    cdef int kind
     cdef _Prefix prefix, lost  # lost: the prefix CRCs of _lost_rest's walks
     prefix.base = lost.base = base
     prefix.ring = <u32*>malloc(RING * sizeof(u32))
@@ -296,15 +298,17 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
                         remaining = 0
                         nested = _batch_count(base, pos, e) != 0
                         nxt = _next_valid(&prefix, base, pos, e)
+                        kind = base[offs[mark] + 5] if count > mark else 0  # the batch's
                         if nxt >= e or not nested and (
-                                _lost_rest(&lost, base, pos, e, base[offs[mark] + 5] if count > mark else 0)
-                                or _zeros_at(base, pos, e, FRAME_SIZE) and _lost_rest(&lost, base, pos, e, 0)):
+                                _lost_rest(&lost, base, pos, e, kind)
+                                or _zeros_at(base, pos, e, FRAME_SIZE)
+                                and _lost_rest(&lost, base, pos, e, 0)):
                             # nothing valid after (the batch is the file's tail), or the file's
                             # last write with pages lost: none of it
                             count = mark
                             bad_start, bad_end, pos = frame_at, e, e
                             break
-                        if nested and count == mark:  # a frame directly after a frame: the first is damage
+                        if nested and count == mark:  # two frames in a row: the first is damage
                             bad_start, bad_end = frame_at, pos
                             break
                         if nested:  # a frame where a record of the batch should be: damage
@@ -318,7 +322,8 @@ def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
                             pos += FRAME_SIZE
                             continue
                         bad_start = pos
-                        if _zeros_at(base, pos, e, FRAME_SIZE) and _lost_rest(&lost, base, pos, e, 0):
+                        if (_zeros_at(base, pos, e, FRAME_SIZE)
+                                and _lost_rest(&lost, base, pos, e, 0)):
                             pos = e  # a batch whose frame's page was lost: the file's last write
                         else:
                             pos = _next_valid(&prefix, base, pos, e)
