@@ -27,13 +27,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import struct
 import time
 import weakref
-import zlib
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from . import _format as fmt
@@ -45,69 +42,12 @@ from .errors import CorruptionError, DurabilityError, FormatVersionError, Invali
 __all__ = [
     "deferred",
     "erase",
-    "erased_record",
     "finish",
     "forget",
     "forget_payload",
-    "is_erased",
     "records_of",
     "redo",
 ]
-
-_FLOAT = struct.Struct(">d")
-# (msgpack bin code, length field, header bytes, most bytes): any of them may carry a given
-# padding (msgpack readers take a wider header than needed), so every size can be met.
-_BIN = ((0xC4, struct.Struct(">B"), 2, 0xFF), (0xC5, struct.Struct(">H"), 3, 0xFFFF),
-        (0xC6, struct.Struct(">I"), 5, 0xFFFFFFFF))  # fmt: skip
-
-
-def _payload(mid: int, ts: float | None, type_name: str | None, size: int) -> bytes | None:
-    """``{"i": mid, "t": ts, "y": type_name, "e": zeros}`` (``t``, ``y`` left out when
-    None) packed into exactly ``size`` bytes, or None when it does not fit."""
-    keys = 2 + (ts is not None) + (type_name is not None)
-    body = bytes([0x80 | keys]) + b"\xa1i" + msgpack.packb(mid)
-    if ts is not None:
-        body += b"\xa1t\xcb" + _FLOAT.pack(ts)
-    if type_name is not None:
-        body += b"\xa1y" + msgpack.packb(type_name)
-    body += b"\xa1e"
-    room = size - len(body)
-    for code, length, width, most in _BIN:
-        pad = room - width
-        if 0 <= pad <= most:
-            return body + bytes([code]) + length.pack(pad) + bytes(pad)
-    return None
-
-
-def erased_record(
-    kind: int, dim: int, mid: int, length: int, ts: float | None, type_name: str | None
-) -> bytes:
-    """The erased record that replaces a record of ``kind`` with a ``dim``-float16 vector and
-    ``length`` bytes, for memory ``mid``. A memory's keeps its timestamp and type name
-    (``ts``, ``type_name``; None for ``conversation``): the index's time order and type
-    table stay as they were."""
-    size = length - fmt.RECORD_HEADER_SIZE - 2 * dim
-    payload = None
-    if kind == fmt.KIND_MEMORY:
-        payload = _payload(mid, ts, type_name, size) or _payload(mid, None, type_name, size)
-    payload = payload or _payload(mid, None, None, size)
-    if payload is None:  # a stored payload is never this short (add writes more)
-        raise ValueError(f"a record of {length} bytes cannot hold an erased record")
-    head = fmt.RECORD_HEADER.pack(fmt.RECORD_MAGIC, fmt.RECORD_VERSION, kind, dim, size, size, 0)
-    body = bytes(2 * dim) + payload
-    crc = zlib.crc32(body, zlib.crc32(head[: fmt.RECORD_CRC_AT]))
-    return head[: fmt.RECORD_CRC_AT] + crc.to_bytes(4, "little") + body
-
-
-def is_erased(buf: Any, offset: int, length: int, mid: int | None) -> bool:
-    """Whether the record at ``offset`` of ``buf`` is whole, ``length`` bytes and an erased
-    record of memory ``mid`` (of any memory: None)."""
-    try:
-        header, payload = fmt.read_record(buf, offset, offset + length)
-    except (CorruptionError, FormatVersionError):
-        return False
-    return header.length == length and "e" in payload and mid in (None, payload.get("i"))
-
 
 def records_of(engine: Any, row: tuple[Any, ...]) -> list[int]:
     """``[offset, length, ...]`` of the records that hold memory ``row``'s content: its
@@ -174,7 +114,7 @@ def _redo(fd: int, pending: list[Pending]) -> bool:
             current = os.pread(fd, length, off)
             # (behind a file header's worth of zeros: records start past it)
             at = fmt.DAT_HEADER_SIZE
-            if len(current) == length and is_erased(bytes(at) + current, at, length, mid):
+            if len(current) == length and fmt.is_erased(bytes(at) + current, at, length, mid):
                 continue
             kind = fmt.KIND_MEMORY if i == 0 else fmt.KIND_UPDATE
             if not _owned(current, length, kind, mid):
@@ -182,7 +122,7 @@ def _redo(fd: int, pending: list[Pending]) -> bool:
             dim = _dim_of(current)
             if dim is None or fmt.RECORD_HEADER_SIZE + 2 * dim >= length:
                 dim = 0
-            if not write_at(fd, erased_record(kind, dim, mid, length, ts, type_name), off):
+            if not write_at(fd, fmt.erased_record(kind, dim, mid, length, ts, type_name), off):
                 return wrote
             wrote = True
     return wrote
@@ -285,7 +225,7 @@ def erase(engine: Any, rows: list[int], now: float) -> list[str]:
         type_name = None if row[F_TYPE] == 0 else index.type_name(row[F_TYPE])
         pending.append((row[F_ID], row[F_TS], type_name, records_of(engine, row), 0))
     for mid, ts, type_name, spans, _ in pending:  # fails here, before anything is written
-        erased_record(fmt.KIND_MEMORY, 0, mid, spans[1], ts, type_name)
+        fmt.erased_record(fmt.KIND_MEMORY, 0, mid, spans[1], ts, type_name)
     covered = _index_file_holds(engine, rows)
     payloads = [forget_payload(*p[:4], now) for p in pending]
     _, lengths, _ = frame_changes(fmt.KIND_FORGET, payloads)  # (the offsets they will have)

@@ -382,6 +382,64 @@ def record_vector(buf: Any, offset: int, dim: int, path: str = "") -> np.ndarray
     return np.frombuffer(buf, dtype="<f2", count=dim, offset=vector_start(offset))
 
 
+# --- erased records (forget's erase: the bytes written over a forgotten memory's record) ---
+
+_FLOAT = struct.Struct(">d")
+# (msgpack bin code, length field, header bytes, most bytes): any of them may carry a given
+# padding (msgpack readers take a wider header than needed), so every size can be met.
+_BIN = ((0xC4, struct.Struct(">B"), 2, 0xFF), (0xC5, struct.Struct(">H"), 3, 0xFFFF),
+        (0xC6, struct.Struct(">I"), 5, 0xFFFFFFFF))  # fmt: skip
+
+
+def _erased_payload(mid: int, ts: float | None, type_name: str | None, size: int) -> bytes | None:
+    """``{"i": mid, "t": ts, "y": type_name, "e": zeros}`` (``t``, ``y`` left out when
+    None) packed into exactly ``size`` bytes, or None when it does not fit."""
+    keys = 2 + (ts is not None) + (type_name is not None)
+    body = bytes([0x80 | keys]) + b"\xa1i" + msgpack.packb(mid)
+    if ts is not None:
+        body += b"\xa1t\xcb" + _FLOAT.pack(ts)
+    if type_name is not None:
+        body += b"\xa1y" + msgpack.packb(type_name)
+    body += b"\xa1e"
+    room = size - len(body)
+    for code, length, width, most in _BIN:
+        pad = room - width
+        if 0 <= pad <= most:
+            return body + bytes([code]) + length.pack(pad) + bytes(pad)
+    return None
+
+
+def erased_record(
+    kind: int, dim: int, mid: int, length: int, ts: float | None, type_name: str | None
+) -> bytes:
+    """The erased record that replaces a record of ``kind`` with a ``dim``-float16 vector and
+    ``length`` bytes, for memory ``mid``. A memory's keeps its timestamp and type name
+    (``ts``, ``type_name``; None for ``conversation``): the index's time order and type
+    table stay as they were."""
+    size = length - RECORD_HEADER_SIZE - 2 * dim
+    payload = None
+    if kind == KIND_MEMORY:
+        payload = _erased_payload(mid, ts, type_name, size)
+        payload = payload or _erased_payload(mid, None, type_name, size)
+    payload = payload or _erased_payload(mid, None, None, size)
+    if payload is None:  # a stored payload is never this short (add writes more)
+        raise ValueError(f"a record of {length} bytes cannot hold an erased record")
+    head = RECORD_HEADER.pack(RECORD_MAGIC, RECORD_VERSION, kind, dim, size, size, 0)
+    body = bytes(2 * dim) + payload
+    crc = crc32(body, crc32(head[:RECORD_CRC_AT]))
+    return head[:RECORD_CRC_AT] + crc.to_bytes(4, "little") + body
+
+
+def is_erased(buf: Any, offset: int, length: int, mid: int | None) -> bool:
+    """Whether the record at ``offset`` of ``buf`` is whole, ``length`` bytes and an erased
+    record of memory ``mid`` (of any memory: None)."""
+    try:
+        header, payload = read_record(buf, offset, offset + length)
+    except (CorruptionError, FormatVersionError):
+        return False
+    return header.length == length and "e" in payload and mid in (None, payload.get("i"))
+
+
 # --- index file ------------------------------------------------------------------------
 
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import _format as fmt
-from . import _kernels, _kernels_py
+from . import _kernels
 from .errors import DurabilityError, FastmemError, StoreFullError
 from .types import Memory
 
@@ -183,7 +183,13 @@ def torn_tail(tail: bytes, offset: int) -> bool:
     """
     if len(tail) < fmt.RECORD_HEADER_SIZE or tail.count(0) == len(tail):
         return True
-    if _torn_batch(tail, offset) or _kernels_py.lost_write(tail):  # (the scans' lost pages)
+    if _torn_batch(tail, offset):
+        return True
+    # The scans' rule for a batch's lost pages, in its readable form (compiled, it is inside
+    # the scan): imported here, at a damaged tail, since import fastmem loads no reference.
+    from ._kernels_py import lost_write
+
+    if lost_write(tail):
         return True
     if tail[:4] == fmt.RECORD_MAGIC:
         _, _, _, dim, plen, _, _ = fmt.RECORD_HEADER.unpack_from(tail, 0)

@@ -399,8 +399,6 @@ class Replayer:
         in ``self.mid_erase``) as the erased record the erase writes there reads back, from
         the forget's fields: the forgotten row every replay of the finished erase makes, in
         id order. (Left out, the handle's index would lack that row for good.)"""
-        from . import _erase  # (it imports this module)
-
         damaged = set(self.index.damaged)
         found: dict[int, tuple[int, int, dict[str, Any]]] = {}  # offset: length, dim, payload
         for j in [j for j, k in enumerate(kind_list) if k == fmt.KIND_FORGET]:
@@ -421,7 +419,7 @@ class Replayer:
                 dim = int.from_bytes(head[6:8], "little")
                 if dim > fmt.MAX_DIM or fmt.RECORD_HEADER_SIZE + 2 * dim >= size:
                     dim = 0  # (as _erase.redo writes it)
-                record = _erase.erased_record(fmt.KIND_MEMORY, dim, mid, size, ts, type_name)
+                record = fmt.erased_record(fmt.KIND_MEMORY, dim, mid, size, ts, type_name)
                 pad = fmt.DAT_HEADER_SIZE  # (records start past a file header)
                 found[at] = (size, dim, fmt.read_record(bytes(pad) + record, pad, pad + size)[1])
             except (CorruptRecordError, TypeError, ValueError, KeyError, IndexError):

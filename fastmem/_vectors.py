@@ -7,7 +7,6 @@ from the float16 bytes alone, so that a rebuilt index is identical to the one it
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any
 
@@ -116,6 +115,8 @@ class BlockedVectors:
         lo, hi, step = rows.indices(self.shape[0])
         if step != 1:
             raise ValueError("BlockedVectors takes consecutive rows")
+        from bisect import bisect_right  # here: import fastmem does not need it
+
         parts = []
         b = bisect_right(self.starts, lo) - 1
         while lo < hi:

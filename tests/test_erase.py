@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import fastmem
+from fastmem import _format as fmt
 from fastmem._index import F_ID, F_LENGTH, F_OFFSET
 
 DIM = 32
@@ -272,7 +273,7 @@ def test_a_pending_erase_never_writes_over_records_it_does_not_own(tmp_path: Pat
         finally:
             os.close(fd)
         after = dat.read_bytes()
-        assert _erase.is_erased(after, span[0], span[1], own)
+        assert fmt.is_erased(after, span[0], span[1], own)
         start, end = int(rows[1][F_OFFSET]), int(rows[2][F_OFFSET]) + int(rows[2][F_LENGTH])
         assert after[start:end] == before[start:end]  # the others' records: as they were
         assert other != own

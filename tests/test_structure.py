@@ -25,6 +25,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("_minilm_int8",),  # the packaged int8 graph in numpy, for a query while onnxruntime loads
     ("types", "_format", "namespaces", "summarize", "embed", "export", "_forkexit"),
     ("_idxopen",),  # the checks an index file passes at open (the reference of heads.idx_open)
+    ("_keyword_py",),  # the keyword search's reference kernels
     ("_kernels_py",),  # the numpy reference kernels
     ("_kernels",),  # picks the compiled kernels or the reference
     ("_vectors", "_keyword", "_replay", "_tail", "tokens", "_io"),  # tokens: cl100k_base by a
