@@ -31,6 +31,12 @@ import numpy as np
 
 from .errors import CorruptIndexError, CorruptionError, CorruptRecordError, FormatVersionError
 
+try:  # CPython's BLAKE2, which hashlib hands on: importing hashlib also loads OpenSSL (~2 ms),
+    # which open() would pay (an embedder's fingerprint) and nothing of fastmem's needs
+    from _blake2 import blake2b
+except ImportError:  # another interpreter
+    from hashlib import blake2b
+
 # The data file's version (its header): 2 added batch frames (KIND_BATCH). A version 1 file
 # is read as it is and raised to 2 by the first writer that opens it (``upgrade_dat_header``).
 FORMAT_VERSION = 2
@@ -190,9 +196,7 @@ class DatHeader(NamedTuple):
 
 def embedder_fingerprint(name: str, dim: int) -> bytes:
     """4 bytes that differ between embedders (model name and dimension)."""
-    import hashlib  # here, not at import: its OpenSSL module takes ~2 ms to load
-
-    return hashlib.blake2b(f"{name}\0{dim}".encode(), digest_size=4).digest()
+    return blake2b(f"{name}\0{dim}".encode(), digest_size=4).digest()
 
 
 def pack_dat_header(

@@ -56,9 +56,7 @@ def session_hash(session: str | None) -> int:
     """64-bit hash of a session name (0 = no session); collisions are checked on read."""
     if session is None:
         return 0
-    import hashlib  # here, not at import: its OpenSSL module takes ~2 ms to load
-
-    h = int.from_bytes(hashlib.blake2b(session.encode(), digest_size=8).digest(), "little")
+    h = int.from_bytes(fmt.blake2b(session.encode(), digest_size=8).digest(), "little")
     return h or 1
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import _thread
 import os
+import queue  # at import, not at open(): a store's first open starts the helper thread
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # loaded by the first helper thread's start (_helper), not by the import
-    import queue
 
 # How long a background thread waits before it starts. Importing an extension (``dlopen``)
 # and the Rust parsers of ``tokenizers`` and ``tiktoken`` hold the GIL for tens of
@@ -306,8 +305,6 @@ def _schedule(thread: Background) -> None:
 def _helper() -> queue.SimpleQueue[Beside]:
     """This process's queue of jobs for its helper thread (made by the first)."""
     global _helper_queue
-    import queue
-
     with _starter_lock:
         if _helper_queue is None:  # none yet (a fork's hook drops the parent's: below)
             todo: queue.SimpleQueue[Beside] = queue.SimpleQueue()

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -32,12 +33,10 @@ STDLIB_LATER = {
     "glob": "a writer's sweep of the files aside that killed checkpoints left",
     "bisect": "recent(before=...)",
     "base64": "exporting metadata that holds bytes",
-    "hashlib": "the model's checksums, a session's hash, an embedder's fingerprint",
+    "hashlib": "the model's checksums (BLAKE2 for fingerprints and sessions comes without it)",
     "concurrent.futures": "a ranking's keyword thread, the model's encoding threads",
     "logging": "nothing of fastmem's: a library that logs",
     "calendar": "nothing: dates in questions are parsed with English month names",
-    "queue": "the first helper or release thread",
-    "heapq": "a context's candidates by score",
     "traceback": "a failure's frames",
 }
 # Every package outside the standard library that the import may load.
@@ -220,3 +219,21 @@ def test_the_command_line_answers_a_hook_without_shutil_or_numpy_ma(tmp_path):
                 f"out = json.loads(buf.getvalue())\n{vector_used[command]}")  # fmt: skip
         names = modules_after(code, embedder="default")["modules"]
         assert [m for m in ("shutil", "numpy.ma", "rich", "tiktoken") if m in names] == []
+
+
+def test_open_loads_nothing_the_import_did_not():
+    """A restart's clock starts after the imports: what open() (and an embedder's
+    fingerprint, which it checks against the store's) imports would be paid inside it."""
+    code = textwrap.dedent("""
+        import sys, tempfile, fastmem
+        from fastmem import _format
+        path = tempfile.mkdtemp() + "/s"
+        fastmem.open(path, embedder=None).close()
+        before = set(sys.modules)
+        _format.embedder_fingerprint("a model", 384)
+        fastmem.open(path, embedder=None, readonly=True).close()
+        print(sorted(set(sys.modules) - before))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": SOURCE}, cwd="/", timeout=120)  # fmt: skip
+    assert out.stdout.strip().splitlines()[-1] == "[]"
