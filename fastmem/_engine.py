@@ -448,7 +448,8 @@ class Engine:
         if kept is not None:
             # A batch at the end damaged otherwise than by a crash (bit rot): it was
             # acknowledged, and its whole records are the store's as any others are (read
-            # from past its frame; readers take them once anything is appended after it).
+            # from past its frame; a handle without the lock keeps them too, see
+            # _replay.kept_last_batch).
             end = self.index.replay(self.data(), kept + fmt.BATCH_FRAME_SIZE, size, self.dat_path)[1]
             self.valid_end = max(self.valid_end, end)
         if self._damage_reported != self.valid_end:

@@ -445,7 +445,7 @@ def _compact(engine: Engine) -> CompactReport:
             del dat  # the old map's last reference is the retired one
             _after_commit(engine, retired)
         except BaseException:
-            # As in Engine._build: the old map must not keep the old data file open until a
+            # As in _state.build: the old map must not keep the old data file open until a
             # garbage collection frees this frame from the traceback.
             try:
                 del dat
