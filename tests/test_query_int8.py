@@ -87,7 +87,7 @@ def test_close_to_onnxruntime_on_hundreds_of_real_texts(model, numpy_only):
 def test_the_same_nearest_memories(model, numpy_only, tmp_path):
     """A store of real texts embedded by onnxruntime; each text as the query: its top 5
     by the numpy vector are onnxruntime's top 5 (near-ties may swap, hence the sets)."""
-    texts = real_texts()[:300]
+    texts = [t for t in real_texts()[:300] if t.strip()]  # (the reference has a blank one)
     with fastmem.open(tmp_path / "s", embedder=model) as store:
         store.add_many([{"text": t} for t in texts])
     with fastmem.open(tmp_path / "s", embedder=model, readonly=True) as store:
