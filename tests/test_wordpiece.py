@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import unicodedata
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,10 @@ def test_every_code_point_sampled(ours, oracle):
 
 def test_refusals():
     ours = WordPiece.from_file(str(FOLDER / "vocab.txt"))
-    for text in ("medieval comma \u2e4c", "zero width space a\u200bb", "Arabic mark a\u089db", "lone \ud800 surrogate"):
+    texts = ["medieval comma \u2e4c", "zero width space a\u200bb", "lone \ud800 surrogate"]
+    if int(unicodedata.unidata_version.split(".")[0]) >= 14:  # an Arabic mark of Unicode 14: older tables (Python
+        texts.append("Arabic mark a\u089db")  # 3.10's, tokenizers') know it as nothing: a letter
+    for text in texts:
         with pytest.raises(UnsupportedText):
             ours.encode(text)
 
