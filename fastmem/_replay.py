@@ -165,6 +165,8 @@ def kept_last_batch(fd: int, scanned: tuple[np.ndarray, ...], end: int) -> tuple
     if not len(bad_ends) or int(bad_ends[-1]) != end:  # (the usual case: one test)
         return scanned
     frame_at = int(bad_starts[-1])
+    if frame_at + fmt.BATCH_FRAME_SIZE > end:  # a frame the scanned bytes end inside (the file
+        return scanned  # grew since: its bytes past ``end`` are for a later call, not this one)
     count = fmt.batch_count(os.pread(fd, fmt.BATCH_FRAME_SIZE, frame_at), 0, fmt.BATCH_FRAME_SIZE)
     if not count:
         return scanned
