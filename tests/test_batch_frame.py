@@ -378,3 +378,25 @@ def test_a_failed_raise_of_the_header_writes_nothing(tmp_path: Path, monkeypatch
         s.add_many(_mixed(3))
         assert s.verify().ok and len(s) == 8  # (appended at the end: O_APPEND is back)
     assert fmt.unpack_dat_header(Path(path + ".dat").read_bytes(), "").version == 2
+
+
+def test_a_frame_the_scanned_bytes_end_inside_is_left_for_a_later_call(store_path: str) -> None:
+    """A catch-up scans up to the size it took; the file may grow before it reads the last
+    batch's frame. A frame that starts before that end and reaches past it is not read: its
+    count would make the scan of the batch start past the end (pread of a negative length,
+    EINVAL, seen once with eight processes)."""
+    from fastmem._replay import kept_last_batch, scan_file
+
+    with fastmem.open(store_path, durability="none", **QUIET) as store:
+        store.add("before", embedding=np.ones(8))
+        frame_at = os.path.getsize(store_path + ".dat")
+        store.add_many(_items(5))
+    fd = os.open(store_path + ".dat", os.O_RDONLY)
+    try:
+        for end in (frame_at + 1, frame_at + fmt.BATCH_FRAME_SIZE - 1):
+            scanned = scan_file(fd, fmt.DAT_HEADER_SIZE, end)
+            kept = kept_last_batch(fd, scanned, end)
+            assert all(a is b for a, b in zip(kept, scanned)), "bytes past the end were taken"
+            assert len(kept[0]) == 1
+    finally:
+        os.close(fd)
