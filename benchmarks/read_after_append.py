@@ -39,7 +39,7 @@ import numpy as np
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels, _keyword, _replay
+from fastmem import _index, _kernels, _keyword, _replay
 
 WRITER = textwrap.dedent("""
     import sys
@@ -115,14 +115,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--memories", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=300)
-    parser.add_argument("--replay", choices=("plain", "general", "both", "separate", "compare"),
+    parser.add_argument("--replay", choices=("plain", "general", "both", "separate", "compare",
+                                             "arrays", "lists"),
                         default="plain",
                         help="how this process applies the other's memory record: 'plain' (the "
                              "compiled run, fastmem's), 'general' (record by record, as before "
                              "it), 'separate' (the compiled run with the int8 rows made by a "
                              "separate call and the keyword postings' general path, as before "
-                             "they were folded in), 'both' (general and plain alternated call "
-                             "by call), 'compare' (separate and plain alternated)")  # fmt: skip
+                             "they were folded in), 'arrays' (the compiled run with the few "
+                             "records' scanned columns made into numpy arrays, as before they "
+                             "were lists), 'both' (general and plain alternated call by call), "
+                             "'compare' (separate and plain alternated), 'lists' (arrays and "
+                             "plain alternated, which goes first swapped every round)")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "store")
@@ -140,19 +144,27 @@ def main() -> None:
             "search": lambda mid, word: reader.search(word, k=5, mode="keyword"),
             "search_vector": lambda mid, word: reader.search(vector, k=5),
         }
-        ways = {"both": ("general", "plain"), "compare": ("separate", "plain")}.get(
-            args.replay, (args.replay,)
-        )
+        ways = {"both": ("general", "plain"), "compare": ("separate", "plain"),
+                "lists": ("arrays", "plain")}.get(args.replay, (args.replay,))  # fmt: skip
         plain_run = _replay.Replayer._plain_run
-        runs = {"plain": plain_run, "general": _no_plain_run, "separate": _plain_run_quantized_after}
+        runs = {"plain": plain_run, "general": _no_plain_run, "separate": _plain_run_quantized_after,
+                "arrays": plain_run}  # fmt: skip
+        catch_up_scan = _index.scan_file
         few_rows = _keyword._FEW_ROWS
         after = {(way, name): [] for way in ways for name in calls}
         alone = {(way, name): [] for way in ways for name in calls}
         for r in range(args.rounds):
-            for (name, call), way in ((c, w) for c in calls.items() for w in ways):
+            # 'lists' swaps its two ways' order every round: the first call of a pair finds
+            # the caches the last pair's search left (~80 µs colder on the machine measured),
+            # so a way always first would seem slower than it is.
+            order = ways[::-1] if args.replay == "lists" and r % 2 else ways
+            for (name, call), way in ((c, w) for c in calls.items() for w in order):
                 # The way this process applies the other's memory record: the compiled run
                 # of plain records (fastmem's), or one of the ways before it (see --replay).
                 _replay.Replayer._plain_run = runs[way]
+                # 'arrays': the few records' columns as numpy arrays (four numpy calls), which
+                # the compiled run takes through typed views, as before they were lists.
+                _index.scan_file = _replay.scan_file if way == "arrays" else catch_up_scan
                 _keyword._FEW_ROWS = 0 if way == "separate" else few_rows
                 word = f"zq{name}{way}{r}x"
                 for appended in (True, False):

@@ -29,10 +29,10 @@ from ._keyword import KeywordIndex
 from ._replay import (  # noqa: F401 - F_* and the helpers are imported from here too
     ERASED_FIELDS, F_ACCESS, F_FLAGS, F_ID, F_IMPORTANCE, F_LAST_ACCESS, F_LENGTH, F_META,
     F_OFFSET, F_RESERVED, F_SCALE, F_SESSION, F_SUMMARY_TOKENS, F_TEXT_TOKENS, F_TS, F_TYPE,
-    Replayer,
-    check_memory_fields, default_importance, kept_last_batch, scan_file, session_hash,
-    update_changes,
+    Column, Replayer,
+    check_memory_fields, default_importance, kept_last_batch, session_hash, update_changes,
 )
+from ._replay import scan_file as _scan_file
 from ._tail import NO_ROWS as _NO_ROWS
 from ._tail import Tail
 from ._threads import Beside
@@ -898,6 +898,12 @@ class MemoryIndex:
         Replayer(self, dat, path, problems, sort, erased).run(offsets, lengths, kinds, dims)
         return max(int(offsets[n - 1]) + int(lengths[n - 1]), start), n
 
+
+
+def scan_file(fd: int, start: int, end: int) -> tuple[Column, ...]:
+    """``_replay.scan_file`` as a replay without the writer lock takes it: the columns of a
+    few records (the usual catch-up on another process's add) as lists, no arrays made."""
+    return _scan_file(fd, start, end, lists=True)
 
 
 class _LoadedFile(NamedTuple):

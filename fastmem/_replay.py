@@ -18,6 +18,9 @@ from ._io import torn_tail
 from .errors import CorruptRecordError
 from .types import Problem
 
+# A scan's column: an array, or a list of ints (scan_few's, for a few records).
+Column = np.ndarray | list[int]
+
 _FLUSH_ROWS = 65536  # rows a replay turns into arrays at once
 _SCAN_CHUNK = 1 << 22  # bytes scan_file copies at once (more for a longer record)
 # Bytes scan_file walks record by record instead of with scan_records, whose fixed cost
@@ -190,7 +193,7 @@ def kept_last_batch(fd: int, scanned: tuple[np.ndarray, ...], end: int) -> tuple
         scanned[:4] + (scanned[4][keep], scanned[5][keep]), inside))  # fmt: skip
 
 
-def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
+def scan_file(fd: int, start: int, end: int, lists: bool = False) -> tuple[Column, ...]:
     """``_kernels.scan_records`` over bytes ``start:end`` of the file open as ``fd``, read
     with ``pread`` instead of through a map.
 
@@ -201,11 +204,13 @@ def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]:
     are never cut (a writer cuts only past the last one), so the replay decodes them from
     the map. The bytes are read a few MiB at a time, each chunk from the end of the last
     record found before it, so a reader far behind does not copy the whole tail at once.
+    ``lists=True``: the four columns of a few records (:func:`scan_few`) as lists, for a
+    caller that takes them so (a replay: ``Replayer.run``).
     """
     if end - start <= _SMALL_SCAN:
-        small = _scan_small(fd, start, end)
-        if small is not None:
-            return small
+        few = scan_few(fd, start, end)
+        if few is not None:
+            return (*few, _NO_BAD, _NO_BAD) if lists else _arrays(few)
     parts: list[tuple[np.ndarray, ...]] = []
     chunk = _SCAN_CHUNK
     while start < end:
@@ -282,12 +287,24 @@ def _scan_batch(fd: int, frame_at: int, end: int, count: int) -> tuple[tuple[np.
     return (*columns, _NO_BAD, _NO_BAD), pos
 
 
-def _scan_small(fd: int, start: int, end: int) -> tuple[np.ndarray, ...] | None:
-    """:func:`scan_file`'s answer for a few bytes that hold whole valid records only (the
-    usual catch-up: what another process appended since the last call), each checked by
-    the compiled record check, and whole batches (a batch frame and every record it names);
-    None for anything else (a record or batch cut short or still being written, damage, a
-    cut file), which the full scan then reads again and places."""
+def _arrays(few: tuple[list[int], ...]) -> tuple[np.ndarray, ...]:
+    """:func:`scan_few`'s columns as :func:`scan_file` gives them: arrays."""
+    offsets, lengths, kinds, dims = few
+    return (np.array(offsets, dtype=np.int64), np.array(lengths, dtype=np.uint32),
+            np.array(kinds, dtype=np.uint8), np.array(dims, dtype=np.uint16), _NO_BAD, _NO_BAD)  # fmt: skip
+
+
+def scan_few(fd: int, start: int, end: int) -> tuple[list[int], ...] | None:
+    """:func:`scan_file`'s columns (offsets, lengths, kinds, dims), as lists, for at most
+    ``_SMALL_SCAN`` bytes that hold whole valid records only (the usual catch-up: what
+    another process appended since the last call), each checked by the compiled record
+    check, and whole batches (a batch frame and every record it names); None for anything
+    else (more bytes, a record or batch cut short or still being written, damage, a cut
+    file), which the full scan then reads again and places. Lists, not arrays: a replay
+    of one record takes them as they are (``Replayer.run``, ``_kernels.memory_rows``), and
+    making four arrays cost several microseconds of a one-record catch-up."""
+    if end - start > _SMALL_SCAN:
+        return None
     buf = os.pread(fd, end - start, start)
     n = len(buf)
     if n < end - start:
@@ -311,8 +328,11 @@ def _scan_small(fd: int, start: int, end: int) -> tuple[np.ndarray, ...] | None:
         pos += lengths[-1]
     if batch:
         return None
-    return (np.array(offsets, dtype=np.int64), np.array(lengths, dtype=np.uint32),
-            np.array(kinds, dtype=np.uint8), np.array(dims, dtype=np.uint16), _NO_BAD, _NO_BAD)  # fmt: skip
+    return offsets, lengths, kinds, dims
+
+
+def _listed(column: Column) -> list[int]:
+    return column if type(column) is list else column.tolist()
 
 
 class Replayer:
@@ -335,20 +355,24 @@ class Replayer:
         self.erase_rows: list[int] = []  # rows applied before, erased by a forget here
         self.mid_erase: dict[int, dict[str, Any]] = {}  # see _with_mid_erase
 
-    def run(self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray) -> None:
+    def run(self, offsets: Column, lengths: Column, kinds: Column, dims: Column) -> None:
+        """Apply the scanned records (their columns as arrays, or lists: :func:`scan_few`)."""
         apply = {
             fmt.KIND_MEMORY: self._memory,
             fmt.KIND_UPDATE: self._update,
             fmt.KIND_FORGET: self._forget,
         }
         dat, raw_len_at = self.dat, fmt.RECORD_RAW_LEN_AT
-        kind_list = kinds.tolist()
+        kind_list = _listed(kinds)
         if self.index.damaged and fmt.KIND_FORGET in kind_list:  # (rare: damage met)
-            columns4 = self._with_mid_erase(offsets, lengths, kinds, dims, kind_list)
+            columns4 = self._with_mid_erase(
+                np.asarray(offsets, dtype=np.int64), np.asarray(lengths, dtype=np.uint32),
+                np.asarray(kinds, dtype=np.uint8), np.asarray(dims, dtype=np.uint16), kind_list,
+            )  # fmt: skip
             offsets, lengths, kinds, dims = columns4
             kind_list = kinds.tolist()
         n, at, retry = len(offsets), 0, 0
-        columns = zip(offsets.tolist(), lengths.tolist(), kind_list, dims.tolist())
+        columns = zip(_listed(offsets), _listed(lengths), kind_list, _listed(dims))
         for j, (off, length, kind, dim) in enumerate(columns):
             if j < at:
                 continue  # applied by the compiled path
@@ -443,9 +467,8 @@ class Replayer:
         )
 
     def _plain_run(
-        self, offsets: np.ndarray, lengths: np.ndarray, kinds: np.ndarray, dims: np.ndarray,
-        first: int, n: int,
-    ) -> int:  # fmt: skip
+        self, offsets: Column, lengths: Column, kinds: Column, dims: Column, first: int, n: int
+    ) -> int:
         """Apply the plain memory records from record ``first`` on, decoded into rows by
         the compiled kernel (``_kernels.memory_rows``) and appended at once; returns how
         many (0: record ``first`` is not the plain case, and the general way takes it)."""

@@ -524,13 +524,70 @@ cdef object _plain_payload(const u8* p, i64 length):
     return payload
 
 
-def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
-                const u8[::1] kinds, const u16[::1] dims, Py_ssize_t first, Py_ssize_t stop,
-                object next_id, Py_ssize_t dim, dict type_codes, dict defaults,
-                double user_default, dict sessions, object session_hash, object rows,
-                object vectors, i8[:, ::1] quantized=None):
+def memory_rows(object buf, object offsets, object lengths, object kinds, object dims,
+                Py_ssize_t first, Py_ssize_t stop, object next_id, Py_ssize_t dim,
+                dict type_codes, dict defaults, double user_default, dict sessions,
+                object session_hash, object rows, object vectors, i8[:, ::1] quantized=None):
     """Index rows of the plain memory records among the scanned records ``first:stop``; see
-    fastmem._kernels_py.memory_rows for the contract."""
+    fastmem._kernels_py.memory_rows for the contract. The scan's columns ``offsets``,
+    ``lengths``, ``kinds`` and ``dims`` are arrays (int64, uint32, uint8, uint16) or, for a
+    few records, lists of ints: a catch-up on one record another process added makes no
+    arrays for them (each array, and each typed view of one, costs a microsecond or more
+    on the cold caches a read after a wait finds)."""
+    cdef const i64[::1] offsets_view
+    cdef const u32[::1] lengths_view
+    cdef const u8[::1] kinds_view
+    cdef const u16[::1] dims_view
+    cdef const i64* offsets_at = NULL
+    cdef const u32* lengths_at = NULL
+    cdef const u8* kinds_at = NULL
+    cdef const u16* dims_at = NULL
+    cdef u8* columns = NULL  # the lists' values, copied: 15 bytes a record
+    cdef Py_ssize_t n, i
+    if type(offsets) is list:
+        n = len(<list>offsets)
+        if type(lengths) is not list or type(kinds) is not list or type(dims) is not list \
+                or len(<list>lengths) != n or len(<list>kinds) != n or len(<list>dims) != n:
+            raise ValueError("first:stop is not a range of the scanned records")
+        if n:
+            columns = <u8*>malloc(n * 15)
+            if columns == NULL:
+                raise MemoryError()
+            offsets_at = <const i64*>columns
+            lengths_at = <const u32*>(columns + 8 * n)
+            dims_at = <const u16*>(columns + 12 * n)
+            kinds_at = <const u8*>(columns + 14 * n)
+            try:
+                for i in range(n):
+                    (<i64*>offsets_at)[i] = (<list>offsets)[i]
+                    (<u32*>lengths_at)[i] = (<list>lengths)[i]
+                    (<u16*>dims_at)[i] = (<list>dims)[i]
+                    (<u8*>kinds_at)[i] = (<list>kinds)[i]
+            except BaseException:
+                free(columns)
+                raise
+    else:
+        offsets_view, lengths_view, kinds_view, dims_view = offsets, lengths, kinds, dims
+        n = offsets_view.shape[0]
+        if lengths_view.shape[0] != n or kinds_view.shape[0] != n or dims_view.shape[0] != n:
+            raise ValueError("first:stop is not a range of the scanned records")
+        if n:
+            offsets_at, lengths_at = &offsets_view[0], &lengths_view[0]
+            kinds_at, dims_at = &kinds_view[0], &dims_view[0]
+    try:
+        return _memory_rows(buf, offsets_at, lengths_at, kinds_at, dims_at, n, first, stop,
+                            next_id, dim, type_codes, defaults, user_default, sessions,
+                            session_hash, rows, vectors, quantized)
+    finally:
+        free(columns)
+
+
+cdef object _memory_rows(object buf, const i64* offsets, const u32* lengths, const u8* kinds,
+                         const u16* dims, Py_ssize_t n, Py_ssize_t first, Py_ssize_t stop,
+                         object next_id, Py_ssize_t dim, dict type_codes, dict defaults,
+                         double user_default, dict sessions, object session_hash, object rows,
+                         object vectors, i8[:, ::1] quantized):
+    # memory_rows over the columns' n values at these addresses.
     cdef Py_buffer view, rows_view, vec_view
     cdef bint quantizing = quantized is not None
     cdef f32* scratch = NULL
@@ -546,8 +603,7 @@ def memory_rows(object buf, const i64[::1] offsets, const u32[::1] lengths,
     cdef u16 flags, code, d
     cdef list texts = []
     cdef Py_ssize_t stop_at = -1
-    if not (0 <= first <= stop <= offsets.shape[0]) or lengths.shape[0] != offsets.shape[0] \
-            or kinds.shape[0] != offsets.shape[0] or dims.shape[0] != offsets.shape[0]:
+    if not (0 <= first <= stop <= n):
         raise ValueError("first:stop is not a range of the scanned records")
     if type(next_id) is not int or next_id < 0:
         raise ValueError("next_id is not an id")
