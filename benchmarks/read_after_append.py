@@ -38,8 +38,8 @@ import time
 import numpy as np
 
 import fastmem
+from fastmem import _engine, _index, _kernels, _keyword, _replay
 from fastmem import _format as fmt
-from fastmem import _index, _kernels, _keyword, _replay
 
 WRITER = textwrap.dedent("""
     import sys
@@ -127,7 +127,13 @@ def main() -> None:
                              "were lists), 'both' (general and plain alternated call by call), "
                              "'compare' (separate and plain alternated), 'lists' (arrays and "
                              "plain alternated, which goes first swapped every round)")  # fmt: skip
+    parser.add_argument("--map", choices=("room", "remap"), default="room",
+                        help="how this process maps the data file: 'room' (fastmem's: a map "
+                             "with room past the file's end, shown further as the file grows) "
+                             "or 'remap' (mapped again after each append, as before)")  # fmt: skip
     args = parser.parse_args()
+    if args.map == "remap":
+        _engine.DataMap = None  # mmap, made again whenever the file grew
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "store")
         build(path, args.memories)
@@ -195,7 +201,8 @@ def main() -> None:
         report[f"{name} ({way} replay)"] = {
             "extra": percentiles(extra), "after_append": percentiles(took),
             "nothing_appended": percentiles(alone[way, name])}  # fmt: skip
-    print(json.dumps({"memories": args.memories, "rounds": args.rounds, **report}, indent=1))
+    print(json.dumps({"memories": args.memories, "rounds": args.rounds, "map": args.map, **report},
+                     indent=1))  # fmt: skip
     for name, r in report.items():
         print(
             f"{name:22s} extra after another process's add: p50 {r['extra']['p50_us']:7.1f} µs, "

@@ -88,6 +88,11 @@ from .errors import (
 from .namespaces import make_private_dirs
 from .types import Memory
 
+try:
+    from ._ext.reader import DataMap
+except ImportError:  # not built: the numpy fallback, and mmap
+    DataMap = None
+
 __all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
@@ -97,6 +102,9 @@ WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (c
 # fresh pages each time) cost 4x the system time in the writes (benchmarks/add_many_big.py).
 PACK_BLOCK = 2048
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
+# Address space a data file's map reserves past the file's end (or an eighth of the file,
+# if more): the appends it holds are read without a new map (Engine._map).
+_MAP_ROOM = 16 << 20
 
 
 def _write_all(fd: int, data: Any) -> None:
@@ -488,7 +496,7 @@ class Engine:
             return
         if size == self.dat_end and self.valid_end == size:
             return
-        dat = map_data(self._map_fd, size) if size >= self.valid_end else None
+        dat = self._map(size) if size >= self.valid_end else None
         if dat is None:  # a writer cut records off (a failed write), maybe just now: start again
             self._adopt(self._build(self._fd, None, locked=False)).release(drop_cache=False)
             return
@@ -504,11 +512,28 @@ class Engine:
         self.raise_failed()
 
     def data(self) -> mmap.mmap:
-        """The data file's map, remapped when the file has grown past it."""
+        """The data file's map, shown further or made again when the file has grown past it."""
         assert self._dat is not None
         if len(self._dat) < self.dat_end:
-            self._dat = mmap.mmap(self._map_fd, self.dat_end, access=mmap.ACCESS_READ)
+            dat = self._map(self.dat_end)
+            self._dat = dat or mmap.mmap(self._map_fd, self.dat_end, access=mmap.ACCESS_READ)
         return self._dat
+
+    def _map(self, size: int) -> Any:
+        """The data file's map of its first ``size`` bytes: the map there is, shown further
+        when it has room for them (no system call: see ``DataMap``), else a new one with
+        room past them; None when the file is shorter than ``size`` now (cut back since the
+        size was taken). ``mmap`` where the compiled map is not used."""
+        dat = self._dat
+        if type(dat) is DataMap and dat.grow(size):
+            return dat
+        if DataMap is None or _kernels.BACKEND != "cython":
+            return map_data(self._map_fd, size)
+        try:
+            dat = DataMap(self._map_fd, size, (size + max(size >> 3, _MAP_ROOM)) & -mmap.PAGESIZE)
+        except OSError:  # (refused: a limit on maps or address space) as mmap maps it
+            return map_data(self._map_fd, size)
+        return dat if os.fstat(self._map_fd).st_size >= size else None
 
     # --- writing ------------------------------------------------------------------------
 

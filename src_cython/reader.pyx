@@ -6,7 +6,7 @@ the id's parse, the row lookup, the record check, msgpack and the named tuple co
 than the work itself (issue 21), so this does them all in C, for the plain case only:
 anything else returns None and the caller takes the general path.
 """
-from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
@@ -749,3 +749,144 @@ cdef bint _plain_fields(dict payload):
         if type(key) is not str or len(<str>key) != 1 or (<str>key) not in _FIELDS:
             return False
     return "i" in payload and "t" in payload and "x" in payload
+
+
+# --- the data file's map, with room past its end ------------------------------------------
+
+cdef extern from *:
+    """
+    #if defined(__unix__) || defined(__APPLE__)
+    #include <errno.h>
+    #include <sys/mman.h>
+    /* A read-only shared map of the first len bytes of the file open as fd, which may be
+       shorter: NULL (errno set) if the system refuses. */
+    static char* fastmem_map_room(int fd, size_t len) {
+        void* p = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+        return p == MAP_FAILED ? NULL : (char*)p;
+    }
+    static int fastmem_unmap(char* p, size_t len) { return munmap(p, len); }
+    static int fastmem_advise(char* p, size_t len, int advice) { return madvise(p, len, advice); }
+    static int fastmem_map_errno(void) { return errno; }
+    #else
+    static char* fastmem_map_room(int fd, size_t len) { (void)fd; (void)len; return NULL; }
+    static int fastmem_unmap(char* p, size_t len) { (void)p; (void)len; return 0; }
+    static int fastmem_advise(char* p, size_t len, int advice) { (void)p; (void)len; (void)advice; return 0; }
+    static int fastmem_map_errno(void) { return 38; /* ENOSYS */ }
+    #endif
+    """
+    char* fastmem_map_room(int fd, size_t len) nogil
+    int fastmem_unmap(char* p, size_t len) nogil
+    int fastmem_advise(char* p, size_t len, int advice) nogil
+    int fastmem_map_errno() nogil
+
+
+cdef class DataMap:
+    """A read-only map of a data file that reaches past the file's end, of which the first
+    ``len()`` bytes are shown: as ``mmap.mmap(fd, size, access=ACCESS_READ)`` to its readers
+    (bytes from a slice, an int from an index, a read-only buffer, ``madvise``, ``close``),
+    but :meth:`grow` shows more of it when the file has grown, where ``mmap`` must map the
+    file again. A read right after another process's add paid ~20 µs for that: the new map,
+    then unmapping the old one (the engine's catch-up, ``Engine.check``).
+
+    Only bytes that were in the file when they were shown are read through it: a page wholly
+    past the file's end raises SIGBUS when touched (as a page of an ``mmap`` whose file was
+    cut since), and nothing past ``len()`` is reachable from Python.
+
+    Args:
+        fd: the data file's descriptor (the map keeps the file, not the descriptor).
+        size: the bytes shown (the file's size, as the caller took it).
+        room: the bytes mapped, ``size`` or more.
+
+    Raises:
+        ValueError: ``room`` is less than ``size``, or not positive.
+        OSError: the system refused the map (on Windows, always: map with ``mmap`` there).
+    """
+
+    cdef char* addr
+    cdef Py_ssize_t size, room
+    cdef Py_ssize_t exports
+
+    def __cinit__(self, int fd, Py_ssize_t size, Py_ssize_t room):
+        if size < 0 or room < size or room <= 0:
+            raise ValueError("a map's room is positive and at least its size")
+        self.addr = fastmem_map_room(fd, <size_t>room)
+        if self.addr == NULL:
+            raise OSError(fastmem_map_errno(), "mmap of the data file failed")
+        self.size, self.room, self.exports = size, room, 0
+
+    def __dealloc__(self):
+        if self.addr != NULL:
+            with nogil:
+                fastmem_unmap(self.addr, <size_t>self.room)
+            self.addr = NULL
+
+    cdef inline void _open(self) except *:
+        if self.addr == NULL:
+            raise ValueError("mmap closed or invalid")
+
+    def grow(self, Py_ssize_t size):
+        """Show the first ``size`` bytes of the file, at least those shown now: True, or
+        False when they are more than the map's room (and nothing changes)."""
+        self._open()
+        if size < self.size or size > self.room:
+            return False
+        self.size = size
+        return True
+
+    @property
+    def closed(self):
+        return self.addr == NULL
+
+    def __len__(self):
+        self._open()
+        return self.size
+
+    def __getitem__(self, item):
+        cdef Py_ssize_t i, start, stop, step
+        self._open()
+        if isinstance(item, slice):
+            start, stop, step = item.indices(self.size)
+            if step == 1:
+                return PyBytes_FromStringAndSize(self.addr + start, stop - start if stop > start else 0)
+            return bytes(memoryview(self)[item])
+        i = item.__index__()
+        if i < 0:
+            i += self.size
+        if not 0 <= i < self.size:
+            raise IndexError("mmap index out of range")
+        return (<u8*>self.addr)[i]
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        self._open()
+        PyBuffer_FillInfo(buffer, self, self.addr, self.size, 1, flags)
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        self.exports -= 1
+
+    def madvise(self, int option, Py_ssize_t start=0, object length=None):
+        """As ``mmap.madvise``, over the bytes shown."""
+        cdef Py_ssize_t n
+        self._open()
+        if not 0 <= start < self.size:
+            raise ValueError("madvise start out of bounds")
+        n = self.size - start if length is None else min(<Py_ssize_t>length, self.size - start)
+        if n < 0:
+            raise ValueError("madvise length invalid")
+        if fastmem_advise(self.addr + start, <size_t>n, option) != 0:
+            raise OSError(fastmem_map_errno(), "madvise failed")
+
+    def close(self):
+        """Unmap it (as ``mmap.close``: refused while a buffer of it is held)."""
+        if self.exports:
+            raise BufferError("cannot close exported pointers exist")
+        if self.addr != NULL:
+            with nogil:
+                fastmem_unmap(self.addr, <size_t>self.room)
+            self.addr = NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
