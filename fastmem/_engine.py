@@ -55,11 +55,11 @@ from ._io import (
     ContentCache,
     GroupCommit,
     lock_holder,
-    map_data,
     mapped_errors,
     no_cyclic_gc,
     torn,
 )
+from ._io import map_data as map_exactly
 from ._items import (
     Batch,
     Block,
@@ -105,6 +105,20 @@ _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the f
 # Address space a data file's map reserves past the file's end (or an eighth of the file,
 # if more): the appends it holds are read without a new map (Engine._map).
 _MAP_ROOM = 16 << 20
+
+
+def map_data(fd: int, size: int) -> Any:
+    """A read-only map of the first ``size`` bytes of the data file open as ``fd``, with room
+    past them (``DataMap``; ``mmap``, of ``size`` bytes, without the compiled kernels or if
+    the system refuses the room); None when the file is shorter now (cut back since ``size``
+    was taken: the caller takes the size again), as ``_io.map_data``."""
+    if DataMap is None or _kernels.BACKEND != "cython":
+        return map_exactly(fd, size)
+    try:
+        dat = DataMap(fd, size, (size + max(size >> 3, _MAP_ROOM)) & -mmap.PAGESIZE)
+    except OSError:  # (a limit on maps or address space)
+        return map_exactly(fd, size)
+    return dat if os.fstat(fd).st_size >= size else None
 
 
 def _write_all(fd: int, data: Any) -> None:
@@ -523,17 +537,11 @@ class Engine:
         """The data file's map of its first ``size`` bytes: the map there is, shown further
         when it has room for them (no system call: see ``DataMap``), else a new one with
         room past them; None when the file is shorter than ``size`` now (cut back since the
-        size was taken). ``mmap`` where the compiled map is not used."""
+        size was taken)."""
         dat = self._dat
         if type(dat) is DataMap and dat.grow(size):
             return dat
-        if DataMap is None or _kernels.BACKEND != "cython":
-            return map_data(self._map_fd, size)
-        try:
-            dat = DataMap(self._map_fd, size, (size + max(size >> 3, _MAP_ROOM)) & -mmap.PAGESIZE)
-        except OSError:  # (refused: a limit on maps or address space) as mmap maps it
-            return map_data(self._map_fd, size)
-        return dat if os.fstat(self._map_fd).st_size >= size else None
+        return map_data(self._map_fd, size)
 
     # --- writing ------------------------------------------------------------------------
 
