@@ -1,7 +1,7 @@
 """What a read costs right after another process appended one memory.
 
     python benchmarks/read_after_append.py [--memories 10000] [--rounds 300]
-        [--replay plain|general|separate|both|compare]
+        [--replay plain|general|separate|arrays|both|compare|lists] [--map room|remap]
 
 Two processes on one store of ``--memories`` memories (keyword-only, no model: given
 384-d vectors, so ``search`` runs the vector and keyword paths without an embedder):
@@ -17,6 +17,10 @@ Both calls come right after a wait on the pipe (the same cold caches); the extra
 is the first call's time minus the second's: the catch-up on what the other process
 appended. Reported as p50 and p95 of the rounds' extras (``--rounds`` per call), with each
 call's own p50 and p95.
+
+``--map remap`` maps the data file again whenever it grew (Python's ``mmap``, as before
+the map with room past the file's end): compare it with ``--map room`` in runs alternated
+one after the other.
 
 Unfair, or at least noisy: both processes share the machine's cores with whatever else
 runs, and a p95 of differences carries the noise of both calls; the second ``get`` answers
