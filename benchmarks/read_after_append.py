@@ -42,8 +42,8 @@ import time
 import numpy as np
 
 import fastmem
-from fastmem import _engine, _index, _kernels, _keyword, _replay
 from fastmem import _format as fmt
+from fastmem import _index, _kernels, _keyword, _replay, _state
 
 WRITER = textwrap.dedent("""
     import sys
@@ -137,7 +137,7 @@ def main() -> None:
                              "or 'remap' (mapped again after each append, as before)")  # fmt: skip
     args = parser.parse_args()
     if args.map == "remap":
-        _engine.DataMap = None  # mmap, made again whenever the file grew
+        _state.DataMap = None  # mmap, made again whenever the file grew
     with tempfile.TemporaryDirectory() as work:
         path = os.path.join(work, "store")
         build(path, args.memories)

@@ -59,7 +59,6 @@ from ._io import (
     no_cyclic_gc,
     torn,
 )
-from ._io import map_data as map_exactly
 from ._items import (
     Batch,
     Block,
@@ -70,7 +69,7 @@ from ._items import (
     frame_changes,
     parse_id,
 )
-from ._state import State
+from ._state import DataMap, State, map_data
 from ._threads import Beside, at_fork, forks
 from ._vectors import BlockedVectors
 from .errors import (
@@ -88,11 +87,6 @@ from .errors import (
 from .namespaces import make_private_dirs
 from .types import Memory
 
-try:
-    from ._ext.reader import DataMap
-except ImportError:  # not built: the numpy fallback, and mmap
-    DataMap = None
-
 __all__ = ["Engine", "no_cyclic_gc"]
 
 GROUP_COMMIT_SECONDS = 0.005  # "batch": a write reaches the disk within this long
@@ -102,23 +96,6 @@ WRITE_BESIDE_MIN = 1 << 20  # bytes of records a batch's helper thread writes (c
 # fresh pages each time) cost 4x the system time in the writes (benchmarks/add_many_big.py).
 PACK_BLOCK = 2048
 _engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # open handles, for the fork hook
-# Address space a data file's map reserves past the file's end (or an eighth of the file,
-# if more): the appends it holds are read without a new map (Engine._map).
-_MAP_ROOM = 16 << 20
-
-
-def map_data(fd: int, size: int) -> Any:
-    """A read-only map of the first ``size`` bytes of the data file open as ``fd``, with room
-    past them (``DataMap``; ``mmap``, of ``size`` bytes, without the compiled kernels or if
-    the system refuses the room); None when the file is shorter now (cut back since ``size``
-    was taken: the caller takes the size again), as ``_io.map_data``."""
-    if DataMap is None or _kernels.BACKEND != "cython":
-        return map_exactly(fd, size)
-    try:
-        dat = DataMap(fd, size, (size + max(size >> 3, _MAP_ROOM)) & -mmap.PAGESIZE)
-    except OSError:  # (a limit on maps or address space)
-        return map_exactly(fd, size)
-    return dat if os.fstat(fd).st_size >= size else None
 
 
 def _write_all(fd: int, data: Any) -> None:
@@ -538,7 +515,7 @@ class Engine:
         when it has room for them (no system call: see ``DataMap``), else a new one with
         room past them; None when the file is shorter than ``size`` now (cut back since the
         size was taken)."""
-        dat = self._dat
+        dat: Any = self._dat
         if type(dat) is DataMap and dat.grow(size):
             return dat
         return map_data(self._map_fd, size)

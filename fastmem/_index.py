@@ -883,13 +883,14 @@ class MemoryIndex:
         self, dat: Any, start: int, end: int, path: str, problems: list[Problem], sort: bool,
         erased: set[int], fd: int | None = None,
     ) -> tuple[int, int]:
+        scanned: tuple[Column, ...]
         if fd is None:
             scanned = _kernels.scan_records(dat, start, end)
         else:  # without the writer lock: a last batch as a writer takes it (kept_last_batch)
             scanned = kept_last_batch(fd, scan_file(fd, start, end), end)
         offsets, lengths, kinds, dims, bad_starts, bad_ends = scanned
         if len(bad_starts):
-            spans = list(zip(bad_starts.tolist(), bad_ends.tolist()))
+            spans = list(zip(np.asarray(bad_starts).tolist(), np.asarray(bad_ends).tolist()))
             problems += [Problem("dat", s, f"{e - s} damaged bytes") for s, e in spans]
             self.damaged += spans
         n = len(offsets)

@@ -8,7 +8,7 @@ and decoded), :func:`scan_file`, the scan of bytes a writer may still cut off, a
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -153,7 +153,7 @@ def read_payload(
     return kind, dim, payload, fmt.payload_start(offset, dim) + plen
 
 
-def kept_last_batch(fd: int, scanned: tuple[np.ndarray, ...], end: int) -> tuple[np.ndarray, ...]:
+def kept_last_batch(fd: int, scanned: tuple[Column, ...], end: int) -> tuple[Column, ...]:
     """``scanned`` (:func:`scan_file`'s columns of the file open as ``fd``, up to ``end``)
     as a replay without the writer lock takes them (its open, its catch-up): when they end
     with a damaged region that starts with a batch frame (the scans take none of a batch
@@ -193,6 +193,10 @@ def kept_last_batch(fd: int, scanned: tuple[np.ndarray, ...], end: int) -> tuple
         scanned[:4] + (scanned[4][keep], scanned[5][keep]), inside))  # fmt: skip
 
 
+@overload
+def scan_file(fd: int, start: int, end: int) -> tuple[np.ndarray, ...]: ...
+@overload
+def scan_file(fd: int, start: int, end: int, lists: bool) -> tuple[Column, ...]: ...
 def scan_file(fd: int, start: int, end: int, lists: bool = False) -> tuple[Column, ...]:
     """``_kernels.scan_records`` over bytes ``start:end`` of the file open as ``fd``, read
     with ``pread`` instead of through a map.
@@ -332,7 +336,7 @@ def scan_few(fd: int, start: int, end: int) -> tuple[list[int], ...] | None:
 
 
 def _listed(column: Column) -> list[int]:
-    return column if type(column) is list else column.tolist()
+    return column if isinstance(column, list) else column.tolist()
 
 
 class Replayer:
@@ -481,8 +485,10 @@ class Replayer:
         # copies into the tail, were ~15 µs of a one-record catch-up, mostly fixed costs.
         rows, quantized = index.tail.room(stop - first)
         vectors = np.empty((stop - first, index.dim), dtype=np.uint16)
+        # (The compiled kernel, the only one this runs, takes the columns as lists too.)
         count, texts, _ = _kernels.memory_rows(
-            self.dat, offsets, lengths, kinds, dims, first, stop, index.next_id, index.dim,
+            self.dat, offsets, lengths, kinds, dims,  # type: ignore[arg-type]
+            first, stop, index.next_id, index.dim,
             index.type_codes, fmt.DEFAULT_IMPORTANCE, fmt.DEFAULT_USER_TYPE_IMPORTANCE,
             self.sessions, session_hash, rows, vectors, quantized,
         )  # fmt: skip

@@ -14,12 +14,13 @@ import mmap
 import os
 import time
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import _format as fmt
 from . import _kernels
 from ._files import COMPACT_SUFFIX, create_data_file, fsync_dir, map_same
 from ._index import MemoryIndex
+from ._io import map_data as map_exactly
 from ._io import release_frames
 from .errors import (
     CorruptionError,
@@ -29,6 +30,16 @@ from .errors import (
     RecoveryWarning,
     StoreNotFoundError,
 )
+
+DataMap: Any
+try:
+    from ._ext.reader import DataMap
+except ImportError:  # not built: the numpy fallback, and mmap
+    DataMap = None
+
+# Address space a data file's map reserves past the file's end (or an eighth of the file,
+# if more): the appends it holds are read without a new map (Engine._map).
+_MAP_ROOM = 16 << 20
 
 __all__ = ["State", "build", "check_embedder"]
 
@@ -223,3 +234,17 @@ def check_embedder(path: str, header: fmt.DatHeader, identity: tuple[str, int] |
             f"its vectors would not compare; open it with the embedder that wrote it, "
             f"or embedder=None"
         )
+
+
+def map_data(fd: int, size: int) -> Any:
+    """A read-only map of the first ``size`` bytes of the data file open as ``fd``, with room
+    past them (``DataMap``; ``mmap``, of ``size`` bytes, without the compiled kernels or if
+    the system refuses the room); None when the file is shorter now (cut back since ``size``
+    was taken: the caller takes the size again), as ``_io.map_data``."""
+    if DataMap is None or _kernels.BACKEND != "cython":
+        return map_exactly(fd, size)
+    try:
+        dat = DataMap(fd, size, (size + max(size >> 3, _MAP_ROOM)) & -mmap.PAGESIZE)
+    except OSError:  # (a limit on maps or address space)
+        return map_exactly(fd, size)
+    return dat if os.fstat(fd).st_size >= size else None

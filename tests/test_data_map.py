@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem import _engine, _kernels
+from fastmem import _kernels, _state
 
 ext = pytest.importorskip("fastmem._ext.reader")
 
@@ -76,7 +76,7 @@ def _texts(store: Any) -> list[str]:
 
 
 def test_a_follower_keeps_one_map_while_the_file_grows_within_its_room(store_path, monkeypatch, backend):
-    monkeypatch.setattr(_engine, "_MAP_ROOM", 8192)  # a small room, outgrown below
+    monkeypatch.setattr(_state, "_MAP_ROOM", 8192)  # a small room, outgrown below
     writer = fastmem.open(store_path, **QUIET)
     follower = fastmem.open(store_path, readonly=True, **QUIET)
     try:

@@ -84,11 +84,11 @@ def test_a_follower_maps_a_file_cut_back_and_grown_again_meanwhile(
     than that size: mmap refuses it) and appended a longer record (the file longer again by
     the time the follower looks at why). It maps the file as it is now."""
     dat_path = store_path + ".dat"
-    from fastmem import _engine
+    from fastmem import _state
 
     # mmap's own size check, which refuses the map: the map with room past the file's end
     # checks the size itself (tests/test_data_map.py meets the same race there).
-    monkeypatch.setattr(_engine, "DataMap", None)
+    monkeypatch.setattr(_state, "DataMap", None)
     writer = fastmem.open(store_path, **QUIET)
     writer.add("one")
     follower = fastmem.open(store_path, readonly=True, **QUIET)
