@@ -1,4 +1,4 @@
-"""Build the private compiled kernels: src_cython/*.pyx -> fastmem._ext.*.
+"""Build the private compiled kernels: src_cython/*.pyx -> fastmem._kernels._ext.*.
 
 Environment:
   FASTMEM_NO_EXT=1   build no extension (the numpy reference kernels are used)
@@ -70,7 +70,7 @@ def extensions():
         raise SystemExit("setup.py: no src_cython/*.pyx to build (FASTMEM_NO_EXT=1 builds none)")
     exts = [
         Extension(
-            f"fastmem._ext.{pyx.stem}",
+            f"fastmem._kernels._ext.{pyx.stem}",
             [str(pyx.relative_to(HERE))],
             include_dirs=[numpy.get_include(), "src_cython"],
             define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],

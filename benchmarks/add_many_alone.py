@@ -52,7 +52,7 @@ def alternate(batches: list[list[dict]]) -> None:
     """``--alternate``: one store, the batches added in turn with the texts counted by the
     calling thread alone and by it and the helper thread together (``_items.BESIDE_MIN``):
     both ways see the same load and the same store sizes. Median ms per batch."""
-    from fastmem import _items
+    from fastmem.storage import records as _items
 
     folder = tempfile.mkdtemp(prefix="fastmem-add-", dir=os.environ.get("FASTMEM_BENCH_DIR"))
     path = os.path.join(folder, "store")

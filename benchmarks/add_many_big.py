@@ -34,7 +34,7 @@ WAYS = ("one call", "one, whole", "5,000 a call")
 
 def child(way: str, n: int) -> None:
     if way == "one, whole":
-        from fastmem import _engine, _items
+        from fastmem.storage import engine as _engine, records as _items
 
         _engine.PACK_BLOCK = _items.PREP_BLOCK = 1 << 62
     w = workload.generate(n)

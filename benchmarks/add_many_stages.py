@@ -23,7 +23,11 @@ from typing import Any
 import workload
 
 import fastmem
-from fastmem import _engine, _index, _items, _kernels, _keyword, _tail, tokens
+from fastmem.storage import (
+    engine as _engine, index as _index, records as _items, keyword_index as _keyword,
+    index_tail as _tail,
+)
+from fastmem import _kernels, tokens
 from fastmem import store as store_module
 
 spent: dict[str, float] = defaultdict(float)

@@ -43,7 +43,7 @@ path, ids = sys.argv[1], json.loads(sys.stdin.readline())
 store = fastmem.open(path, readonly=True, embedder=None, policy=fastmem.ContextPolicy(preload=0, recent=0))
 store.tokens.encoding  # its background load would slow the first calls down
 rng = random.Random(int(sys.argv[2]))
-from fastmem._engine import Engine
+from fastmem.storage.engine import Engine
 follows, real_swap = [], Engine.swap_to
 
 

@@ -14,7 +14,7 @@ import time
 import zlib
 
 from fastmem import _format as fmt
-from fastmem._ext import records
+from fastmem._kernels._ext import records
 
 
 def record(payload: bytes) -> bytes:

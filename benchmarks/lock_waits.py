@@ -29,12 +29,14 @@ import numpy as np
 
 def worker(path: str, kind: str, seconds: float, out: str, poll_max: float) -> None:
     import fastmem
-    from fastmem import _checkpoint, _engine, _writelock
+    from fastmem.storage import (
+        checkpoint as _checkpoint, engine as _engine, writelock as _writelock,
+    )
 
     if poll_max > 0:  # an alternative measured: a shorter longest pause between tries
         _writelock.POLL_MAX = poll_max
     if os.environ.get("LOCK_WAITS_TAIL_ROWS"):  # an alternative measured: rarer checkpoints
-        from fastmem import _index
+        from fastmem.storage import index as _index
 
         _index.CHECKPOINT_TAIL_ROWS = int(os.environ["LOCK_WAITS_TAIL_ROWS"])
 

@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 
 import fastmem
-from fastmem import context as context_mod
-from fastmem import retrieval
+from fastmem.recall import packing as context_mod
+from fastmem.recall import ranking as retrieval
 from fastmem.embed import MAX_TOKENS, ONNX_MODEL_DIR, default_embedder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -43,7 +43,7 @@ WRITER = textwrap.dedent("""
     import json, os, sys, time
     import numpy as np
     import fastmem
-    from fastmem import _engine, _replay
+    from fastmem.storage import engine as _engine, replay as _replay
     if os.environ.get("FASTMEM_BENCH_REPLAY") == "general":  # no compiled run of plain records
         _replay.Replayer._plain_run = lambda self, *args: 0
     waits = []
@@ -158,7 +158,7 @@ FOLLOW = textwrap.dedent("""
     import json, os, statistics, sys, time
     import numpy as np
     import fastmem
-    from fastmem import _replay
+    from fastmem.storage import replay as _replay
     if os.environ.get("FASTMEM_BENCH_REPLAY") == "general":  # no compiled run of plain records
         _replay.Replayer._plain_run = lambda self, *args: 0
     path, rounds = sys.argv[1], int(sys.argv[2])

@@ -43,7 +43,10 @@ import numpy as np
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _index, _kernels, _keyword, _replay, _state
+from fastmem.storage import (
+    index as _index, keyword_index as _keyword, replay as _replay, handle_state as _state,
+)
+from fastmem import _kernels
 
 WRITER = textwrap.dedent("""
     import sys

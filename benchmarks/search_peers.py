@@ -140,7 +140,8 @@ def first_query(system: str, path: str, q: np.ndarray, no_preload: bool = False)
 def vector_systems(n: int, X: np.ndarray, store: Any, ids: list[str], folder: Path,
                    slow_1m: bool, log: Callable[[str], None]) -> dict[str, tuple[Callable[[Any], Any], Callable[[Any], list[int]]]]:  # fmt: skip
     """name -> (query function, result -> rows)."""
-    from fastmem import _vectors, _vsearch
+    from fastmem.storage import vectors as _vectors
+    from fastmem.recall import vector_search as _vsearch
 
     systems: dict[str, Any] = {}
 

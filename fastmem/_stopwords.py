@@ -4,10 +4,10 @@
   when it scores sentences (``fastmem.summarize``).
 - :data:`QUERY_STOP_WORDS`: those plus the question words a query starts with ("how",
   "where", "could"...). The hybrid ranking drops them from a query before its BM25 half
-  (``fastmem.retrieval.content_words``): they match everywhere and push the content words'
+  (``fastmem.recall.ranking.content_words``): they match everywhere and push the content words'
   matches down.
 
-BM25 itself (``fastmem._keyword``, and ``search(mode="keyword")``) uses no list: its idf
+BM25 itself (``fastmem.storage.keyword_index``, and ``search(mode="keyword")``) uses no list: its idf
 already makes words that occur everywhere count for little.
 """
 

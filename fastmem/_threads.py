@@ -341,7 +341,7 @@ def use_starter(backend: str) -> None:
     _start_later, _reset_starter = _start_later_py, _no_reset
     if backend != "python":
         try:
-            from ._ext.starter import after_fork_in_child, start_later
+            from ._kernels._ext.starter import after_fork_in_child, start_later
         except ImportError:
             if backend == "cython":
                 raise

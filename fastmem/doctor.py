@@ -52,7 +52,7 @@ def _kernels() -> dict[str, Any]:
     modules = {}
     for name in ("records", "scoring", "topk", "vectors", "keyword"):
         try:
-            module = importlib.import_module(f"fastmem._ext.{name}")
+            module = importlib.import_module(f"fastmem._kernels._ext.{name}")
             modules[name] = getattr(module, "__file__", None)
         except ImportError as exc:
             modules[name] = f"missing ({exc})"
@@ -63,7 +63,7 @@ def _kernels() -> dict[str, Any]:
     level, openmp = "none (numpy fallback)", None
     if _kernels.BACKEND == "cython":
         try:
-            topk = importlib.import_module("fastmem._ext.topk")
+            topk = importlib.import_module("fastmem._kernels._ext.topk")
             level, openmp = topk.simd(), bool(topk.OPENMP)
         except (ImportError, AttributeError):
             level = "unknown"

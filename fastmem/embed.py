@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ._bert import gelu as _gelu
-from ._bert import layer_norm as _layer_norm
-from ._bert import linear as _linear
-from ._bert import read_safetensors as _read_safetensors
+from ._minilm.bert import gelu as _gelu
+from ._minilm.bert import layer_norm as _layer_norm
+from ._minilm.bert import linear as _linear
+from ._minilm.bert import read_safetensors as _read_safetensors
 from ._threads import Background, Flag, ForkGate, at_fork, forks
 from .errors import EmbedderUnavailableError, FastmemError, InvalidInputError, InvalidTypeError
 
@@ -576,7 +576,7 @@ class MiniLM(_BackgroundModel):
             quick = self._quick_model()
             if quick is None:  # unavailable, or freed by a load that has just ended
                 return self.encode_query(text) if self.ready else None
-            from ._wordpiece import UnsupportedText
+            from ._minilm.wordpiece import UnsupportedText
 
             try:
                 ids = quick.ids(text)
@@ -606,7 +606,7 @@ class MiniLM(_BackgroundModel):
             self._checksums()  # begun now: it runs beside the forward pass
         with self._lock:
             if self._quick_state == "unloaded":
-                from ._minilm_int8 import Int8Query
+                from ._minilm.int8 import Int8Query
 
                 try:
                     self._quick = Int8Query(

@@ -1,9 +1,9 @@
 """``MemoryStore``: an agent's memories in two files, reopened in milliseconds.
 
 The store is the public facade: it checks every argument, takes the lock and delegates to
-the modules that do the work: ``_engine`` (files, lock, index, writes), ``_items`` (what
-``add`` accepts), ``retrieval`` (ranking), ``context`` (the three levels and the packer)
-and ``_maintenance`` (eviction, compaction, repair, backup, verify).
+the subpackages that do the work: :mod:`fastmem.storage` (the files, the lock, the index,
+writes, and maintenance: eviction, compaction, repair, backup, verify) and
+:mod:`fastmem.recall` (ranking, and the context's levels and packer).
 
 >>> import fastmem, tempfile, os
 >>> d = tempfile.mkdtemp()
@@ -29,10 +29,19 @@ from typing import Any, cast
 import numpy as np
 
 from . import _format as fmt
-from . import _erase, _figures, _items, _maintenance, _supersede, context as _context, retrieval
-from ._engine import Engine, no_cyclic_gc
-from ._index import F_FLAGS, F_ID
-from ._items import (
+from .recall import packing as _packing
+from .recall import preload as _preload
+from .recall import query as _query
+from .recall import ranking as _ranking
+from .recall import supersedes as _supersedes
+from .storage import erase as _erase
+from .storage import maintenance as _maintenance
+from .storage import records as _records
+from .storage import stats as _stats
+from .storage.importance import importance_scores
+from .storage.engine import Engine, no_cyclic_gc
+from .storage.index import F_FLAGS, F_ID
+from .storage.records import (
     DURABILITY, STORED_ENCODING, SUMMARY_TOKENS, check_real, check_str, check_utf8,
     Batch, check_batch, check_ids, check_open, check_search, prepare_commit,
 )  # fmt: skip
@@ -129,7 +138,7 @@ def repair(
     """Repair the store at ``path`` without opening it first: what ``MemoryStore.repair``
     does, and also for a store whose data-file header is damaged, which ``open`` refuses
     (the header is rebuilt from the records and the index; see
-    ``fastmem._maintenance.rebuild_header``). A store that is not damaged is rewritten
+    ``fastmem.storage.maintenance.rebuild_header``). A store that is not damaged is rewritten
     with a fresh index and reported ``ok``.
 
     Raises:
@@ -180,7 +189,7 @@ class MemoryStore:
         self.readonly = readonly
         self.durability = durability
         self.policy = policy or _POLICY
-        self._preload: _context.Preload | None = None
+        self._preload: _preload.Preload | None = None
         self.tokens = TokenCounter(STORED_ENCODING)
         self._summarizer: Summarizer | None = (
             KeySentences(SUMMARY_TOKENS, self.tokens.count) if summarizer is _DEFAULT else summarizer
@@ -270,7 +279,7 @@ class MemoryStore:
             # to the old memory changes one of its rows: that waits for the thread.
             with engine.writing(appending=supersedes is None):
                 ids = (engine.commit_memories(batch, vectors16) if supersedes is None
-                       else _supersede.commit(engine, batch, vectors16, supersedes))  # fmt: skip
+                       else _supersedes.commit(engine, batch, vectors16, supersedes))  # fmt: skip
             del batch, vectors16
         return ids
 
@@ -315,10 +324,10 @@ class MemoryStore:
                     raise InvalidTypeError("pinned must be True or False")
                 payload["n"] = pinned
             if metadata is not None:  # a superseded memory keeps its link (see add)
-                payload["m"] = _supersede.keep_link(engine, g, row, metadata)
+                payload["m"] = _supersedes.keep_link(engine, g, row, metadata)
             if len(payload) == 2:
                 return
-            _supersede.write_update(engine, g, row, payload)
+            _supersedes.write_update(engine, g, row, payload)
 
     def pin(self, mid: str, pinned: bool = True) -> None:
         """Pin a memory ("remember this") or, with ``pinned=False``, unpin it."""
@@ -393,7 +402,7 @@ class MemoryStore:
             self._engine.check()
             return self._engine.vector(self._engine.live_row(mid)[1])
 
-    @_items.retried_if_erased
+    @_records.retried_if_erased
     def recent(self, n: int = 20, *, before: str | None = None,
                session: str | None = None) -> list[Memory]:
         """The ``n`` newest live memories, newest first; those after memory ``before`` (a page);
@@ -407,12 +416,12 @@ class MemoryStore:
                 return hot
             return _newest(engine, n, before, session)
 
-    @_items.retried_if_erased
+    @_records.retried_if_erased
     def pinned(self) -> list[Memory]:
         """The pinned memories, most important first (ties: the older id first)."""
         with self._engine.lock:
             self._engine.check()
-            return [self._engine.memory(g) for g in _context.pinned_rows(self._engine.index)]
+            return [self._engine.memory(g) for g in _packing.pinned_rows(self._engine.index)]
 
     def __iter__(self) -> Iterator[Memory]:
         """Live memories, oldest first (by timestamp, then id)."""
@@ -428,7 +437,7 @@ class MemoryStore:
                 if g >= 0 and not engine.index.row(g)[F_FLAGS] & fmt.FLAG_FORGOTTEN:
                     try:
                         memory = engine.memory(g)
-                    except _items.MemoryErased:  # forgotten by another process just now
+                    except _records.MemoryErased:  # forgotten by another process just now
                         continue
                     yield memory
 
@@ -448,14 +457,14 @@ class MemoryStore:
         sessions; from the index and one record per session. ``InvalidInputError``: a bad ``n``."""
         with self._engine.lock:
             self._engine.check()
-            return _figures.sessions(self._engine, n)
+            return _stats.sessions(self._engine, n)
 
     def ids(self, after: str | None = None) -> list[str]:
         """Live memories' ids, oldest first; with ``after``, those added after it (ids grow
         with every add, in any process). Raises ``UnknownMemoryError`` for a bad ``after``."""
         with self._engine.lock:
             self._engine.check()
-            return _live_ids(self._engine.index, -1 if after is None else _items.parse_id(after))
+            return _live_ids(self._engine.index, -1 if after is None else _records.parse_id(after))
 
     def __contains__(self, mid: object) -> bool:
         with self._engine.lock:
@@ -466,7 +475,7 @@ class MemoryStore:
                 return False
             return True
 
-    @_items.retried_if_erased
+    @_records.retried_if_erased
     def search(
         self,
         query: str | Sequence[float] | np.ndarray,
@@ -491,7 +500,7 @@ class MemoryStore:
             mode: ``"hybrid"`` (text: vector and keyword rankings fused as ``context()``
                 ranks, with importance and recency bonuses; the policy's weights), ``"vector"``
                 (cosine; text is embedded by the store's embedder) or ``"keyword"`` (Okapi
-                BM25 over the memories' text; tokenization rules in ``fastmem._keyword``).
+                BM25 over the memories' text; tokenization rules in ``fastmem.storage.keyword_index``).
 
         Returns:
             Hits best first (ties: the older id first). Vector mode: ``score`` is the exact
@@ -515,40 +524,16 @@ class MemoryStore:
             if not flat:
                 raise InvalidInputError("query must be text or one flat vector")
         if mode == "hybrid" and isinstance(query, str):  # embedded before the lock (see rank)
-            embedded, degraded = retrieval.embed_query(self._embedder, query)
+            embedded, degraded = _ranking.embed_query(self._embedder, query)
         engine = self._engine
         with engine.lock:
             engine.check()
-            index = engine.index
-            where = retrieval.filters(index, names, lo, hi, session)
-            found: Iterable[tuple[int, float, float | None, float | None]]
+            where = _ranking.filters(engine.index, names, lo, hi, session)
+            if mode == "hybrid" and isinstance(query, str):
+                return _query.hybrid_search(engine, self.policy, query, k, where, embedded, degraded, session)
             if mode == "keyword":
-                rows, scores = retrieval.keyword_search(index, cast(str, query), k, where)
-                found = [(g, score, None, None) for g, score in zip(rows.tolist(), scores.tolist())]
-            elif mode == "hybrid" and isinstance(query, str):
-                ranked, _ = retrieval.rank(
-                    index, query, max(k, self.policy.candidates), policy=self.policy,
-                    vector=embedded, degraded=degraded, session=None, now=time.time(), where=where,
-                )  # fmt: skip
-                found = _supersede.newest_first(  # the newest truth first (supersedes)
-                    engine, [(r.row, r.relevance, r.cosine, r.keyword) for r in ranked],
-                    lambda g: where.keeps(index, g),
-                )  # fmt: skip
-            else:
-                rows, exact = retrieval.vector_search(
-                    index, engine.data(), vector, k, where, paths=(self.dat_path, self.idx_path)
-                )  # fmt: skip
-                found = [(g, score, None, None) for g, score in zip(rows.tolist(), exact.tolist())]
-            hits = []
-            for g, score, cosine, keyword in found:
-                memory = engine.memory(g)
-                if session is not None and memory.session != session:
-                    continue  # a 64-bit hash collision
-                hits.append(Hit(memory.id, score, memory, cosine, keyword, _supersede.newest_id(engine, g, memory),
-                                *_bonuses(self.policy, memory, mode == "hybrid" and isinstance(query, str))))  # fmt: skip
-                if len(hits) == k:
-                    break
-            return hits
+                return _query.keyword_search(engine, cast(str, query), k, where, session)
+            return _query.vector_search(engine, vector, k, where, session, (self.dat_path, self.idx_path))
 
     def _embed_query(self, text: str) -> np.ndarray:
         if self._embedder is None:
@@ -559,11 +544,11 @@ class MemoryStore:
         wait = getattr(self._embedder, "wait", None)
         if wait is not None:
             wait()  # a vector search asked for explicitly waits for the model
-        return retrieval.query_vector(self._embedder, text)
+        return _ranking.query_vector(self._embedder, text)
 
     # --- context: the three levels ------------------------------------------------------
 
-    @_items.retried_if_erased
+    @_records.retried_if_erased
     def context(
         self,
         query: str = "",
@@ -597,7 +582,7 @@ class MemoryStore:
         """
         started = time.perf_counter()
         self._last_call = time.monotonic()
-        budget = _context.check_budget(budget)
+        budget = _packing.check_budget(budget)
         if not isinstance(query, str):
             raise InvalidTypeError(f"query must be a string, not {type(query).__name__}")
         check_utf8(query, "query")
@@ -605,13 +590,13 @@ class MemoryStore:
         counter = self._counter(encoding)
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
         wait = self.policy.embedder_wait  # not locked: a loading model embeds in numpy meanwhile
-        vector, degraded = retrieval.embed_query(self._embedder, query, wait=wait)
-        text, tokens, items, degraded, left_out = _context.answer(
+        vector, degraded = _ranking.embed_query(self._embedder, query, wait=wait)
+        text, tokens, items, degraded, left_out = _query.answer(
             self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
             session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,
-            exclude=excluded_ids, touch=not self.readonly, types=_items.type_names(types),
+            exclude=excluded_ids, touch=not self.readonly, types=_records.type_names(types),
         )  # fmt: skip
-        return _context.new_context(text, tokens, budget, items, counter.name, degraded, started, left_out)
+        return _packing.new_context(text, tokens, budget, items, counter.name, degraded, started, left_out)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
         if encoding is None or (isinstance(encoding, str) and encoding == self.tokens.name):
@@ -623,7 +608,7 @@ class MemoryStore:
         the compiled kernel from base importance, decayed access count, recency and pins."""
         with self._engine.lock:
             self._engine.check()
-            return retrieval.importance_scores(self._engine.index, self.policy,
+            return importance_scores(self._engine.index, self.policy,
                                                time.time() if now is None else float(now))  # fmt: skip
 
     @property
@@ -640,7 +625,7 @@ class MemoryStore:
     def _start_preload(self) -> None:
         if self._preload is None and not self._engine.closed and (self.policy.preload or self.policy.recent):
             me = weakref.ref(self)  # the preload thread must not keep a dropped store alive
-            self._preload = _context.Preload(self._engine, self.policy, lambda: getattr(me(), "_last_call", 0.0))
+            self._preload = _preload.Preload(self._engine, self.policy, lambda: getattr(me(), "_last_call", 0.0))
 
     def _stop_preload(self) -> None:
         preload, self._preload = self._preload, None
@@ -655,7 +640,7 @@ class MemoryStore:
         time span, tokens, vectors and file sizes."""
         with self._engine.lock:
             self._engine.check()
-            return _figures.stats(self._engine)
+            return _stats.stats(self._engine)
 
     def largest(self, n: int = 10) -> list[RecordSize]:
         """The ``n`` live memories with the largest records, largest first (ties: the
@@ -664,7 +649,7 @@ class MemoryStore:
             raise InvalidInputError(f"n must be an int >= 0, got {n!r}")
         with self._engine.lock:
             self._engine.check()
-            return _figures.largest(self._engine.index, n)
+            return _stats.largest(self._engine.index, n)
 
     def info(self, mid: str) -> RecordInfo:
         """Where and how memory ``mid`` is stored, from its index row.
@@ -675,11 +660,11 @@ class MemoryStore:
         with self._engine.lock:
             self._engine.check()
             g, row = self._engine.live_row(mid)
-            score = retrieval.importance_scores(self._engine.index, self.policy, time.time(),
+            score = importance_scores(self._engine.index, self.policy, time.time(),
                                                 np.array([g]))[0]  # fmt: skip
-            return _figures.record_info(row, float(score))
+            return _stats.record_info(row, float(score))
 
-    # --- durability, maintenance and integrity (fastmem._maintenance) --------------------
+    # --- durability, maintenance and integrity (fastmem.storage.maintenance) --------------------
 
     def flush(self) -> None:
         """Make every write so far durable (fsync); for readers, catch up with the writer."""
@@ -820,21 +805,21 @@ def _live_ids(index: Any, after: int) -> list[str]:
 
 def _newest(engine: Engine, n: int, before: str | None, session: str | None) -> list[Memory]:
     """``recent``'s memories when the index's copy of the newest cannot give them; those of
-    a session newest id first (``context.session_ids`` says why ids, not timestamps).
+    a session newest id first (``packing.session_ids`` says why ids, not timestamps).
 
     Raises:
         UnknownMemoryError: ``before`` is no memory's id (never added, or compacted away).
     """
     if session is None:
-        return _items.read_rows(engine, islice(_newest_first(engine, before), n))
+        return _records.read_rows(engine, islice(_newest_first(engine, before), n))
     check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=False)
-    below = fmt.MAX_ID + 1 if before is None else _items.parse_id(before)
+    below = fmt.MAX_ID + 1 if before is None else _records.parse_id(before)
     if before is not None and engine.index.find(below) < 0:
         raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
     out: list[Memory] = []
     while len(out) < n:  # the index keeps the name's 64-bit hash: each memory's name is checked
         want = n - len(out)
-        read = _items.read_rows(engine, _items.session_rows(engine.index, session, below, want))
+        read = _records.read_rows(engine, _records.session_rows(engine.index, session, below, want))
         out += [m for m in read if m.session == session]
         if len(read) < want:
             break
@@ -854,7 +839,7 @@ def _newest_first(engine: Engine, before: str | None) -> Iterator[int]:
     index = engine.index
     if before is None:
         return index.by_time(newest_first=True)
-    g = index.find(_items.parse_id(before))
+    g = index.find(_records.parse_id(before))
     if g < 0:
         raise UnknownMemoryError(f"no memory has the id {before!r} (never added, or compacted away)")
     nb, base_order, tail_order = index.n_base, index.base_order, index._tail_sorted()
@@ -890,16 +875,6 @@ def _merge_newest(index: Any, bi: int, ti: int) -> Iterator[int]:
             ti -= 1
             if not t_flags[t] & fmt.FLAG_FORGOTTEN:
                 yield nb + t
-
-
-def _bonuses(policy: ContextPolicy, memory: Memory, hybrid: bool) -> tuple[float | None, float | None]:
-    """A hybrid hit's importance and recency bonuses, as ``retrieval.bonuses`` adds them to
-    its fused score (``(None, None)`` for the other modes, which add none)."""
-    if not hybrid:
-        return None, None
-    age = max(0.0, time.time() - memory.timestamp)
-    recency = policy.recency_weight * 2.0 ** (-age / (policy.recency_half_life_days * 86400.0))
-    return policy.importance_weight * memory.importance, recency
 
 
 def _resolve_embedder(embedder: Any) -> Any:

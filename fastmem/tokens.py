@@ -116,7 +116,7 @@ def _cl100k_from_file(tiktoken: Any) -> Any:
     ranks = cl100k_ranks_file()
     if ranks is None:
         return None
-    from ._bpe_py import CL100K_PATTERN  # here: the compiled counter does not need it
+    from ._kernels.bpe_reference import CL100K_PATTERN  # here: the compiled counter does not need it
 
     return tiktoken.Encoding(_OFFLINE_NAMES[DEFAULT_ENCODING], pat_str=CL100K_PATTERN,
                              mergeable_ranks=_kernels.ranks_file(ranks),

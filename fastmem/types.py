@@ -181,14 +181,14 @@ class ContextPolicy:
     just below (``neighbour_gap``) a neighbour that matches strongly, and adds importance,
     recency and same-session bonuses with their weights. When the query holds an exact
     identifier (a number, a code, a file name, an acronym) that only a few memories hold
-    (``retrieval.IDENTIFIER_MAX_ROWS``), those memories go up by ``identifier_weight``
+    (``ranking.IDENTIFIER_MAX_ROWS``), those memories go up by ``identifier_weight``
     times the spread of the candidates' scores, times the share of such identifiers they
     hold (at 1, the memory holding them all ranks above every memory holding none): it
     must not lose to a vague semantic match. A date in the query (a day such as "3 June,
-    2023" or "2023-06-03", or a month, "June 2023"; ``retrieval.periods``) is an identifier
+    2023" or "2023-06-03", or a month, "June 2023"; ``ranking.periods``) is an identifier
     of time: the memories written then (UTC, as the headers show them) are searched for
     too and go up by the same weight. A query word that no memory holds is looked up on the
-    keyword side by its inflections ("camped": camp, camping; ``retrieval.inflected``).
+    keyword side by its inflections ("camped": camp, camping; ``ranking.inflected``).
 
     Packing spends the budget on evidence. Level 1 takes budget only when the question is
     about the current conversation (no query; ``session`` names the newest memories'

@@ -34,7 +34,7 @@ else:
     import fastmem
 from fastmem import _format as fmt  # noqa: E402
 from fastmem import _kernels  # noqa: E402  (the compiled kernels unless FASTMEM_BACKEND=python)
-from fastmem import _kernels_py as ref  # noqa: E402
+from fastmem._kernels import reference as ref  # noqa: E402
 
 FastmemError = fastmem.FastmemError
 

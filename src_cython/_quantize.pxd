@@ -1,6 +1,6 @@
 # The index's int8 quantization of float16 rows, in one place for every kernel that makes
 # it (vectors.quantize_half, reader.memory_rows): the same bits as
-# fastmem._kernels_py.quantize_half, whichever kernel quantized a row.
+# fastmem._kernels.reference.quantize_half, whichever kernel quantized a row.
 from _types cimport i8, u16, f32
 
 cdef extern from "_half.h" nogil:

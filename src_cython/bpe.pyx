@@ -1,6 +1,6 @@
 """Exact cl100k_base token counts for ASCII text, without tiktoken's per-call cost.
 
-The twin of ``fastmem._kernels_py.Cl100kCounter`` (tiktoken itself): the same count as
+The twin of ``fastmem._kernels.reference.Cl100kCounter`` (tiktoken itself): the same count as
 ``len(encoding.encode_ordinary(text))`` for every text. A text is split by a hand-written
 matcher of cl100k_base's pattern (below; an ASCII text by a matcher of its own, any other in
 UTF-8 with the class of each code point from ``_bpe_unicode.h``) and each piece is looked up
@@ -649,7 +649,7 @@ cdef Py_ssize_t parse_into(bytes data, Key** keys, uint8_t** decoded) except -1:
 def ranks_file(bytes data not None) -> dict:
     """``{token: rank}`` of a ``.tiktoken`` ranks file, as tiktoken's ``load_tiktoken_bpe``
     returns it (~20 ms for cl100k_base's, where tiktoken's Python loop takes ~70 ms); the
-    twin of fastmem._kernels_py.ranks_file.
+    twin of fastmem._kernels.reference.ranks_file.
 
     Raises:
         ValueError: a line that is not ``<base64 token> <decimal rank>``, or a token twice.

@@ -2,10 +2,10 @@
 """Compiled parse of the fixed headers a restart reads: the data file's header, the index
 file's header, its two commit slots, the header of the delta a slot names, and the table
 of the index's hot section (the newest memories' rows and records); and ``idx_open``, the
-whole open of an index file in one call (twin of fastmem._idxopen.open_index).
+whole open of an index file in one call (twin of fastmem._kernels.index_open_reference.open_index).
 
 Twins of fastmem._format's unpack_dat_header, unpack_idx_header, current_slot,
-unpack_delta_header and unpack_hot (see fastmem._kernels_py, "headers"): each returns what the Python
+unpack_delta_header and unpack_hot (see fastmem._kernels.reference, "headers"): each returns what the Python
 function returns, or None where that one raises (the caller then calls it, for the precise
 error). A fresh process runs those Python functions cold, ~0.1 ms of a restart (issue 21).
 The named tuple types are passed in: the compiled modules import nothing of fastmem's.
@@ -198,7 +198,7 @@ def hot_section(object buf, Py_ssize_t at, Py_ssize_t length, object cls):
                whole[at + rows_end + 4 * <Py_ssize_t>count : at + length])
 
 
-# --- the whole open of an index file (twin of fastmem._idxopen.open_index) ----------------
+# --- the whole open of an index file (twin of fastmem._kernels.index_open_reference.open_index) ----------------
 
 cdef enum:
     SECTION_ALIGN = 64
@@ -248,7 +248,7 @@ cdef bint _covers(object dat, i64 dat_end, u64 covered, u64 last_offset, u32 las
 def idx_open(object buf, Py_ssize_t size, bytes uuid, Py_ssize_t dat_dim, object dat,
              Py_ssize_t dat_end, tuple types):
     """``Opened`` of the index file mapped as ``buf`` (``size`` bytes), as
-    fastmem._idxopen.open_index returns it, or None where that one raises. ``types`` are
+    fastmem._kernels.index_open_reference.open_index returns it, or None where that one raises. ``types`` are
     the named tuples to make (``_idxopen.TYPES``)."""
     cdef Py_buffer view
     cdef const u8* p

@@ -2,10 +2,10 @@
 """Compiled item preparation for ``add_many``: a batch's checks, payloads and index-row
 columns in one pass, and its given vectors gathered into one array.
 
-Twins of fastmem._kernels_py.prepare_batch, gather_vectors and memory_ids; see there for
+Twins of fastmem._kernels.reference.prepare_batch, gather_vectors and memory_ids; see there for
 contracts.
 ``prepare_batch`` takes the common item shapes itself (a dict of ASCII strings, floats and
-booleans) and hands every other item to ``fallback`` (fastmem._items.prepare), which
+booleans) and hands every other item to ``fallback`` (fastmem.storage.records.prepare), which
 checks it and raises the error: an item the fast path would refuse is always handed over,
 so both backends raise the same errors for the same items.
 """
@@ -26,7 +26,7 @@ cdef extern from "Python.h":
     object PyUnicode_New(Py_ssize_t size, Py_UCS4 maxchar)
     void* PyUnicode_DATA(object o)
 
-# Kept equal to fastmem._format and fastmem._items by tests/test_items.py (CONSTANTS below).
+# Kept equal to fastmem._format and fastmem.storage.records by tests/test_items.py (CONSTANTS below).
 cdef enum:
     MAX_TEXT_BYTES = 1 << 20
     MAX_TYPE_CHARS = 64
@@ -36,7 +36,7 @@ cdef enum:
 cdef double MAX_TIMESTAMP = 1e11
 cdef dict DEFAULT_IMPORTANCE = {"fact": 0.9, "plan": 0.7, "tool_result": 0.5, "conversation": 0.3}
 cdef double DEFAULT_USER_TYPE_IMPORTANCE = 0.5
-# The keys an item may have (fastmem._items.ADD_KEYS).
+# The keys an item may have (fastmem.storage.records.ADD_KEYS).
 cdef tuple KEYS = ("text", "type", "timestamp", "session", "importance", "pinned", "metadata",
                    "summary", "embedding")
 
@@ -82,7 +82,7 @@ cdef inline bint _unit_float(object value, double lo, double hi):
 
 
 def prepare_batch(list items, double now, object fallback):
-    """The checked items' payloads and row columns; see fastmem._kernels_py.prepare_batch."""
+    """The checked items' payloads and row columns; see fastmem._kernels.reference.prepare_batch."""
     cdef Py_ssize_t n = len(items), i
     cdef int found
     cdef list payloads = [], texts = [], embeddings = [], type_names = [], sessions = []
@@ -186,7 +186,7 @@ cdef inline object _base(cnp.ndarray a):
 
 def gather_vectors(list vectors, Py_ssize_t dim):
     """The vectors as one float32 (n, length) array, or None; see
-    fastmem._kernels_py.gather_vectors. Rows that lie one after the other in one buffer
+    fastmem._kernels.reference.gather_vectors. Rows that lie one after the other in one buffer
     (the rows of one 2-D array, as a model's batch gives them) are returned as a read-only
     view of that buffer, not copied."""
     cdef Py_ssize_t n = len(vectors), i, d = dim
@@ -229,7 +229,7 @@ def gather_vectors(list vectors, Py_ssize_t dim):
 
 
 def memory_ids(unsigned long long first, Py_ssize_t n):
-    """The ids of n memories numbered from first; see fastmem._kernels_py.memory_ids. Each
+    """The ids of n memories numbered from first; see fastmem._kernels.reference.memory_ids. Each
     is written as ASCII straight into a new str (an f-string per id cost add_many ~0.1 us
     per memory)."""
     cdef list out = [None] * n

@@ -1,9 +1,9 @@
 # cython: language_level=3
 """Compiled keyword search: tokenizer, BM25 top-k over postings, postings merge.
 
-Twins of fastmem._kernels_py.tokenize_batch, bm25_topk, merge_postings, merge_postings_runs
+Twins of fastmem._kernels.reference.tokenize_batch, bm25_topk, merge_postings, merge_postings_runs
 and sort_postings; see there for the contracts (the tokenization rules are documented in
-fastmem/_keyword.py).
+fastmem/storage/keyword_index.py).
 """
 import numpy as np
 
@@ -207,7 +207,7 @@ def bm25_topk(
     f64 b,
     f64[::1] scratch,
 ):
-    """Compiled twin of fastmem._kernels_py.bm25_topk."""
+    """Compiled twin of fastmem._kernels.reference.bm25_topk."""
     cdef const u16[:] btype = base_cols[0]
     cdef const f64[:] bstamp = base_cols[1]
     cdef const u64[:] bsess = base_cols[2]
@@ -320,7 +320,7 @@ def bm25_topk(
 
 
 def merge_postings(b_terms, b_offsets, b_rows, b_tf, t_terms, t_rows, t_tf):
-    """Compiled twin of fastmem._kernels_py.merge_postings: one run merged."""
+    """Compiled twin of fastmem._kernels.reference.merge_postings: one run merged."""
     return merge_postings_runs(b_terms, b_offsets, b_rows, b_tf, [(t_terms, t_rows, t_tf)])
 
 
@@ -331,7 +331,7 @@ def merge_postings_runs(
     const u16[:] b_tf,
     list runs,
 ):
-    """Compiled twin of fastmem._kernels_py.merge_postings_runs: every run merged in one
+    """Compiled twin of fastmem._kernels.reference.merge_postings_runs: every run merged in one
     pass, where merging them one after another moves the postings merged so far again
     for each run (~0.55 s of a 1 M store's closing checkpoint)."""
     cdef Py_ssize_t nt = b_terms.shape[0], p = b_rows.shape[0], k = len(runs)
@@ -427,7 +427,7 @@ cdef enum:
 
 
 def sort_postings(const u64[:] terms, const u32[:] rows, const u16[:] tf):
-    """Compiled twin of fastmem._kernels_py.sort_postings (stable).
+    """Compiled twin of fastmem._kernels.reference.sort_postings (stable).
 
     A bulk load's postings repeat their words (~18 per memory from a vocabulary of tens of
     thousands): they are grouped by term in a hash table and placed by a counting sort over

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Compiled ``get``: from a memory id to its ``Memory`` in one call.
 
-Twin of fastmem._kernels_py.read_memory; see there for the contract. Python calls between
+Twin of fastmem._kernels.reference.read_memory; see there for the contract. Python calls between
 the id's parse, the row lookup, the record check, msgpack and the named tuple cost more
 than the work itself (issue 21), so this does them all in C, for the plain case only:
 anything else returns None and the caller takes the general path.
@@ -240,7 +240,7 @@ cdef object _memory(const u8* row, object mid, bint canonical, const u8* dat, i6
 cdef object _memory_at(const u8* row, object mid, bint canonical, const u8* buf, i64 offset,
                        i64 end, object memory, object f32):
     # The Memory of ``row`` read from its record at ``offset`` of ``buf`` (valid up to
-    # ``end``; 0 <= offset < end), or None: fastmem._kernels_py._plain_memory.
+    # ``end``; 0 <= offset < end), or None: fastmem._kernels.reference._plain_memory.
     cdef i64 length
     cdef const u8* p
     cdef u32 plen, rlen
@@ -364,7 +364,7 @@ cdef object _importance(const u8* row, object f32):
 
 def read_memory(object mid, object base, object tail, Py_ssize_t tail_n, object dat,
                 object dat_end, object memory, object f32):
-    """The ``Memory`` of id ``mid``, or None; see fastmem._kernels_py.read_memory."""
+    """The ``Memory`` of id ``mid``, or None; see fastmem._kernels.reference.read_memory."""
     cdef u64 value
     cdef bint canonical
     cdef Py_buffer base_view, tail_view, dat_view
@@ -415,7 +415,7 @@ cdef object _read_row(const u8* rows, i64 at, object mid, bint canonical, object
 
 def read_hot(object rows, list starts, object records, Py_ssize_t n, object memory, object f32):
     """The ``Memory`` of each of the first ``n`` rows of a hot section, or None; see
-    fastmem._kernels_py.read_hot."""
+    fastmem._kernels.reference.read_hot."""
     cdef Py_buffer rows_view, records_view
     cdef Py_ssize_t i
     cdef i64 at, end
@@ -529,7 +529,7 @@ def memory_rows(object buf, object offsets, object lengths, object kinds, object
                 dict type_codes, dict defaults, double user_default, dict sessions,
                 object session_hash, object rows, object vectors, i8[:, ::1] quantized=None):
     """Index rows of the plain memory records among the scanned records ``first:stop``; see
-    fastmem._kernels_py.memory_rows for the contract. The scan's columns ``offsets``,
+    fastmem._kernels.reference.memory_rows for the contract. The scan's columns ``offsets``,
     ``lengths``, ``kinds`` and ``dims`` are arrays (int64, uint32, uint8, uint16) or, for a
     few records, lists of ints: a catch-up on one record another process added makes no
     arrays for them (each array, and each typed view of one, costs a microsecond or more

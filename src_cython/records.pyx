@@ -2,7 +2,7 @@
 """Compiled record kernels: CRC-32, the scan that walks and verifies the data file's
 records, and the framing of new records.
 
-Twins of fastmem._kernels_py.crc32, scan_records and frame_records; see there for contracts.
+Twins of fastmem._kernels.reference.crc32, scan_records and frame_records; see there for contracts.
 """
 import numpy as np
 
@@ -230,7 +230,7 @@ cdef bint _zero_page_in(const u8* base, i64 pos, i64 end) noexcept nogil:
 
 
 cdef bint _lost_rest(_Prefix* pf, const u8* base, i64 at, i64 end, int kind) noexcept nogil:
-    # fastmem._kernels_py._lost_rest: base[at:end], from a damaged record of a batch of
+    # fastmem._kernels.reference._lost_rest: base[at:end], from a damaged record of a batch of
     # records of kind (0: the first met) to the end, is the rest of the file's last write
     # with pages lost (each damaged region that records follow holds a page of zeros or
     # starts with a frame's length of them; no frame, no record of another kind after).
@@ -258,7 +258,7 @@ cdef bint _lost_rest(_Prefix* pf, const u8* base, i64 at, i64 end, int kind) noe
 
 
 def scan_records(const u8[::1] buf, Py_ssize_t start, Py_ssize_t end):
-    """Walk the records in ``buf[start:end]``; see fastmem._kernels_py.scan_records."""
+    """Walk the records in ``buf[start:end]``; see fastmem._kernels.reference.scan_records."""
     if not (0 <= start <= end <= buf.shape[0]):
         raise ValueError("scan range out of bounds")
     cdef list bad = []
@@ -369,7 +369,7 @@ def frame_records(int kind, list payloads, const u32[::1] raw_lens, const u16[:,
                   const u8[::1] has_vector):
     """Frame whole records: header, float16 vector (as uint16 bits), stored payload, CRC.
 
-    See fastmem._kernels_py.frame_records.
+    See fastmem._kernels.reference.frame_records.
     """
     cdef Py_ssize_t n = len(payloads), i, dim = vectors.shape[1] if vectors is not None else 0
     if raw_lens.shape[0] != n or (vectors is not None and (vectors.shape[0] != n or has_vector is None
@@ -590,7 +590,7 @@ cdef int _pack(_Buf* b, object o, int depth) except -1:
 def pack_memories(list payloads, unsigned long long first_id, const u32[::1] text_tokens,
                   const u32[::1] summary_tokens):
     """msgpack bytes of each memory payload with its id and token counts, and their lengths;
-    see fastmem._kernels_py.pack_memories."""
+    see fastmem._kernels.reference.pack_memories."""
     cdef Py_ssize_t n = len(payloads), j
     if text_tokens.shape[0] != n or summary_tokens.shape[0] != n:
         raise ValueError("payloads and token counts differ in length")

@@ -2,7 +2,7 @@
 """Compiled importance scoring: one pass over the index rows, GIL released, cut into
 chunks shared by OpenMP threads on large stores.
 
-Twin of fastmem._kernels_py.importance; see there for the formula.
+Twin of fastmem._kernels.reference.importance; see there for the formula.
 """
 import os
 

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """Compiled filtered top-k over the int8 embedding matrix, and the float16 rescoring.
 
-Twins of fastmem._kernels_py.topk_int8 and dot_half; see there for the contracts.
+Twins of fastmem._kernels.reference.topk_int8 and dot_half; see there for the contracts.
 
 The scan is bound by memory bandwidth (1 M x 384 bytes per query), so it is arranged to
 read little besides the vectors:

@@ -2,7 +2,7 @@
 """Compiled vector preparation: unit float16 rows for the data file, int8 + scale rows for
 the index.
 
-Twins of fastmem._kernels_py.to_half and quantize_half; see there for the contract. Both
+Twins of fastmem._kernels.reference.to_half and quantize_half; see there for the contract. Both
 round exactly as numpy does (float -> half and rint: nearest, ties to even), so the two
 backends give identical bytes. float <-> half uses F16C instructions when the processor
 has them (chosen at run time: the build stays portable), else portable C.
@@ -42,7 +42,7 @@ use_f16c(True)
 
 
 def to_half(const f32[:, ::1] x):
-    """Rows divided by their norm, rounded to float16; see fastmem._kernels_py.to_half."""
+    """Rows divided by their norm, rounded to float16; see fastmem._kernels.reference.to_half."""
     out = np.zeros((x.shape[0], x.shape[1]), dtype=np.uint16)
     return out, _unit_halves(x, out, None, None)
 
@@ -50,7 +50,7 @@ def to_half(const f32[:, ::1] x):
 def to_half_quantized(const f32[:, ::1] x):
     """to_half and quantize_half of its rows in one pass over them (each half row is
     quantized while it is in the L1 cache, and the float32 rows are read once); see
-    fastmem._kernels_py.to_half_quantized."""
+    fastmem._kernels.reference.to_half_quantized."""
     cdef Py_ssize_t n = x.shape[0], dim = x.shape[1]
     # Not zeroed first: every row is written (a batch's ~6 MB, zeroed for nothing).
     out = np.empty((n, dim), dtype=np.uint16)

@@ -29,7 +29,7 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 def _backends() -> list[str]:
     try:
-        from fastmem._ext import bpe, items, keyword, reader, records, scoring, topk, vectors  # noqa: F401
+        from fastmem._kernels._ext import bpe, items, keyword, reader, records, scoring, topk, vectors  # noqa: F401
     except ImportError:
         if os.environ.get("FASTMEM_BACKEND") != "python":
             raise  # a build without its extension must not pass as a full test run

@@ -75,8 +75,8 @@ def writer(path: str, seed: int, ack_path: str, slot: int | None = None) -> None
         os.write(ack_fd, (json.dumps(msg) + "\n").encode())
 
     rng = random.Random(seed)
-    if seed % 2:  # a small tail limit: writes start checkpoints in a thread (fastmem._checkpoint)
-        from fastmem import _index
+    if seed % 2:  # a small tail limit: writes start checkpoints in a thread (fastmem.storage.checkpoint)
+        from fastmem.storage import index as _index
 
         _index.CHECKPOINT_TAIL_ROWS = 16
     ack("phase", "open")

@@ -6,7 +6,7 @@ and ``mmap``; while a :class:`Faults` is installed those names are proxies that 
 ``os.write``/``pwrite``, ``os.fdatasync``, ``os.fsync`` (a directory's counts as
 ``fsync_dir``), ``os.ftruncate``, ``os.replace``/``rename``, ``os.open``, ``mmap.mmap``
 and the writes through ``os.fdopen`` (the index file), and make the chosen call raise
-``OSError(errno)`` instead of running. The compiled kernels (``fastmem._ext``) do no file
+``OSError(errno)`` instead of running. The compiled kernels (``fastmem._kernels._ext``) do no file
 I/O of their own (they read and frame bytes in buffers the Python layer hands them), so
 nothing is missed below this seam; reads (``pread``, ``fstat``) are not faulted.
 
@@ -27,7 +27,8 @@ from typing import Any
 import importlib
 
 # Every fastmem module that calls a file operation (tests/test_faults.py checks the list).
-NAMES = ("_engine", "_state", "_io", "_files", "_index", "_maintenance", "_erase", "_checkpoint")
+NAMES = ("storage.engine", "storage.handle_state", "storage.fileio", "storage.recovery", "storage.index",
+         "storage.maintenance", "storage.erase", "storage.checkpoint")
 MODULES = tuple(importlib.import_module(f"fastmem.{name}") for name in NAMES)
 ERRNOS = (_errno.ENOSPC, _errno.EIO, _errno.EDQUOT)
 

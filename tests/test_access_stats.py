@@ -28,8 +28,8 @@ _WORKER = textwrap.dedent(
     import sys
     import fastmem
     if sys.argv[6] == "delta":  # a small store's checkpoints append deltas, as a large one's do
-        import fastmem._index
-        fastmem._index.DELTA_MIN_BASE = 1
+        import fastmem.storage.index
+        fastmem.storage.index.DELTA_MIN_BASE = 1
     path, ids, times, when = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), float(sys.argv[4])
     store = fastmem.open(path, embedder=None)
     print("open", flush=True)

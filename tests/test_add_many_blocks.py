@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem import _engine, _items
+from fastmem.storage import engine as _engine, records as _items
 from fastmem import _format as fmt
-from fastmem._vectors import BlockedVectors
+from fastmem.storage.vectors import BlockedVectors
 from fastmem.errors import DimensionMismatchError, InvalidInputError
 
 DIM = 8

@@ -37,10 +37,10 @@ def test_backend_follows_the_environment(backend):
 
 
 def test_cython_backend_fails_loudly_without_the_extension(monkeypatch):
-    import fastmem._ext
+    import fastmem._kernels._ext
 
-    monkeypatch.delattr(fastmem._ext, "records", raising=False)
-    monkeypatch.setitem(sys.modules, "fastmem._ext.records", None)  # as if never built
+    monkeypatch.delattr(fastmem._kernels._ext, "records", raising=False)
+    monkeypatch.setitem(sys.modules, "fastmem._kernels._ext.records", None)  # as if never built
     with pytest.raises(ImportError, match="compiled extension is missing"):
         _kernels.use("cython")
     assert _kernels.use("auto") == "python" and fastmem.BACKEND == "python"

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem import _engine, _kernels
+from fastmem.storage import engine as _engine
+from fastmem import _kernels
 from fastmem import _format as fmt
 from fastmem.errors import FormatVersionError, RecoveryWarning
 
@@ -160,7 +161,7 @@ def test_a_damaged_record_inside_a_whole_batch_keeps_the_others(store_path: str)
 def test_the_frame_is_honoured_by_the_scan_twins() -> None:
     """The compiled scan and its numpy reference agree on a frame that is whole, cut short
     and followed by damage."""
-    from fastmem import _kernels_py
+    from fastmem._kernels import reference as _kernels_py
 
     frame = fmt.pack_batch_frame(2)
     stored, raw = fmt.encode_payload({"i": 1, "t": 0.0})
@@ -302,7 +303,7 @@ def test_the_catch_up_reads_a_big_batch_a_chunk_at_a_time(
     """A reader far behind reads a batch larger than its scan's chunk a chunk at a time
     (not the whole batch in one read), with the full scan's answer, whether the batch is
     whole, cut short or damaged inside."""
-    from fastmem import _replay
+    from fastmem.storage import replay as _replay
 
     with fastmem.open(store_path, durability="none", **QUIET) as s:
         s.add("before", embedding=np.ones(8))
@@ -346,7 +347,7 @@ def test_the_catch_up_reads_a_big_batch_a_chunk_at_a_time(
 def test_an_erase_never_writes_over_a_batch_frame() -> None:
     """A pending erase whose span names a batch frame (a damaged forget record, or one of
     another data file) does not own it: an erase writes over memory and update records only."""
-    from fastmem import _erase
+    from fastmem.storage import erase as _erase
 
     frame = fmt.pack_batch_frame(5)
     for kind in (fmt.KIND_MEMORY, fmt.KIND_UPDATE):
@@ -385,7 +386,7 @@ def test_a_frame_the_scanned_bytes_end_inside_is_left_for_a_later_call(store_pat
     batch's frame. A frame that starts before that end and reaches past it is not read: its
     count would make the scan of the batch start past the end (pread of a negative length,
     EINVAL, seen once with eight processes)."""
-    from fastmem._replay import kept_last_batch, scan_file
+    from fastmem.storage.replay import kept_last_batch, scan_file
 
     with fastmem.open(store_path, durability="none", **QUIET) as store:
         store.add("before", embedding=np.ones(8))

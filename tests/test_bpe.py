@@ -1,4 +1,4 @@
-"""The compiled cl100k_base token counter (``fastmem._ext.bpe``) against tiktoken, its oracle.
+"""The compiled cl100k_base token counter (``fastmem._kernels._ext.bpe``) against tiktoken, its oracle.
 
 It splits text by a hand-written matcher of cl100k_base's pattern (beyond ASCII, over UTF-8
 with a table of the code points' classes) and merges pieces as tiktoken's
@@ -25,13 +25,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fastmem.tokens
-from fastmem import _kernels, _kernels_py
+from fastmem import _kernels
+from fastmem._kernels import reference as _kernels_py
 from fastmem.tokens import TokenCounter
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parents[1] / "shared" / "data"
 
-pytestmark = pytest.mark.skipif("cython" not in BACKENDS, reason="fastmem._ext is not built")
+pytestmark = pytest.mark.skipif("cython" not in BACKENDS, reason="fastmem._kernels._ext is not built")
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +50,7 @@ def _encoding() -> Any:
 
 @functools.cache
 def _counter() -> Any:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     return bpe.Cl100kCounter(_encoding())
 
@@ -80,7 +81,7 @@ def assert_counts(counter: Any, encoding: Any, texts: list[str]) -> None:
 
 
 def test_the_pattern_is_the_encodings(encoding: Any) -> None:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     assert encoding._pat_str == _kernels_py.CL100K_PATTERN == bpe.CL100K_PATTERN
 
@@ -91,7 +92,7 @@ def test_another_pattern_is_refused(encoding: Any) -> None:
         _mergeable_ranks = encoding._mergeable_ranks
         encode_ordinary = encoding.encode_ordinary
 
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     for kind in (bpe.Cl100kCounter, _kernels_py.Cl100kCounter):
         with pytest.raises(ValueError, match="pattern"):
@@ -296,7 +297,7 @@ def test_non_ascii_equals_tiktoken(counter: Any, encoding: Any) -> None:
 def test_non_ascii_never_loads_tiktoken(counter: Any) -> None:
     """A counter made from the ranks file splits text beyond ASCII itself: the function
     it would hand a text to (tiktoken's encode) is called only for a lone surrogate."""
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     asked: list[str] = []
 
@@ -323,7 +324,7 @@ def test_a_code_point_newer_than_the_table_goes_to_tiktoken(counter: Any, encodi
     it as a letter): the text is counted by tiktoken, so the count stays its own."""
     import unicodedata
 
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     assert bpe.UNICODE_VERSION == "14.0.0"
     newer = [chr(cp) for cp in (0x1C89, 0x2EBF0, 0x31350, 0x1E030, 0x0378)]

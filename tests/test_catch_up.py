@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem import _kernels, _replay
+from fastmem import _kernels
+from fastmem.storage import replay as _replay
 
 QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
                          "policy": fastmem.ContextPolicy(preload=0, recent=0)}  # fmt: skip

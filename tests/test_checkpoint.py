@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _index
+from fastmem.storage import index as _index
 
 FIXTURES = Path(__file__).parent / "fixtures"
 DIM = 8
@@ -341,7 +341,7 @@ def test_the_changed_rows_check_equals_numpy(values, limit):
 
 # Opens the store read-only, paused right after it mapped the index file (see below).
 PAUSED_READER = r"""
-import sys, fastmem, fastmem._index as index
+import sys, fastmem, fastmem.storage.index as index
 real = index.map_data
 def paused(*args, **kwargs):
     mapped = real(*args, **kwargs)

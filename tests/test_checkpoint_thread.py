@@ -1,4 +1,4 @@
-"""A bulk load's checkpoints written by a thread while the load goes on (fastmem._checkpoint).
+"""A bulk load's checkpoints written by a thread while the load goes on (fastmem.storage.checkpoint).
 
 The tail limit is made small here, so that a few batches of bulk size (256 items or more)
 start checkpoints in the thread. Each test compares what a reader sees with the same store
@@ -23,7 +23,7 @@ from conftest import torn_tail_allowed
 from test_checkpoint import DIM, _header, _items, _rebuilt_view, _view
 
 import fastmem
-from fastmem import _checkpoint, _index
+from fastmem.storage import checkpoint as _checkpoint, index as _index
 
 BATCH = 300  # a bulk append (>= _index._BULK_ROWS)
 
@@ -98,7 +98,7 @@ def test_rows_added_beside_the_thread_are_moved_into_the_new_tail(
     engine = store._engine
     assert engine._background is None
     assert engine.index.n_base == 600 and engine.index.tail.n == 300  # the file, then the rest
-    # ... moved to the front of the same arrays (their pages are written: fastmem._tail)
+    # ... moved to the front of the same arrays (their pages are written: fastmem.storage.index_tail)
     new = engine.index.tail
     assert new.rows.ctypes.data == tail.rows.ctypes.data
     assert new.vectors.ctypes.data == tail.vectors.ctypes.data
@@ -226,7 +226,7 @@ KILLED_WRITER = r"""
 import json, os, sys, threading, time
 import numpy as np
 import fastmem
-from fastmem import _index
+from fastmem.storage import index as _index
 _index.CHECKPOINT_TAIL_ROWS = 512
 where = sys.argv[2]
 real_replace = _index.os.replace

@@ -149,7 +149,7 @@ def test_writer_and_reader_processes(tmp_path, backend):
 # at open or at a later call's catch-up, or before verify() scans the file); a writer cuts
 # the tail meanwhile (see the test below).
 CUT_READER = r"""
-import sys, fastmem, fastmem._engine as engine, fastmem._maintenance as maintenance, fastmem._state as state
+import sys, fastmem, fastmem.storage.engine as engine, fastmem.storage.maintenance as maintenance, fastmem.storage.handle_state as state
 path, where = sys.argv[1], sys.argv[2]
 
 def paused(real):

@@ -319,14 +319,14 @@ def test_preload_runs_in_the_background_and_stops_at_close(store_path):
 def test_preload_gives_way_to_callers(store_path, monkeypatch):
     with fastmem.open(store_path, durability="none") as store:
         store.add_many([{"text": f"memory {i}"} for i in range(300)])
-    monkeypatch.setattr(fastmem.context.Preload, "_QUIET", 60.0)  # callers never leave it alone
-    monkeypatch.setattr(fastmem.context.Preload, "_MAX_DEFER", 60.0)
+    monkeypatch.setattr(fastmem.recall.preload.Preload, "_QUIET", 60.0)  # callers never leave it alone
+    monkeypatch.setattr(fastmem.recall.preload.Preload, "_MAX_DEFER", 60.0)
     store = fastmem.open(store_path, policy=ContextPolicy(preload=100, preload_chunk=10))
     store.get("m1")
     assert not store.wait_preload(0.3) and store.preload_progress == (0, 0)  # not started
     store.close()  # stops it while it waits
     assert store._preload.finished.is_set()
-    monkeypatch.setattr(fastmem.context.Preload, "_MAX_DEFER", 0.05)  # ...but it is never starved
+    monkeypatch.setattr(fastmem.recall.preload.Preload, "_MAX_DEFER", 0.05)  # ...but it is never starved
     with fastmem.open(store_path, policy=ContextPolicy(preload=100, preload_chunk=10)) as store:
         assert store.wait_preload(300) and store.preload_progress == (100, 100)
 
@@ -511,7 +511,7 @@ def test_the_match_both_sides_rank_first_goes_in_whole(store_path):
 
 
 def test_the_only_match_is_the_best_row_of_both_sides():
-    from fastmem.retrieval import Ranked, sole_match
+    from fastmem.recall.ranking import Ranked, sole_match
 
     assert sole_match([Ranked(7, 1.0, 0.6, 12.0), Ranked(3, 0.9, 0.5, 12.0)]) == 7
     assert sole_match([Ranked(7, 1.0, 0.6, 12.0), Ranked(3, 0.9, 0.7, 3.0)]) == -1  # vectors differ
@@ -574,7 +574,7 @@ def test_a_query_with_an_identifier_finds_the_memory_holding_it(store_path):
 
 
 def test_a_query_naming_a_day_finds_what_was_written_that_day(store_path, monkeypatch):
-    from fastmem import retrieval
+    from fastmem.recall import ranking as retrieval
 
     day = 86400.0
     t0 = 1_685_750_400.0  # 3 June 2023, 00:00 UTC
@@ -601,7 +601,7 @@ def test_a_query_naming_a_day_finds_what_was_written_that_day(store_path, monkey
 def test_the_dates_a_query_names_are_read_as_utc_days_or_months():
     from datetime import datetime, timezone
 
-    from fastmem.retrieval import periods
+    from fastmem.recall.ranking import periods
 
     def days(q):
         iso = "%Y-%m-%d"
@@ -619,7 +619,7 @@ def test_the_dates_a_query_names_are_read_as_utc_days_or_months():
 
 
 def test_identifiers_are_recognised():
-    from fastmem.retrieval import has_identifier
+    from fastmem.recall.ranking import has_identifier
 
     for q in ("INC-4411", "what is in settings.py", "the JWT secret", "call getUser", "api/v1",
               "meeting on 12 May", "user_id column"):  # fmt: skip
@@ -629,7 +629,7 @@ def test_identifiers_are_recognised():
 
 
 def test_excerpts_keep_the_speaker_and_mark_cuts():
-    from fastmem.context import excerpt, query_stems
+    from fastmem.recall.packing import excerpt, query_stems
     from fastmem.tokens import TokenCounter
 
     c = TokenCounter()
@@ -788,7 +788,7 @@ def test_a_question_naming_two_speakers_leaves_the_names_out_of_the_keyword_side
     # Every turn holds one of the names (its prefix) and the greetings hold both: with both
     # named, the names tell no speaker's turns apart on the keyword side. With one named,
     # its name is its speaker's own turns, and the keyword side keeps it.
-    from fastmem import retrieval
+    from fastmem.recall import ranking as retrieval
 
     asked = []
     real = retrieval.rank
@@ -813,7 +813,7 @@ def test_a_question_naming_two_speakers_leaves_the_names_out_of_the_keyword_side
 
 
 def test_a_question_about_one_speaker_lifts_their_own_turns_around_a_match(store_path, monkeypatch):
-    from fastmem import retrieval
+    from fastmem.recall import ranking as retrieval
 
     turns = []
     for i in range(15):
@@ -837,8 +837,8 @@ def test_a_question_about_one_speaker_lifts_their_own_turns_around_a_match(store
 
 
 def test_without_names_drops_the_named_speakers_and_their_possessive(store_path):
-    from fastmem.context import without_names
-    from fastmem.retrieval import Ranked
+    from fastmem.recall.speakers import without_names
+    from fastmem.recall.ranking import Ranked
 
     with fastmem.open(store_path, embedder=None, summarizer=None) as store:
         rows = [store.add(t) for t in ("Melanie: I paint.", "Caroline: I run.", "user: I code.")]
@@ -853,7 +853,7 @@ def test_without_names_drops_the_named_speakers_and_their_possessive(store_path)
 
 
 def test_passages_are_cut_only_for_long_memories_the_packer_reaches(store_path, monkeypatch):
-    import fastmem.context as context_module
+    import fastmem.recall.packing as context_module
 
     calls = []
     real = context_module.excerpt
@@ -901,3 +901,40 @@ def test_a_question_naming_a_speaker_gets_their_own_turns_first(store_path):
                 assert len(set(firsts)) == 2
             else:
                 assert firsts.count("Bob") == 6  # every place Bob went
+
+
+def test_a_query_is_ranked_then_packed_and_never_goes_back(store_path):
+    """The modules a ``context()`` call runs in, in order: the ranking (twice here: the
+    question names a speaker, so it is ranked again without the name), then the packer;
+    once the packer has started, nothing of the ranking runs."""
+    import sys
+
+    t0 = 1_700_000_000.0
+    turns = [f"Ann: Bob, good to see you {i}." for i in range(5)]
+    turns += ["Bob: Yesterday I baked sourdough bread.", "Cal: I ran a marathon."]
+    with fastmem.open(store_path, embedder=WordHashEmbedder(), summarizer=None,
+                      policy=ContextPolicy(recent=0, other_speaker=0.7)) as store:  # fmt: skip
+        for i, text in enumerate(turns):
+            store.add(text, session="s1", timestamp=t0 + 60 * i)
+        store.context("What did Bob bake?", budget=400)  # the model and caches warm
+        entered: list[str] = []
+
+        def profile(frame, event, arg):
+            module = frame.f_globals.get("__name__", "")
+            if event == "call" and module.startswith("fastmem.recall.") and (
+                    not entered or entered[-1] != module):  # fmt: skip
+                entered.append(module)
+
+        sys.setprofile(profile)
+        try:
+            ctx = store.context("What did Bob bake?", budget=400)
+        finally:
+            sys.setprofile(None)
+    assert any("baked" in item.text for item in ctx.items)
+    entered = entered[entered.index("fastmem.recall.query"):]  # (the facade checked the budget
+    # and embedded the question before)
+    ranking = {"fastmem.recall.ranking", "fastmem.recall.speakers", "fastmem.recall.vector_search"}
+    first_pack = entered.index("fastmem.recall.packing")
+    assert entered.count("fastmem.recall.ranking") >= 2, entered  # ranked again without "Bob"
+    assert "fastmem.recall.speakers" in entered[:first_pack], entered
+    assert ranking.isdisjoint(entered[first_pack:]), entered

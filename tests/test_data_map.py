@@ -1,4 +1,4 @@
-"""The data file's map with room past the file's end (``fastmem._ext.reader.DataMap``): what
+"""The data file's map with room past the file's end (``fastmem._kernels._ext.reader.DataMap``): what
 its readers see is what ``mmap.mmap(fd, size, access=ACCESS_READ)`` shows, a catch-up shows
 more of the same map as the file grows (no new map), and a file cut back, or grown past the
 room, is mapped again."""
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem import _kernels, _state
+from fastmem import _kernels
+from fastmem.storage import handle_state as _state
 
-ext = pytest.importorskip("fastmem._ext.reader")
+ext = pytest.importorskip("fastmem._kernels._ext.reader")
 
 QUIET = {"embedder": None, "summarizer": None, "policy": fastmem.ContextPolicy(preload=0, recent=0)}
 

@@ -19,7 +19,7 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem._index import F_ID, F_LENGTH, F_OFFSET
+from fastmem.storage.index import F_ID, F_LENGTH, F_OFFSET
 
 DIM = 32
 SECRET = "Ada lives at 12 Quillfeather Lane"
@@ -35,7 +35,7 @@ def _vector(seed: int) -> np.ndarray:
 
 def _term(word: str) -> bytes:
     """The keyword index's hash of ``word``, as the index stores it (u64, little-endian)."""
-    from fastmem._keyword import tokenize
+    from fastmem.storage.keyword_index import tokenize
 
     return tokenize([word])[0].astype("<u8").tobytes()
 
@@ -246,7 +246,7 @@ def test_a_pending_erase_never_writes_over_records_it_does_not_own(tmp_path: Pat
     """The redo of an erase (a killed eraser's forget, replayed) overwrites only its own
     memory's record: given a span that names another memory's record, or no record's start
     (a span of another data file), it writes nothing; its own damaged record it erases."""
-    from fastmem import _erase
+    from fastmem.storage import erase as _erase
 
     with _open(tmp_path) as store:
         ids = _fill(store, 3)
@@ -351,7 +351,7 @@ def test_forget_during_a_compaction_is_erased_from_the_new_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The compaction copies the records while the forget runs: the erase follows it."""
-    from fastmem import _maintenance
+    from fastmem.storage import maintenance as _maintenance
 
     real = _maintenance._new_store
     with _open(tmp_path) as store:

@@ -1,5 +1,5 @@
 """An erase cut short by a killed process is finished by a writer whose bulk load has a
-checkpoint being written by a thread (fastmem._checkpoint), whether the thread publishes its
+checkpoint being written by a thread (fastmem.storage.checkpoint), whether the thread publishes its
 file before the erase or after it.
 
 The redo owed (``MemoryIndex.erase_pending``) is noted by the replay of the killed process's
@@ -23,7 +23,7 @@ import pytest
 from test_stats_processes import backend, small_limit  # noqa: F401 - fixtures: one run, a small tail
 
 import fastmem
-from fastmem import _index
+from fastmem.storage import index as _index
 
 SECRET = "Ada lives at 12 Quillfeather Lane"
 
@@ -33,7 +33,7 @@ _KILLED_ERASER = textwrap.dedent(
     """
     import os, signal, sys
     import fastmem
-    from fastmem import _erase
+    from fastmem.storage import erase as _erase
     store = fastmem.open(sys.argv[1], embedder=None)
     _erase._redo_on = lambda engine, pending: os.kill(os.getpid(), signal.SIGKILL)
     store.forget(sys.argv[2])

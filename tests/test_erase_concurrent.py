@@ -15,8 +15,8 @@ import os
 import pytest
 
 import fastmem
-from fastmem import _engine, _erase
-from fastmem._index import F_ID
+from fastmem.storage import engine as _engine, erase as _erase
+from fastmem.storage.index import F_ID
 
 
 @pytest.fixture(autouse=True)

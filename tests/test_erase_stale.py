@@ -22,8 +22,8 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _index, _maintenance
-from fastmem._replay import session_hash
+from fastmem.storage import index as _index, maintenance as _maintenance
+from fastmem.storage.replay import session_hash
 
 _REAL_REPLACE = os.replace
 

@@ -41,7 +41,8 @@ from pathlib import Path
 import pytest
 
 import fastmem
-from fastmem import ContextPolicy, FastmemError, _index
+from fastmem import ContextPolicy, FastmemError
+from fastmem.storage import index as _index
 
 from faults import ERRNOS, Faults
 
@@ -219,7 +220,7 @@ def test_fault_sweep(tmp_path, backend, name, request, monkeypatch):
         points = list(range(1, n + 1))
     # A forget (or an eviction) has happened once its forget records are synced: a call
     # failing after that fails the erase, which the call reports and the next write
-    # finishes (fastmem._erase); the memories are then as a fault-free run leaves them.
+    # finishes (fastmem.storage.erase); the memories are then as a fault-free run leaves them.
     committed = n + 1
     if name in ("forget", "evict"):
         first = next(i for i, (kind, _) in enumerate(calls) if kind == "write")

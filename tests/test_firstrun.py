@@ -38,7 +38,7 @@ def test_doctor_reports_kernels_embedder_and_tokenizers():
     report = json.loads(proc.stdout)
     assert report["fastmem"] == fastmem.__version__ and report["problems"] == []
     assert report["kernels"]["backend"] == "cython"
-    from fastmem._ext import topk
+    from fastmem._kernels._ext import topk
 
     assert report["kernels"]["simd"] == topk.simd() in topk.SIMD_LEVELS
     assert report["kernels"]["openmp"] is topk.OPENMP  # the wheels are built without it

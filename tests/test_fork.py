@@ -34,7 +34,8 @@ CHILD_TIMEOUT = 30  # seconds: a child that hangs on its first add fails the tes
 FORKER = textwrap.dedent("""
     import os, sys, threading, time, traceback
     import fastmem
-    from fastmem import embed, _engine, _io, tokens
+    from fastmem import embed, tokens
+    from fastmem.storage import engine as _engine, fileio as _io
 
     window, path = sys.argv[1], sys.argv[2]
     entered = threading.Event()

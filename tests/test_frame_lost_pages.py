@@ -148,8 +148,9 @@ def test_lost_pages_and_frames_inside_batches_scan_the_same_in_every_scan(tmp_pa
 
     from test_frame_review import _frame, _record, _same
 
-    from fastmem import _kernels, _replay
-    from fastmem import _kernels_py as ref
+    from fastmem import _kernels
+    from fastmem.storage import replay as _replay
+    from fastmem._kernels import reference as ref
 
     rng = random.Random(1)
     path = tmp_path / "f.dat"

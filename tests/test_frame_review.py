@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels, _replay
-from fastmem import _kernels_py as ref
+from fastmem import _kernels
+from fastmem.storage import replay as _replay
+from fastmem._kernels import reference as ref
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -292,7 +293,7 @@ def test_power_cuts_then_a_write_keep_batches_whole_and_the_write(
 
 
 def _blocked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from fastmem import _engine
+    from fastmem.storage import engine as _engine
 
     monkeypatch.setattr(_engine, "PACK_BLOCK", 7)  # 30 memories: the frame and 5 blocks
 
@@ -485,7 +486,7 @@ def test_a_batch_written_during_a_compaction_is_copied_with_its_frame(
     the compaction's catch-up copies it, frame and records, into the new file."""
     import threading
 
-    from fastmem import _maintenance
+    from fastmem.storage import maintenance as _maintenance
 
     path = str(tmp_path / "s")
     live = _framed_store(path)
@@ -548,7 +549,7 @@ def test_power_cuts_through_the_upgrade_of_a_version_1_store(tmp_path: Path) -> 
 _KILLED_WRITER = """
 import sys
 import fastmem
-from fastmem import _engine
+from fastmem.storage import engine as _engine
 _engine.PACK_BLOCK = 64  # blocks of 64: a kill lands between two of them as often as not
 store = fastmem.open(sys.argv[1], embedder=None, durability=sys.argv[2])
 for b in range(int(sys.argv[3]), 10**6):

@@ -1,10 +1,10 @@
-"""The fixed headers a restart reads, parsed in C (``fastmem._ext.heads``): the compiled
+"""The fixed headers a restart reads, parsed in C (``fastmem._kernels._ext.heads``): the compiled
 parsers against their references (fastmem._format's parsers, None where those raise) on
 real stores, on every damaged bit and cut of each header, and on fields out of range.
 The hot section's table too (``hot_section``), against ``fmt.unpack_hot``.
 
 And the whole open of an index file in one call (``idx_open``) against its reference
-(``fastmem._idxopen.open_index``): the same ``Opened`` for valid files (with and without a
+(``fastmem._kernels.index_open_reference.open_index``): the same ``Opened`` for valid files (with and without a
 delta, without rows, version 1), and None exactly where the reference raises: every flipped
 bit of the index header, the slots and the delta header, every cut, another store's or
 dimension's data file, a data file that does not hold what the index covers, a damaged hot
@@ -23,12 +23,13 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _idxopen, _kernels
-from fastmem import _kernels_py as ref
-from fastmem._index import MemoryIndex
+from fastmem._kernels import index_open_reference as _idxopen
+from fastmem import _kernels
+from fastmem._kernels import reference as ref
+from fastmem.storage.index import MemoryIndex
 from fastmem.errors import CorruptionError, FormatVersionError
 
-ext = pytest.importorskip("fastmem._ext.heads")
+ext = pytest.importorskip("fastmem._kernels._ext.heads")
 TYPES = {"dat_header": fmt.DatHeader, "idx_header": fmt.IdxHeader, "current_slot": fmt.Slot,
          "delta_header": fmt.DeltaHeader}  # fmt: skip
 

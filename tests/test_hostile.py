@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastmem import _format as fmt
-from fastmem import _kernels, _kernels_py
+from fastmem import _kernels
+from fastmem._kernels import reference as _kernels_py
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fuzz"))
 import fuzz_open  # noqa: E402

@@ -24,7 +24,7 @@ SOURCE = str(Path(fastmem.__file__).resolve().parents[1])  # the fastmem these t
 NEVER = (
     "onnxruntime", "tokenizers", "tiktoken", "tiktoken_ext", "torch", "rich", "threadpoolctl",
     "fastmem.integrations", "fastmem.ui", "fastmem.ray", "fastmem.cli", "fastmem.doctor",
-    "fastmem._demo", "ray", "langgraph", "langchain_core", "agents", "google.adk",
+    "fastmem.cli.demo", "ray", "langgraph", "langchain_core", "agents", "google.adk",
     "autogen_core", "autogen_agentchat", "llama_index", "starlette", "uvicorn", "mcp",
 )  # fmt: skip
 # Standard library modules that only some calls need, imported where they are first used:
@@ -101,11 +101,11 @@ def test_the_numpy_reference_kernels_load_only_without_the_compiled_ones():
     compiled = modules_after("import fastmem")
     if compiled["backend"] != "cython":
         pytest.skip("fastmem's compiled kernels are not built here")
-    assert loaded(compiled["modules"], "fastmem._kernels_py") == []
-    assert loaded(compiled["modules"], "fastmem._bpe_py") == []
+    assert loaded(compiled["modules"], "fastmem._kernels.reference") == []
+    assert loaded(compiled["modules"], "fastmem._kernels.bpe_reference") == []
     reference = modules_after("import fastmem", backend="python")
     assert reference["backend"] == "python"
-    assert "fastmem._kernels_py" in reference["modules"]
+    assert "fastmem._kernels.reference" in reference["modules"]
 
 
 def test_the_public_api_is_whole_without_the_lazy_modules():

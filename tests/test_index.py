@@ -1,4 +1,4 @@
-"""MemoryIndex (fastmem._index) on hand-built indexes, without a store.
+"""MemoryIndex (fastmem.storage.index) on hand-built indexes, without a store.
 
 Covers: ``find`` for dense and sparse ids, in the base and the tail, and for missing ids;
 ``row``/``gather``/``column``/``segments``/``unit_vectors`` agreeing across base and tail,
@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels, _replay
-from fastmem._files import build_index
-from fastmem._index import F_FLAGS, F_IMPORTANCE, F_META, MemoryIndex, update_changes
-from fastmem._vectors import to_float16
+from fastmem import _kernels
+from fastmem.storage import replay as _replay
+from fastmem.storage.recovery import build_index
+from fastmem.storage.index import F_FLAGS, F_IMPORTANCE, F_META, MemoryIndex, update_changes
+from fastmem.storage.vectors import to_float16
 from fastmem.types import Problem
 
 UUID = bytes(range(16))
@@ -255,7 +256,7 @@ def test_full_checkpoint_drops_the_old_files_vectors_from_the_cache_as_they_are_
     each part drops the old file's cached pages of it (issue 21: the new file's pages then
     reuse memory freed a moment before); never a part not copied yet. The new file holds
     the same index."""
-    from fastmem import _index
+    from fastmem.storage import index as _index
 
     monkeypatch.setattr(_index, "_COPY_PART", 4096, raising=False)  # several parts
     path = str(tmp_path / "t.idx")

@@ -1,5 +1,5 @@
 """add_many's batch kernels (``prepare_batch``, ``gather_vectors``): the compiled twins
-against the Python references (which check each item with ``fastmem._items.prepare``),
+against the Python references (which check each item with ``fastmem.storage.records.prepare``),
 good and bad items alike, and a store built from a mix of items byte for byte against the
 one fastmem wrote before the kernels existed (``fixtures/add_many``)."""
 
@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _items, _kernels
-from fastmem import _kernels_py as ref
+from fastmem.storage import records as _items
+from fastmem import _kernels
+from fastmem._kernels import reference as ref
 
-ext = pytest.importorskip("fastmem._ext.items")
+ext = pytest.importorskip("fastmem._kernels._ext.items")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 sys.path.insert(0, str(FIXTURES))

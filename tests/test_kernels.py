@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fastmem import _format as fmt
-from fastmem import _kernels_py as ref
+from fastmem._kernels import reference as ref
 
-ext = pytest.importorskip("fastmem._ext.records")
-topk_ext = pytest.importorskip("fastmem._ext.topk")
-vectors_ext = pytest.importorskip("fastmem._ext.vectors")
+ext = pytest.importorskip("fastmem._kernels._ext.records")
+topk_ext = pytest.importorskip("fastmem._kernels._ext.topk")
+vectors_ext = pytest.importorskip("fastmem._kernels._ext.vectors")
 
 
 @pytest.fixture(autouse=True)
@@ -516,7 +516,7 @@ FORK_CHILD = """
 import math, os, sys
 import numpy as np
 from fastmem import _format as fmt
-from fastmem._ext import scoring, topk
+from fastmem._kernels._ext import scoring, topk
 n = 200_000
 rng = np.random.default_rng(0)
 v = rng.integers(-127, 128, (n, 16), dtype=np.int8)

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastmem import _format as fmt
-from fastmem import _kernels_py as ref
-from fastmem import _keyword
+from fastmem._kernels import reference as ref
+from fastmem.storage import keyword_index as _keyword
 
 WORDS = ["ada", "lisbon", "tea", "Tea", "é", "東京", "x1", "it's", "", "  ", "9 9 9"]
 texts = st.lists(st.sampled_from(WORDS), max_size=6).map(" ".join)
@@ -68,7 +68,7 @@ def test_one_forgotten_row_counts_no_tokens():
 
 @given(st.lists(texts, max_size=6), st.integers(0, 2**32 - 7))
 def test_tokenize_numbers_the_texts_from_first_in_both_kernels(batch, first):
-    kw_ext = pytest.importorskip("fastmem._ext.keyword")
+    kw_ext = pytest.importorskip("fastmem._kernels._ext.keyword")
     from_zero = ref.tokenize_batch(batch)
     for fn in (kw_ext.tokenize_batch, ref.tokenize_batch):
         terms, docs, tf, lens = fn(batch, first)

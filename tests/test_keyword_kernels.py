@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fastmem import _format as fmt
-from fastmem import _kernels_py as ref
+from fastmem._kernels import reference as ref
 
-kw_ext = pytest.importorskip("fastmem._ext.keyword")
+kw_ext = pytest.importorskip("fastmem._kernels._ext.keyword")
 
 
 @pytest.fixture(autouse=True)

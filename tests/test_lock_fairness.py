@@ -15,7 +15,7 @@ import time
 import pytest
 
 import fastmem
-from fastmem import _writelock
+from fastmem.storage import writelock as _writelock
 
 
 def _wait_for(condition, seconds: float = 10.0) -> bool:

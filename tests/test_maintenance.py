@@ -1,4 +1,4 @@
-"""Eviction, compaction, repair and backup (``fastmem._maintenance``)."""
+"""Eviction, compaction, repair and backup (``fastmem.storage.maintenance``)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _index, _kernels, _maintenance
+from fastmem.storage import index as _index, maintenance as _maintenance
+from fastmem import _kernels
 
 DIM = 8
 NO_PRELOAD = fastmem.ContextPolicy(preload=0, recent=0)
@@ -229,7 +230,7 @@ def test_a_writer_waiting_for_the_lock_gets_the_compacted_file(store_path: str) 
 CRASH_CHILD = textwrap.dedent(
     """
     import os, sys, fastmem
-    from fastmem import _maintenance
+    from fastmem.storage import maintenance as _maintenance
     path, at = sys.argv[1], int(sys.argv[2])
     calls = [0]
     real_replace, real_sync = os.replace, _maintenance.fsync_dir

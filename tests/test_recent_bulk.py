@@ -10,7 +10,7 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _items
+from fastmem.storage import records as _items
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A replay without the writer lock meeting a record another process is erasing.
 
-An erase (``fastmem/_erase.py``) appends the forget record, then overwrites the memory's
+An erase (``fastmem/storage/erase.py``) appends the forget record, then overwrites the memory's
 records in place, under the writer lock. A handle that replays records without that lock
 (its catch-up, or its open) may read a record while the overwrite is half done: the record
 fails its CRC. Deterministic here as in ``tests/test_erase_concurrent.py``: two handles in
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import fastmem
-from fastmem import _erase
+from fastmem.storage import erase as _erase
 
 QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
                          "policy": fastmem.ContextPolicy(preload=0, recent=0)}  # fmt: skip
@@ -150,7 +150,7 @@ def test_a_catch_up_that_read_the_size_before_the_forget_sees_the_batch(
     starts overwriting the last record before that size, then the handle scans up to it: the
     record half overwritten is the last thing it reads. The memories written before its call
     (the rest of that batch) are there: it is not a batch cut short."""
-    from fastmem import _index
+    from fastmem.storage import index as _index
 
     path = str(tmp_path / "s")
     writer = fastmem.open(path, dim=4, **QUIET)

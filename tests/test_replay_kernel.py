@@ -12,11 +12,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fastmem import _format as fmt
-from fastmem import _kernels, _replay
-from fastmem import _kernels_py as ref
-from fastmem._index import MemoryIndex
+from fastmem import _kernels
+from fastmem.storage import replay as _replay
+from fastmem._kernels import reference as ref
+from fastmem.storage.index import MemoryIndex
 
-ext = pytest.importorskip("fastmem._ext.reader")
+ext = pytest.importorskip("fastmem._kernels._ext.reader")
 
 DIM = 3
 FINITE = np.arange(1, DIM + 1, dtype=np.float16)

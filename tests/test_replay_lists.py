@@ -12,10 +12,10 @@ import pytest
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _index, _replay
-from fastmem._index import MemoryIndex
+from fastmem.storage import index as _index, replay as _replay
+from fastmem.storage.index import MemoryIndex
 
-ext = pytest.importorskip("fastmem._ext.reader")
+ext = pytest.importorskip("fastmem._kernels._ext.reader")
 
 QUIET = {"embedder": None, "summarizer": None, "policy": fastmem.ContextPolicy(preload=0, recent=0)}
 DIM = 8

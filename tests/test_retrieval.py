@@ -1,4 +1,4 @@
-"""Ranking (fastmem.retrieval) as plain functions over a hand-built index, without a store.
+"""Ranking (fastmem.recall.ranking) as plain functions over a hand-built index, without a store.
 
 Each test writes a small data file with known vectors (``fastmem.open`` + ``add_many``),
 closes it, and rebuilds its index from the data file alone (``_files.build_index``); the
@@ -20,20 +20,20 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _kernels_py
-from fastmem._files import build_index
-from fastmem._index import session_hash
-from fastmem import retrieval
-from fastmem.retrieval import (
+from fastmem._kernels import reference as _kernels_py
+from fastmem.storage.recovery import build_index
+from fastmem.storage.index import session_hash
+from fastmem.recall import ranking as retrieval
+from fastmem.recall.ranking import (
     NO_FILTERS,
     bonuses,
     content_words,
     filters,
-    importance_scores,
     keyword_search,
     type_mask,
     vector_search,
 )  # fmt: skip
+from fastmem.storage.importance import importance_scores
 from fastmem.types import DAY, ContextPolicy
 
 NOW = 1.7e9

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fastmem import _kernels_py as ref
+from fastmem._kernels import reference as ref
 
-scoring = pytest.importorskip("fastmem._ext.scoring")
+scoring = pytest.importorskip("fastmem._kernels._ext.scoring")
 
 PINNED, FORGOTTEN = 2, 1
 

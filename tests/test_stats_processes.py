@@ -17,7 +17,7 @@ import pytest
 from test_erase_stale import _reordering_store, compaction_killed_in_another_process
 
 import fastmem
-from fastmem import _index
+from fastmem.storage import index as _index
 
 BULK = 600  # one add_many past the tail limit below: its checkpoint is written by a thread
 COMPACT_INDEX = ".idx.compact"
@@ -161,7 +161,7 @@ def test_accesses_during_this_process_compaction_are_kept(
 ) -> None:
     """Accesses counted while this process's compaction writes its files (after its
     snapshot read the counts) are not in its new index: they stay this process's own."""
-    from fastmem import _maintenance
+    from fastmem.storage import maintenance as _maintenance
 
     ids = _store(store_path)
     store = fastmem.open(store_path, embedder=None)

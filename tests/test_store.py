@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 import fastmem
 from fastmem import _format as fmt
-from fastmem import _index, _items, _kernels_py
+from fastmem.storage import index as _index, records as _items
+from fastmem._kernels import reference as _kernels_py
 
 
 def unit(rng, n, dim=16):
@@ -589,7 +590,7 @@ def test_batched_counts_and_summaries_equal_one_text_at_a_time():
     """The write path counts a batch's texts once, in threads, and skips the default
     summarizer for texts within its budget (issue 21): the same summaries and counts as
     counting and summarizing each text alone."""
-    from fastmem._items import SUMMARY_TOKENS, summarize_and_count
+    from fastmem.storage.records import SUMMARY_TOKENS, summarize_and_count
     from fastmem.summarize import KeySentences
     from fastmem.tokens import TokenCounter
 

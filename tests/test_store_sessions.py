@@ -67,7 +67,7 @@ def test_a_few_sessions_walked_back_equal_the_whole_columns_sort(tmp_path, monke
     """The overview's few sessions are found by walking back from the newest rows (cut short
     here to 7 rows, which then sorts the whole column instead): the same answer either way,
     across the walk's chunks, with forgotten rows and memories without a session."""
-    from fastmem import _figures
+    from fastmem.storage import stats as _figures
 
     monkeypatch.setattr(_figures, "WALK_CHUNK", 5)
     monkeypatch.setattr(_figures, "WALK_ROWS", walk_rows)

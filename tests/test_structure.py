@@ -1,8 +1,12 @@
 """The package's structure: imports only downward, no circle, the edge on the public API,
 no reaching into another module's underscore attributes, and the public names pinned.
 
-The floors below are the allowed order: a module may import from its own floor or lower.
-A new module must be given a floor here (the test fails until it is).
+The package is built in layers (``LAYERS``, bottom to top): most are one subpackage, and the
+root package's own modules sit in three (the values at the bottom, the models above the
+kernels, the facade at the top). Inside a layer, modules stand on floors. A module may
+import from a lower layer, or from its own layer on its floor or a lower one. A new module
+must be given a floor here (the test fails until it is). docs/architecture.md
+draws the same picture (tools/draw_architecture.py).
 """
 
 from __future__ import annotations
@@ -17,38 +21,46 @@ import fastmem
 
 PACKAGE = Path(fastmem.__file__).parent
 
-FLOORS: list[tuple[str, ...]] = [
-    # leaves: import nothing of fastmem's (_bpe_py: the token counter's reference, tiktoken)
-    ("errors", "_stopwords", "_threads", "_ext", "_bpe_py", "_writelock", "_bert", "_wordpiece"),
-    # _writelock: how a write waits for the writer lock (its pace and the gate); _bert: the
-    # float32 BERT pieces both numpy paths share; _wordpiece: the query's tokenizer in Python
-    ("_minilm_int8",),  # the packaged int8 graph in numpy, for a query while onnxruntime loads
-    ("types", "_format", "namespaces", "summarize", "embed", "export", "_forkexit"),
-    ("_idxopen",),  # the checks an index file passes at open (the reference of heads.idx_open)
-    ("_keyword_py",),  # the keyword search's reference kernels
-    ("_kernels_py",),  # the numpy reference kernels
-    ("_kernels",),  # picks the compiled kernels or the reference
-    ("_vectors", "_keyword", "_replay", "_tail", "tokens", "_io"),  # tokens: cl100k_base by a
-    # kernel; _io: the engine's stateless parts (OS errors mapped, group commit, torn tails)
-    ("_index",),
-    ("_vsearch",),
-    ("_items", "retrieval", "_files", "_checkpoint"),  # what add accepts; ranking; files around
-    # the store's two; a bulk load's checkpoint written by a thread
-    ("_erase", "_stats", "_state"),  # forget's erase pass; access counts merged across processes;
-    # _state: a handle's map and index built from the files (recovery at open, a replaced file)
-    ("_engine",),  # the storage engine
-    ("_figures", "_maintenance", "_supersede", "context"),  # over the engine
-    ("store",),  # the facade
-    ("",),  # fastmem/__init__.py
-    ("doctor",),  # what is installed: reads the kernels' choice and the embedder, for the CLI
+# (layer, its floors bottom to top). A layer named after a subpackage names its modules
+# inside it ("" is its __init__); the others name modules of the root package ("" is
+# fastmem/__init__.py).
+LAYERS: list[tuple[str, list[tuple[str, ...]]]] = [
+    # The public values every layer uses, and two private leaves (threads that survive a
+    # fork; the stop words of summaries and queries); the on-disk format, which the kernels read.
+    ("values", [("errors", "_threads", "_stopwords"), ("types", "namespaces", "_format"),
+                ("export",)]),
+    # The compiled kernels (_ext) beside their numpy references; "" picks one or the other.
+    ("_kernels", [("_ext", "bpe_reference", "keyword_reference", "index_open_reference"),
+                  ("reference",), ("",)]),
+    # MiniLM in numpy, from the packaged int8 weights: a query's vector while onnxruntime loads.
+    ("_minilm", [("", "bert", "wordpiece"), ("int8",)]),
+    # The public models a memory is written with: its vector, its token counts, its summary.
+    ("models", [("embed", "tokens", "summarize")]),
+    # The storage engine: the two files, records, the index, recovery, other processes' writes.
+    ("storage", [("", "fileio", "forkexit", "index_tail", "keyword_index", "vectors", "writelock"),
+                 ("replay",),
+                 ("index",),
+                 ("access_counts", "checkpoint", "importance", "records", "recovery"),
+                 ("erase", "handle_state"),
+                 ("engine",),
+                 ("maintenance", "stats")]),
+    # Recall: ranking, then packing (the packer calls nothing of the ranking), and level 2.
+    ("recall", [("", "hits", "supersedes", "vector_search"),
+                ("packing", "ranking"),
+                ("preload", "speakers"),
+                ("query",)]),
+    # The facade; doctor reads what is installed for the CLI.
+    ("facade", [("store",), ("",), ("doctor",)]),
     # The edge: on the public API only (see test_the_edge_uses_public_modules_only).
-    ("cli", "__main__", "_demo"),
+    ("edge", [("__main__",)]),
 ]  # fmt: skip
 # The edge's subpackages: every module in them is on the edge's floor (integrations: Hermes, MCP
 # and the agent frameworks; ui: the inspector; ray: fastmem[ray]). None is imported by the rest
 # (tests/test_ray.py and test_imports check that `import fastmem` loads none of them).
-EDGE_PACKAGES = ("integrations", "ui", "ray")
+EDGE_PACKAGES = ("cli", "integrations", "ui", "ray")
 PUBLIC = {"", "errors", "types", "namespaces", "export", "embed", "tokens", "summarize", "doctor"}
+# The modules a query's ranking runs in: the packer imports none of them.
+RANKING = {"recall.ranking", "recall.speakers", "recall.vector_search", "recall.query"}
 
 
 def _modules() -> dict[str, Path]:
@@ -62,8 +74,23 @@ def _modules() -> dict[str, Path]:
 
 
 MODULES = _modules()
-FLOORS[-1] += tuple(name for name in MODULES if name.split(".")[0] in EDGE_PACKAGES)
-EDGE = set(FLOORS[-1])
+
+
+def _floors() -> dict[str, tuple[int, int]]:
+    """Each module's (layer, floor)."""
+    out = {}
+    for i, (layer, floors) in enumerate(LAYERS):
+        sub = (PACKAGE / layer / "__init__.py").exists()
+        for j, names in enumerate(floors):
+            for name in names:
+                out[(f"{layer}.{name}" if name else layer) if sub else name] = (i, j)
+    edge = (len(LAYERS) - 1, 0)
+    out.update({name: edge for name in MODULES if name.split(".")[0] in EDGE_PACKAGES})
+    return out
+
+
+FLOOR = _floors()
+EDGE = {name for name, place in FLOOR.items() if place[0] == len(LAYERS) - 1}
 
 
 def _imports(name: str) -> set[str]:
@@ -92,7 +119,6 @@ def _imports(name: str) -> set[str]:
 
 
 GRAPH = {name: _imports(name) for name in MODULES}
-FLOOR = {name: i for i, names in enumerate(FLOORS) for name in names}
 
 
 def test_every_module_has_a_floor():
@@ -102,12 +128,27 @@ def test_every_module_has_a_floor():
 
 def test_no_module_imports_from_a_higher_floor():
     upward = [
-        f"{name or '__init__'} (floor {FLOOR[name]}) imports {dep or '__init__'} (floor {FLOOR[dep]})"
+        f"{name or '__init__'} (layer, floor {FLOOR[name]}) imports {dep or '__init__'} {FLOOR[dep]}"
         for name, deps in GRAPH.items()
         for dep in deps
         if FLOOR[dep] > FLOOR[name]
     ]
     assert upward == []
+
+
+def test_a_layer_has_fewer_floors_than_the_flat_package_had():
+    """Before the layers, fastmem/ was one folder of 40 modules on 17 floors."""
+    assert max(len(floors) for _, floors in LAYERS) < 17
+
+
+def test_the_packer_imports_nothing_of_the_ranking():
+    """A query is ranked, then packed: what the packer needs of the ranking it is handed."""
+    reached, todo = set(), ["recall.packing"]
+    while todo:
+        for dep in GRAPH[todo.pop()] - reached:
+            reached.add(dep)
+            todo.append(dep)
+    assert reached & RANKING == set()
 
 
 def test_the_import_graph_has_no_circle():
@@ -138,11 +179,11 @@ def test_the_edge_uses_public_modules_only():
     assert {name: deps for name, deps in private.items() if deps} == {}
 
 
-# `store._x` outside store.py, `engine._x` outside _engine.py: one module's underscore
+# `store._x` outside store.py, `engine._x` outside storage/engine.py: one module's underscore
 # attributes are its own (the engine's interface for maintenance has no underscores).
 _REACHING = [
     ("store", re.compile(r"\bstore\._[a-z]"), {"store.py"}),
-    ("engine", re.compile(r"\b(?:engine|_engine)\._[a-z]"), {"_engine.py"}),
+    ("engine", re.compile(r"\b(?:engine|_engine)\._[a-z]"), {"engine.py"}),
 ]
 
 
@@ -164,10 +205,10 @@ def test_store_stays_a_facade():
     end = next((i for i, line in enumerate(source[start + 1 :], start + 1)
                 if line and not line[0].isspace() and not line.startswith(")")), len(source))  # fmt: skip
     # 600 until the public API grew by ids(), types(), forget_many(), recent()'s paging and
-    # context(types=) for the integrations, each mostly docstring; modules 900 until the
-    # engine took the erase's and the compaction's recovery cases (1,000 now): the layout's
-    # rework (one subpackage per floor) is where the facade and the engine get thin again.
-    assert end - start <= 650, f"MemoryStore is {end - start} lines"
+    # context(types=) for the integrations, each mostly docstring; search's ranking went to
+    # recall.query with the layers. Modules: 1,000 since the engine took the erase's and the
+    # compaction's recovery cases (the CLI's commands are one module on purpose: one file to read).
+    assert end - start <= 630, f"MemoryStore is {end - start} lines"
     too_long = {name: n for name, path in MODULES.items()
                 if name != "cli" and (n := len(path.read_text().splitlines())) > 1000}  # fmt: skip
     assert too_long == {}
@@ -222,3 +263,16 @@ def test_public_names_are_pinned():
     ]
     for name in fastmem.__all__:
         assert getattr(fastmem, name) is not None
+
+
+@pytest.mark.kernels_unused
+def test_the_architecture_picture_is_up_to_date():
+    """docs/architecture.md shows docs/img/architecture.svg, drawn from LAYERS and the imports."""
+    import subprocess
+    import sys
+
+    tool = PACKAGE.parent / "tools" / "draw_architecture.py"
+    if not tool.exists():
+        pytest.skip("tools/ is not beside the installed package")
+    done = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import fastmem
-from fastmem import _index
+from fastmem.storage import index as _index
 
 QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
                          "policy": fastmem.ContextPolicy(preload=0, recent=0)}  # fmt: skip
@@ -84,7 +84,7 @@ def test_a_follower_maps_a_file_cut_back_and_grown_again_meanwhile(
     than that size: mmap refuses it) and appended a longer record (the file longer again by
     the time the follower looks at why). It maps the file as it is now."""
     dat_path = store_path + ".dat"
-    from fastmem import _state
+    from fastmem.storage import handle_state as _state
 
     # mmap's own size check, which refuses the map: the map with room past the file's end
     # checks the size itself (tests/test_data_map.py meets the same race there).
@@ -96,7 +96,7 @@ def test_a_follower_maps_a_file_cut_back_and_grown_again_meanwhile(
     acknowledged = os.path.getsize(dat_path)
     with open(dat_path, "ab") as f:
         f.write(b"\x00" * 40)  # a killed writer's torn append
-    from fastmem import _io
+    from fastmem.storage import fileio as _io
 
     real_mmap = _io.mmap.mmap
     armed = [True]

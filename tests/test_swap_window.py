@@ -17,7 +17,7 @@ import pytest
 from test_erase_stale import compaction_killed_in_another_process
 
 import fastmem
-from fastmem import _maintenance
+from fastmem.storage import maintenance as _maintenance
 
 QUIET: dict[str, Any] = {"embedder": None, "summarizer": None,
                          "policy": fastmem.ContextPolicy(preload=0, recent=0)}  # fmt: skip

@@ -1,4 +1,4 @@
-"""The index's tail (fastmem._tail): growth, and a checkpoint's successor taking its arrays."""
+"""The index's tail (fastmem.storage.index_tail): growth, and a checkpoint's successor taking its arrays."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fastmem import _format as fmt
-from fastmem._tail import Tail
+from fastmem.storage.index_tail import Tail
 
 DIM = 4
 

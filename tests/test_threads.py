@@ -17,7 +17,7 @@ import pytest
 from fastmem import _threads
 from fastmem._threads import Beside
 
-ext = pytest.importorskip("fastmem._ext.starter")
+ext = pytest.importorskip("fastmem._kernels._ext.starter")
 STARTERS = {"cython": ext.start_later, "python": _threads._start_later_py}
 
 
@@ -73,7 +73,7 @@ def test_start_later_checks_its_arguments():
 
 EXITING = """
 import sys, time
-from fastmem._ext import starter
+from fastmem._kernels._ext import starter
 seen = []
 for i in range(40):  # threads waking before, while and after the interpreter finalizes
     starter.start_later(0.0002 * i, lambda: (seen.append(1), time.sleep(0.002)))
@@ -235,7 +235,8 @@ def test_a_forked_child_tells_the_parents_threads_from_its_own():
     queue is not the child's."""
     script = textwrap.dedent("""
         import os, sys, threading
-        from fastmem import _files, _threads
+        from fastmem.storage import recovery as _files
+        from fastmem import _threads
         ran = []
         parents = _threads.Background(lambda: ran.append("parent's"), "test")  # not started yet
         queue = _files.releaser()

@@ -28,13 +28,13 @@ def _run(*args):
 
 
 def test_stubs_match_the_compiled_modules():
-    pytest.importorskip("fastmem._ext.records")
-    import fastmem._ext
+    pytest.importorskip("fastmem._kernels._ext.records")
+    import fastmem._kernels._ext
 
     compiled = sorted(
-        f"fastmem._ext.{info.name}" for info in pkgutil.iter_modules(fastmem._ext.__path__)
+        f"fastmem._kernels._ext.{info.name}" for info in pkgutil.iter_modules(fastmem._kernels._ext.__path__)
     )
-    stubbed = sorted(f"fastmem._ext.{f[:-4]}" for f in os.listdir(fastmem._ext.__path__[0])
+    stubbed = sorted(f"fastmem._kernels._ext.{f[:-4]}" for f in os.listdir(fastmem._kernels._ext.__path__[0])
                      if f.endswith(".pyi"))  # fmt: skip
     assert compiled == stubbed  # every compiled module has its stub, and no stub is stale
     config = ["--mypy-config-file", CONFIG] if os.path.exists(CONFIG) else []

@@ -9,7 +9,8 @@ import operator
 import numpy as np
 
 import fastmem
-from fastmem import _kernels_py, _vsearch
+from fastmem._kernels import reference as _kernels_py
+from fastmem.recall import vector_search as _vsearch
 
 
 def _unit(rng, n, dim):

@@ -1,4 +1,4 @@
-"""The Python WordPiece tokenizer (fastmem._wordpiece) against ``tokenizers`` itself, on the
+"""The Python WordPiece tokenizer (fastmem._minilm.wordpiece) against ``tokenizers`` itself, on the
 packaged tokenizer.json: the same ids, or a refusal, never other ids."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fastmem import embed
-from fastmem._wordpiece import UnsupportedText, WordPiece
+from fastmem._minilm.wordpiece import UnsupportedText, WordPiece
 
 pytestmark = pytest.mark.kernels_unused  # a tokenizer in Python against tokenizers
 

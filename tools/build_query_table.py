@@ -1,6 +1,6 @@
 """Write what fastmem's numpy query path reads beside the packaged int8 model.
 
-fastmem embeds a fresh process's first questions in numpy (``fastmem/_minilm_int8.py``)
+fastmem embeds a fresh process's first questions in numpy (``fastmem/_minilm/int8.py``)
 while onnxruntime loads, from the same weights onnxruntime runs (``model.onnx.data``). The
 numpy path does not parse the ONNX graph (a protobuf message: that needs the ``onnx``
 package, which fastmem does not depend on). This script reads the graph once, with
@@ -139,7 +139,7 @@ def build(folder: Path) -> tuple[str, str]:
         sys.exit("the vocabulary is not one token per id without line breaks")
     vocab_text = "\n".join(words) + "\n"
     table = {
-        "about": "written by tools/build_query_table.py: what fastmem/_minilm_int8.py reads",
+        "about": "written by tools/build_query_table.py: what fastmem/_minilm/int8.py reads",
         "model.onnx_sha256": sha256(folder / "model.onnx"),
         f"{DATA_FILE}_sha256": sha256(folder / DATA_FILE),
         f"{VOCAB}_sha256": hashlib.sha256(vocab_text.encode("utf-8")).hexdigest(),

@@ -27,7 +27,7 @@ x86)
   # -march=x86-64: the baseline (also Debian gcc's default); the AVX2/AVX-512/F16C variants are
   # compiled by per-function target attributes and picked at run time.
   CFLAGS="-march=x86-64 -mtune=generic" FASTMEM_NO_OPENMP=1 "$py" setup.py -q build_ext --inplace
-  PYTHONPATH=. "$py" -c 'import fastmem._ext.topk as t, fastmem._ext.vectors as v
+  PYTHONPATH=. "$py" -c 'import fastmem._kernels._ext.topk as t, fastmem._kernels._ext.vectors as v
 print("native CPU: scan", t.simd(), "- F16C", v.HAVE_F16C)'
   # In-process, the tests run every dispatch level the CPU has (avx512vnni, avx2, none) and
   # both float16 conversions (F16C, portable).
@@ -35,7 +35,7 @@ print("native CPU: scan", t.simd(), "- F16C", v.HAVE_F16C)'
   # Nehalem is x86-64-v2 (SSE4.2, no AVX, AVX2 or F16C): only the portable paths can run. It is
   # the lowest CPU worth emulating: numpy 2.4's own baseline is x86-64-v2 (under qemu64 it dies
   # with an illegal instruction before fastmem is imported).
-  PYTHONPATH=. qemu-x86_64-static -cpu Nehalem "$py" -c 'import fastmem._ext.topk as t, fastmem._ext.vectors as v
+  PYTHONPATH=. qemu-x86_64-static -cpu Nehalem "$py" -c 'import fastmem._kernels._ext.topk as t, fastmem._kernels._ext.vectors as v
 print("emulated Nehalem: scan", t.simd(), "- F16C", v.HAVE_F16C)'
   PYTHONPATH=. qemu-x86_64-static -cpu Nehalem "$py" -m pytest -q -p no:cacheprovider "${kernel_tests[@]}"
   ;;
@@ -66,10 +66,10 @@ aarch64)
     # multiply-adds on aarch64 by default, and the kernels must round as numpy does.
     aarch64-linux-gnu-gcc -shared -fPIC -O3 -ffp-contract=off -fno-strict-overflow -DNDEBUG \
       -DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION -Isrc_cython -I"$work/site/numpy/_core/include" \
-      -I"$sys" -I"$sys/python3.11" "src_cython/$m.c" -o "fastmem/_ext/$m.cpython-311-aarch64-linux-gnu.so"
+      -I"$sys" -I"$sys/python3.11" "src_cython/$m.c" -o "fastmem/_kernels/_ext/$m.cpython-311-aarch64-linux-gnu.so"
   done
   run() { PYTHONPATH="$work:$work/site" qemu-aarch64-static -L "$work/sysroot" "$work/sysroot/usr/bin/python3.11" "$@"; }
-  run -c 'import platform, fastmem, fastmem._ext.topk as t
+  run -c 'import platform, fastmem, fastmem._kernels._ext.topk as t
 print(platform.machine(), "kernels", fastmem.BACKEND, "- scan", t.simd())'
   # The fork test starts a child Python (sys.executable): an aarch64 binary the host cannot run
   # without binfmt_misc, which this container lacks. These kernels have no OpenMP anyway.
