@@ -6,6 +6,7 @@ the id's parse, the row lookup, the record check, msgpack and the named tuple co
 than the work itself (issue 21), so this does them all in C, for the plain case only:
 anything else returns None and the caller takes the general path.
 """
+cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject, PyTypeObject
@@ -780,6 +781,7 @@ cdef extern from *:
     int fastmem_map_errno() nogil
 
 
+@cython.auto_pickle(False)  # a map of a file descriptor: never pickled
 cdef class DataMap:
     """A read-only map of a data file that reaches past the file's end, of which the first
     ``len()`` bytes are shown: as ``mmap.mmap(fd, size, access=ACCESS_READ)`` to its readers
