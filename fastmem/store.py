@@ -580,23 +580,19 @@ class MemoryStore:
                 shown this session); ids of forgotten or unknown memories are ignored.
             types: keep only memories of these types, at every level (``None``: all).
         """
-        started = time.perf_counter()
         self._last_call = time.monotonic()
-        budget = _packing.check_budget(budget)
+        budget = _query.check_budget(budget)
         if not isinstance(query, str):
             raise InvalidTypeError(f"query must be a string, not {type(query).__name__}")
         check_utf8(query, "query")
         session = check_str(session, "session", fmt.MAX_SESSION_CHARS, optional=True)
         counter = self._counter(encoding)
         excluded_ids = set() if exclude is None else check_ids(exclude, "exclude")
-        wait = self.policy.embedder_wait  # not locked: a loading model embeds in numpy meanwhile
-        vector, degraded = _ranking.embed_query(self._embedder, query, wait=wait)
-        text, tokens, items, degraded, left_out = _query.answer(
-            self._engine, self.policy, query, vector=vector, degraded=degraded, embedder=self._embedder,
-            session=session, budget=budget, counter=counter, stored_counts=counter is self.tokens,
+        return _query.answer(
+            self._engine, self.policy, query, embedder=self._embedder, session=session,
+            budget=budget, counter=counter, stored_counts=counter is self.tokens,
             exclude=excluded_ids, touch=not self.readonly, types=_records.type_names(types),
         )  # fmt: skip
-        return _packing.new_context(text, tokens, budget, items, counter.name, degraded, started, left_out)
 
     def _counter(self, encoding: str | None) -> TokenCounter:
         if encoding is None or (isinstance(encoding, str) and encoding == self.tokens.name):

@@ -904,9 +904,9 @@ def test_a_question_naming_a_speaker_gets_their_own_turns_first(store_path):
 
 
 def test_a_query_is_ranked_then_packed_and_never_goes_back(store_path):
-    """The modules a ``context()`` call runs in, in order: the ranking (twice here: the
-    question names a speaker, so it is ranked again without the name), then the packer;
-    once the packer has started, nothing of the ranking runs."""
+    """The modules a ``context()`` call runs in, in order: recall.query, which embeds and ranks
+    the question (twice here: it names a speaker, so it is ranked again without the name),
+    then packs; once the packer has started, nothing of the ranking runs."""
     import sys
 
     t0 = 1_700_000_000.0
@@ -931,8 +931,7 @@ def test_a_query_is_ranked_then_packed_and_never_goes_back(store_path):
         finally:
             sys.setprofile(None)
     assert any("baked" in item.text for item in ctx.items)
-    entered = entered[entered.index("fastmem.recall.query"):]  # (the facade checked the budget
-    # and embedded the question before)
+    assert entered[0] == "fastmem.recall.query", entered  # the facade hands it all over
     ranking = {"fastmem.recall.ranking", "fastmem.recall.speakers", "fastmem.recall.vector_search"}
     first_pack = entered.index("fastmem.recall.packing")
     assert entered.count("fastmem.recall.ranking") >= 2, entered  # ranked again without "Bob"

@@ -20,13 +20,11 @@ import re
 import time
 from collections.abc import Callable
 from itertools import islice
-from typing import Any
 
 import numpy as np
 
 from .. import _format as fmt
 from .._stopwords import QUERY_STOP_WORDS
-from ..errors import InvalidInputError
 from ..storage.engine import Engine
 from ..storage.index import (
     F_META,
@@ -309,20 +307,6 @@ def _as_summary(item: ContextItem, summary: str, why: str = "") -> ContextItem:
 
 def _as_excerpt(item: ContextItem, passage: str) -> ContextItem:
     return dataclasses.replace(item, text=passage, summary=False, excerpt=True)
-
-
-def new_context(
-    text: str, tokens: int, budget: int, items: list[ContextItem], encoding: str,
-    degraded: bool, started: float, left_out: list[ContextItem] | None = None,
-) -> Context:  # fmt: skip
-    return Context(text, tokens, budget, items, encoding, degraded, time.perf_counter() - started,
-                   left_out or [])  # fmt: skip
-
-
-def check_budget(budget: Any) -> int:
-    if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 1_000_000:
-        raise InvalidInputError(f"budget must be an int from 1 to 1000000 tokens, got {budget!r}")
-    return budget
 
 
 # --- the levels ---------------------------------------------------------------------------

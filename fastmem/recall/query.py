@@ -20,26 +20,33 @@ from ..embed import Embedder
 from ..storage.engine import Engine
 from ..storage.records import parse_id
 from ..tokens import TokenCounter
-from ..types import ContextItem, ContextPolicy, Hit, Memory
+from ..errors import InvalidInputError
+from ..types import Context, ContextPolicy, Hit, Memory
 from . import packing, ranking, speakers, supersedes
 from .hits import Ranked, Ranking
 
 
+def check_budget(budget: Any) -> int:
+    """``budget`` if it is a context's budget (1 to 1,000,000 tokens), else InvalidInputError."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 1_000_000:
+        raise InvalidInputError(f"budget must be an int from 1 to 1000000 tokens, got {budget!r}")
+    return budget
+
+
 def answer(
-    engine: Engine, policy: ContextPolicy, query: str, *, vector: np.ndarray | None,
-    degraded: bool, embedder: Embedder | None, session: str | None, budget: int,
-    counter: TokenCounter, stored_counts: bool, exclude: set[str], touch: bool,
-    types: list[str] | None = None,
-) -> tuple[str, int, list[ContextItem], bool, list[ContextItem]]:  # fmt: skip
-    """``MemoryStore.context`` under the engine's lock, of the memories of ``types`` (all
-    when ``None``; at every level): level 3 by
-    :func:`~fastmem.recall.ranking.rank` (``vector`` and ``degraded`` are
-    :func:`~fastmem.recall.ranking.embed_query`'s), then :func:`~fastmem.recall.packing.build`; the memories used
-    counted as accesses when ``touch``. Returns ``(text, tokens, items, degraded, left_out)``.
+    engine: Engine, policy: ContextPolicy, query: str, *, embedder: Embedder | None,
+    session: str | None, budget: int, counter: TokenCounter, stored_counts: bool,
+    exclude: set[str], touch: bool, types: list[str] | None = None,
+) -> Context:  # fmt: skip
+    """``MemoryStore.context`` of the memories of ``types`` (all when ``None``; at every
+    level): the question embedded (:func:`~fastmem.recall.ranking.embed_query`, before the
+    engine's lock is taken), level 3 ranked (:func:`~fastmem.recall.ranking.rank`), then
+    packed (:func:`~fastmem.recall.packing.build`); the memories used counted as accesses
+    when ``touch``.
 
     When the query names a speaker of its best matches, it is ranked again with the
-    embedding of the query without that name (:func:`~fastmem.recall.speakers.without_names`; the keyword side
-    keeps the whole query). A speaker's own turns say "I", not their name: the name pulls
+    embedding of the query without that name (:func:`~fastmem.recall.speakers.without_names`; the keyword
+    side keeps the whole query). A speaker's own turns say "I", not their name: the name pulls
     the query's embedding towards the other speakers' turns that address or mention them.
     On LoCoMo dev, the evidence of a question naming one speaker ranks, among that
     speaker's turns, in the first 30 for 54% of the multi-hop evidence with the name and
@@ -53,63 +60,75 @@ def answer(
     turns that address the other by name ("Thanks, Gina!"). With one name the keyword side
     keeps it: that name is its own speaker's turns.
     """
+    started = time.perf_counter()
+    # Embedded before the lock is taken: a loading model embeds in numpy meanwhile, and a slow
+    # one holds up no other thread of the handle.
+    vector, degraded = ranking.embed_query(embedder, query, wait=policy.embedder_wait)
     with engine.lock:
         engine.check()
         where = ranking.filters(engine.index, types, -math.inf, math.inf, None)
-        hits, degraded = _rank(engine, policy, query, vector, degraded, session, where=where)
+        hits, degraded, sole = _rank(engine, policy, query, vector, degraded, session, where=where)
+        focus = _focus(engine, policy, query, hits)
         second = vector is not None and embedder is not None and policy.other_speaker < 1
-        names = speakers.names_in(engine, hits, query) if second else []
+        names = speakers.names_in(focus, query) if second else []
         rest = speakers.without(query, names)
         if rest is None:
-            found = _ranking(engine, policy, query, hits, degraded)
+            found = _ranking(engine, policy, hits, degraded, sole, focus)
             return _pack(engine, policy, query, found, session, budget, counter, stored_counts,
-                         exclude, touch, where)  # fmt: skip
+                         exclude, touch, where, started)  # fmt: skip
         words = rest if len(names) > 1 else query
     assert embedder is not None
     vector = ranking.query_vector(embedder, rest)
     with engine.lock:
         engine.check()
         where = ranking.filters(engine.index, types, -math.inf, math.inf, None)
-        hits, degraded = _rank(engine, policy, words, vector, degraded, session, own_turns=True,
-                               where=where)  # fmt: skip
-        found = _ranking(engine, policy, query, hits, degraded)
+        hits, degraded, sole = _rank(engine, policy, words, vector, degraded, session, own_turns=True,
+                                     where=where)  # fmt: skip
+        found = _ranking(engine, policy, hits, degraded, sole, _focus(engine, policy, query, hits))
         return _pack(engine, policy, query, found, session, budget, counter, stored_counts,
-                     exclude, touch, where)  # fmt: skip
+                     exclude, touch, where, started)  # fmt: skip
 
 
 def _rank(
     engine: Engine, policy: ContextPolicy, query: str, vector: np.ndarray | None, degraded: bool,
     session: str | None, own_turns: bool = False, where: ranking.Filters = ranking.NO_FILTERS,
-) -> tuple[list[Ranked], bool]:  # fmt: skip
-    return ranking.rank(engine.index, query, policy.candidates, policy=policy, vector=vector,
-                        degraded=degraded, session=session, now=time.time(),
-                        own_turns=own_turns, where=where)  # fmt: skip
+) -> tuple[list[Ranked], bool, int]:  # fmt: skip
+    """The ranked rows, whether the ranking is degraded, and the only match's row."""
+    hits, degraded = ranking.rank(engine.index, query, policy.candidates, policy=policy,
+                                  vector=vector, degraded=degraded, session=session,
+                                  now=time.time(), own_turns=own_turns, where=where)  # fmt: skip
+    return hits, degraded, ranking.sole_match(hits)
 
 
-def _ranking(engine: Engine, policy: ContextPolicy, query: str, hits: list[Ranked],
-             degraded: bool) -> Ranking:  # fmt: skip
-    """What the packer needs of the ranking: the hits, the only match, and (unless
-    ``other_speaker`` is 1) the question's speakers and (unless ``other_conversation`` is 1)
-    their conversations."""
-    focus = (speakers.named_speakers(engine, hits[: speakers.SPEAKER_ROWS], query)
-             if policy.other_speaker < 1 else None)  # fmt: skip
+def _focus(engine: Engine, policy: ContextPolicy, query: str, hits: list[Ranked]) -> frozenset[str] | None:
+    """The question's speakers among the best hits (unless ``other_speaker`` is 1)."""
+    if policy.other_speaker >= 1:
+        return None
+    return speakers.named_speakers(engine, hits[: speakers.SPEAKER_ROWS], query)
+
+
+def _ranking(engine: Engine, policy: ContextPolicy, hits: list[Ranked], degraded: bool, sole: int,
+             focus: frozenset[str] | None) -> Ranking:  # fmt: skip
+    """What the packer needs of the ranking: the hits, the only match, the question's
+    speakers and (unless ``other_conversation`` is 1) their conversations."""
     theirs = (speakers.their_sessions(engine.index, focus)
               if focus and policy.other_conversation < 1 else None)  # fmt: skip
-    return Ranking(hits, degraded, ranking.sole_match(hits), focus, theirs)
+    return Ranking(hits, degraded, sole, focus, theirs)
 
 
 def _pack(
     engine: Engine, policy: ContextPolicy, query: str, found: Ranking, session: str | None,
     budget: int, counter: TokenCounter, stored_counts: bool, exclude: set[str], touch: bool,
-    where: ranking.Filters,
-) -> tuple[str, int, list[ContextItem], bool, list[ContextItem]]:  # fmt: skip
+    where: ranking.Filters, started: float,
+) -> Context:  # fmt: skip
     text, tokens, items, left_out = packing.build(
         engine, policy, found, budget=budget, counter=counter, stored_counts=stored_counts,
         exclude=engine.rows_of(exclude), query=query, session=session, allowed=where.allowed)
     if touch:
         index = engine.index
         index.touch([index.find(parse_id(item.id)) for item in items], time.time())
-    return text, tokens, items, found.degraded, left_out
+    return Context(text, tokens, budget, items, counter.name, found.degraded,
+                   time.perf_counter() - started, left_out)  # fmt: skip
 
 
 def hybrid_search(engine: Engine, policy: ContextPolicy, query: str, k: int, where: ranking.Filters,

@@ -79,7 +79,7 @@ def without_names(engine: Engine, ranked: list[Ranked], query: str) -> str | Non
     nothing but the names would be left. Only a capitalised name is one: the user a
     question in the first person is about is not named by the word "user" ("How do I add
     user login?" asks about logins, not about the speaker)."""
-    return without(query, names_in(engine, ranked, query))
+    return without(query, names_in(named_speakers(engine, ranked[:SPEAKER_ROWS], query), query))
 
 
 def without(query: str, names: list[str]) -> str | None:
@@ -91,9 +91,8 @@ def without(query: str, names: list[str]) -> str | None:
     return rest if WORD.search(rest) else None
 
 
-def names_in(engine: Engine, ranked: list[Ranked], query: str) -> list[str]:
-    """The capitalised names of the speakers ``query`` names among the best matches of
-    ``ranked`` (:func:`named_speakers`), as :func:`without_names` takes them out."""
+def names_in(focus: frozenset[str] | None, query: str) -> list[str]:
+    """The capitalised names of the speakers in ``focus`` (:func:`named_speakers`) that
+    ``query`` holds as words, as :func:`without_names` takes them out."""
     words = set(WORD.findall(query))
-    named = named_speakers(engine, ranked[:SPEAKER_ROWS], query) or frozenset()
-    return sorted(s[:-2] for s in named if s[:1].isupper() and s[:-2] in words)
+    return sorted(s[:-2] for s in focus or () if s[:1].isupper() and s[:-2] in words)
