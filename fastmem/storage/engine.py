@@ -585,10 +585,7 @@ class Engine:
         except BaseException:
             self._undo_append(start)
             raise
-        self.valid_end = self.dat_end
-        if index.tail.n >= index.tail_limit():
-            self._checkpoint_beside()
-        return _kernels.memory_ids(first_id, n)
+        return self._committed(first_id, n)
 
     def _commit_blocks(
         self, batch: Batch, vectors16: np.ndarray | BlockedVectors | None, first_id: int,
@@ -632,8 +629,13 @@ class Engine:
         except BaseException:
             self._undo_append(start)
             raise
+        return self._committed(first_id, n)
+
+    def _committed(self, first_id: int, n: int) -> list[str]:
+        """A batch in the file and the index: valid to its end, a checkpoint beside at the
+        tail's limit; its ids."""
         self.valid_end = self.dat_end
-        if index.tail.n >= index.tail_limit():
+        if self.index.tail.n >= self.index.tail_limit():
             self._checkpoint_beside()
         return _kernels.memory_ids(first_id, n)
 
