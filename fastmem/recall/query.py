@@ -3,8 +3,8 @@
 result goes to the packer whole, in a :class:`~fastmem.recall.hits.Ranking`, and the packer
 calls nothing back. For ``search()``, ranked in its mode and read as hits.
 
-Each function runs under the engine's lock, which the facade takes (``answer`` lets it go
-while it embeds the question a second time).
+``answer`` takes the engine's lock itself, and not while it embeds the question (either
+time). The search functions run under the lock the facade holds.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import numpy as np
 from ..embed import Embedder
 from ..storage.engine import Engine
 from ..storage.records import parse_id
-from ..tokens import TokenCounter
 from ..errors import InvalidInputError
+from ..tokens import TokenCounter
 from ..types import Context, ContextPolicy, Hit, Memory
 from . import packing, ranking, speakers, supersedes
 from .hits import Ranked, Ranking
