@@ -1,6 +1,6 @@
 """Check the listings of built archives: python .ci/check_dist.py dist/ | FILE...
 
-A wheel: every compiled module of fastmem/_ext with its .pyi stub, py.typed, no source
+A wheel: every compiled module of fastmem/_kernels/_ext with its .pyi stub, py.typed, no source
 (.pyx/.pxd/.c/.h) and no bundled shared library (a fastmem.libs/ folder from auditwheel). An
 sdist: what building needs (setup.py, every .pyx, .pxd and header of src_cython), and no
 generated .c. A folder: each fastmem wheel and the one sdist in it. Run from the checkout.
@@ -14,7 +14,7 @@ from pathlib import Path, PurePosixPath
 
 def wheel_problems(wheel: Path) -> list[str]:
     names = [PurePosixPath(n) for n in zipfile.ZipFile(wheel).namelist()]
-    ext = [n for n in names if n.parent.as_posix() == "fastmem/_ext"]
+    ext = [n for n in names if n.parent.as_posix() == "fastmem/_kernels/_ext"]
     compiled = {n.name.split(".")[0] for n in ext if n.suffix == ".so"}
     stubs = {n.stem for n in ext if n.suffix == ".pyi"}
     expected = {p.stem for p in Path("src_cython").glob("*.pyx")}

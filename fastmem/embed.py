@@ -81,7 +81,7 @@ ONNX_DATA_SHA256 = "1a4c28772392f9e676f8b3f8ab92f82571338b68dc55aae3a22527f24358
 ONNX_DATA_FILE = "model.onnx.data"
 # What the numpy query path reads beside the graph (tools/build_query_table.py): the
 # weights' offsets in model.onnx.data, and the vocabulary, whose sha256 the table names.
-INT8_TABLE_SHA256 = "362ea685972e323ddcdbaad8de44a5a64741c2de8da2076917edace3a4510fe5"
+INT8_TABLE_SHA256 = "37ded727b29a395d3963a3c25f36604470d18f22c5130971c9bab10718a6c496"
 MAX_TOKENS = 256  # the model's max_seq_length: longer texts are cut, as sentence-transformers does
 BATCH = 32  # texts per forward pass of the numpy runtime, sorted by length so padding stays small
 # Up to this many tokens in all (a query, a few short texts), the numpy model runs on one BLAS
