@@ -391,6 +391,18 @@ def test_dot_half_matches_reference_and_brute_force(count, dim, pad, seed):
     assert got.tolist() == brute
 
 
+def test_dot_half_of_damaged_halves_is_nan_or_inf_in_both_kernels_without_a_warning():
+    """A damaged file's vector may hold inf or NaN halves: the compiled kernel returns what
+    IEEE arithmetic gives (inf times 0 is NaN), and so must the reference, without the
+    RuntimeWarning numpy raises for it (a hostile file found it, the warning an error)."""
+    halves = np.array([np.inf, 1.0, np.nan, -np.inf, 65504.0, 65504.0], dtype="<f2").tobytes()
+    offsets = np.array([0, 4, 8], dtype=np.int64)
+    for query in (np.array([0.0, 1.0]), np.array([1e308, 1e308])):
+        got = topk_ext.dot_half(halves, offsets, query)
+        want = ref.dot_half(halves, offsets, query)
+        assert np.array_equal(got, want, equal_nan=True), (got, want)
+
+
 def test_dot_half_rejects_offsets_outside_the_buffer():
     query = np.ones(4)
     for kernel in (topk_ext.dot_half, ref.dot_half):

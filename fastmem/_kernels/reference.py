@@ -281,7 +281,9 @@ def dot_half(buf: Any, offsets: np.ndarray, query: np.ndarray) -> np.ndarray:
     if dim == 0 or not len(offsets):
         return np.zeros(len(offsets), dtype=np.float64)
     halves = raw[offsets[:, None] + np.arange(2 * dim)].view("<f2").astype(np.float64)
-    return np.add.accumulate(halves * np.asarray(query, dtype=np.float64), axis=1)[:, -1]
+    with np.errstate(invalid="ignore", over="ignore"):  # a damaged file's inf or NaN halves:
+        # IEEE's results (inf times 0 is NaN), as the compiled kernel gives them, no warning
+        return np.add.accumulate(halves * np.asarray(query, dtype=np.float64), axis=1)[:, -1]
 
 
 def frame_records(
