@@ -567,10 +567,7 @@ class Engine:
         except BaseException:
             if writing is not None:
                 writing.cancel()  # a write under way ends first; written, it is cut back
-            if self.dat_end == start:
-                index.drop_types_since(n_types)
-            else:
-                self._undo_append(start)
+            self._unwrite(start, n_types)
             raise
         try:
             index.append(rows, vectors16, batch.texts, quantized=batch.quantized, terms=batch.terms,
@@ -618,10 +615,7 @@ class Engine:
         try:
             self._append_blocks(blocks())
         except BaseException:
-            if self.dat_end == start:
-                index.drop_types_since(n_types)
-            else:
-                self._undo_append(start)
+            self._unwrite(start, n_types)
             raise
         try:
             index.append(rows, vectors16, batch.texts, quantized=batch.quantized, terms=batch.terms)
@@ -630,6 +624,14 @@ class Engine:
             self._undo_append(start)
             raise
         return self._committed(first_id, n)
+
+    def _unwrite(self, start: int, n_types: int) -> None:
+        """A batch's write failed: none of it in the file (the types it named dropped), or
+        what it wrote cut back."""
+        if self.dat_end == start:
+            self.index.drop_types_since(n_types)
+        else:
+            self._undo_append(start)
 
     def _committed(self, first_id: int, n: int) -> list[str]:
         """A batch in the file and the index: valid to its end, a checkpoint beside at the
